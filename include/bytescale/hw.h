@@ -1,0 +1,26 @@
+// hw.h: hardware profiles. Every number in a built-in profile has its public source in
+// docs/hardware.md. A profile can also be read from a JSON file with the same field names.
+#ifndef BYTESCALE_HW_H
+#define BYTESCALE_HW_H
+
+typedef struct {
+    char name[32];
+    int gpus_per_node;
+    double peak_flops;    // dense 16-bit (bf16) tensor FLOP/s per device
+    double efficiency;    // achievable fraction of peak on large matmuls / attention (MFU-like)
+    double mem_bytes;     // device memory (HBM) per device
+    double intra_bw;      // bytes/s per device per direction inside a node (NVLink)
+    double inter_bw;      // bytes/s per device per direction across nodes (RDMA NIC)
+    double intra_lat;     // seconds per message inside a node
+    double inter_lat;     // seconds per message across nodes
+    double host_bw;       // bytes/s per device per direction, device <-> host memory (offload tier)
+    int elem_bytes;       // bytes per activation / K/V element in training (2 for bf16)
+} HardwareProfile;
+
+int hw_count(void);
+const HardwareProfile *hw_at(int i);
+const HardwareProfile *hw_find(const char *name);         // NULL + error listing the names
+int hw_load_file(const char *path, HardwareProfile *out);  // -1 + error naming the file and field
+int hw_check(const HardwareProfile *h);
+
+#endif

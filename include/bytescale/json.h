@@ -1,0 +1,26 @@
+// json.h: cJSON with errors that say where. Every getter names the file/object and key it was
+// reading, so a bad plan or profile file reports "plan.json: items[3].ranks[1]: expected an integer".
+#ifndef BYTESCALE_JSON_H
+#define BYTESCALE_JSON_H
+
+#include <stdint.h>
+
+#include <cJSON.h>
+
+// Parse a file. -1 + error naming the path and the position of a syntax error.
+int json_read_file(const char *path, cJSON **out);
+// Print and write atomically (see fileio.h). formatted=0 writes compact JSON.
+int json_write_file(const char *path, const cJSON *root, int formatted);
+
+// Required members; `where` names the object for the message ("plan.json: items[3]").
+int json_get_int(const cJSON *obj, const char *key, int64_t *out, const char *where);
+int json_get_double(const cJSON *obj, const char *key, double *out, const char *where);
+int json_get_string(const cJSON *obj, const char *key, const char **out, const char *where);
+int json_get_array(const cJSON *obj, const char *key, const cJSON **out, const char *where);
+// Optional members: leave *out unchanged and return 0 when the key is absent.
+int json_opt_int(const cJSON *obj, const char *key, int64_t *out, const char *where);
+int json_opt_double(const cJSON *obj, const char *key, double *out, const char *where);
+// An array element that must be an integer.
+int json_item_int(const cJSON *item, int64_t *out, const char *where, int index);
+
+#endif

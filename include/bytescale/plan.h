@@ -1,0 +1,81 @@
+// plan.h: the plan, the one data structure every part of bytescale shares (DESIGN.md).
+//
+// A plan assigns a global batch to n_ranks HDP ranks as a list of items:
+//   - a pack: whole sequences (segments) on one rank, total length <= capacity;
+//   - a ring: subsequences split over D >= 2 ranks with the symmetric 2D-chunk layout (rank i of
+//     the ring holds chunks i and 2D-1-i of every segment), with an offload ratio.
+// Items are stored in the global order: item k is the k-th in that order, and every rank runs its
+// items in increasing k. A rank then only ever waits for the members of its current ring and no
+// two ranks can wait on each other in a cycle, so no barriers are needed.
+// The per-rank schedules (rank_begin / rank_items) are derived from the items by plan_finalize.
+#ifndef BYTESCALE_PLAN_H
+#define BYTESCALE_PLAN_H
+
+#include <stdint.h>
+
+#include "bytescale/batch.h"
+#include "bytescale/cost.h"
+
+typedef struct {
+    int32_t seq;    // index into the plan's batch
+    int64_t start;  // first token of the subsequence within the sequence
+    int64_t len;    // tokens
+} Segment;
+
+typedef struct {
+    int32_t seg_begin, n_segs;    // plan->segs[seg_begin .. seg_begin + n_segs)
+    int32_t rank_begin, n_ranks;  // plan->ranks[rank_begin .. + n_ranks): ring order; 1 = a pack
+    float offload;                // offload ratio r in [0, 1]
+    int64_t tokens;               // sum of segment lengths (tokens per rank = tokens / n_ranks)
+    double est_time;              // cost_item_time of this item, seconds per member rank
+} Item;
+
+typedef struct {
+    int32_t n_ranks;   // HDP ranks (each a TP x PP group of devices)
+    int32_t pp;        // pipeline stages per HDP rank (1 = no PP)
+    int64_t capacity;  // C: tokens a rank holds in one micro-batch without offloading
+    char policy[24];   // which planner made it
+
+    GlobalBatch batch;  // owned copy of the sequences
+
+    Item *items;       // (n_items,) in global order
+    int32_t n_items, cap_items;
+    Segment *segs;     // (n_segs,)
+    int32_t n_segs, cap_segs;
+    int32_t *ranks;    // (n_refs,) ring members of every item
+    int32_t n_refs, cap_refs;
+
+    // derived by plan_finalize
+    int32_t *rank_begin;   // (n_ranks + 1,) rank r runs rank_items[rank_begin[r] .. rank_begin[r+1])
+    int32_t *rank_items;   // (n_refs,) item indices, increasing per rank
+    double *rank_busy;     // (n_ranks,) sum of est_time of the rank's items
+    double makespan;       // estimated step compute time: items started in global order as soon
+                           // as all their members are free
+    double lower_bound;    // plan_lower_bound of the batch
+} Plan;
+
+int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, int32_t pp, const char *policy);
+void plan_free(Plan *p);
+// Append an item at the end of the global order. Returns its index, or -1 + error.
+int32_t plan_add_item(Plan *p, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload);
+// Derive per-rank schedules, estimated times (cost model), busy times, makespan, lower bound.
+int plan_finalize(Plan *p, const CostModel *cm);
+
+// Check everything the executor relies on: every token of the batch exactly once; segments inside
+// their sequences; rank sets distinct and in range; packs within capacity; rings hold at most
+// D * capacity tokens (more only with offload r > 0); offload in [0, 1]; per-rank schedules
+// increasing in the global order. -1 + error naming the first problem (item, rank, sequence).
+int plan_validate(const Plan *p, const CostModel *cm);
+
+// The symmetric 2D-chunk layout: chunk j (0 <= j < 2D) of a subsequence of len tokens is
+// [*start, *start + *n) relative to the subsequence; sizes differ by at most one token.
+void plan_chunk(int64_t len, int D, int j, int64_t *start, int64_t *n);
+
+// A bound no plan can beat: max(total work / ranks, the largest indivisible work), seconds.
+double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity);
+
+// Plan files (docs/plan-format.md).
+int plan_write_json(const Plan *p, const char *path);
+int plan_read_json(Plan *p, const char *path);
+
+#endif

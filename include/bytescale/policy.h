@@ -1,0 +1,37 @@
+// policy.h: every policy is a planner that turns a global batch into a plan.
+//   static   Megatron-style static DP x CP mesh (the baseline)
+//   naive    ByteScale Algorithm 1: data-aware sharding + offload ratios, no balancing
+//   balance  ByteScale Algorithm 2: DP-Balance (PP-Balance when pp > 1)
+// A new policy is one new file in src/plan and one line in the table in policy.c.
+#ifndef BYTESCALE_POLICY_H
+#define BYTESCALE_POLICY_H
+
+#include "bytescale/batch.h"
+#include "bytescale/cost.h"
+#include "bytescale/plan.h"
+
+typedef struct {
+    int32_t n_ranks;    // HDP ranks
+    int64_t capacity;   // C tokens per rank per micro-batch
+    int32_t pp;         // pipeline stages (1 = none)
+    int offload;        // allow selective offloading (naive, balance)
+    double delta;       // balance: lag threshold as a fraction of the current max (0 = default)
+    int n_buckets;      // balance: length buckets (0 = default)
+} PlanConfig;
+
+typedef int (*PolicyFn)(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+
+typedef struct {
+    const char *name;
+    const char *summary;
+    PolicyFn fn;
+} Policy;
+
+int policy_count(void);
+const Policy *policy_at(int i);
+const Policy *policy_find(const char *name);  // NULL + error listing the names
+
+// Run a policy and validate the result: the one entry point the CLI, simulator and runtime use.
+int policy_plan(Plan *out, const char *name, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+
+#endif

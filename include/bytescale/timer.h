@@ -1,0 +1,7 @@
+// timer.h: monotonic wall clock in seconds.
+#ifndef BYTESCALE_TIMER_H
+#define BYTESCALE_TIMER_H
+
+double now_seconds(void);
+
+#endif

@@ -1,0 +1,45 @@
+// args.c: flag value parsing shared by the subcommands.
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "bytescale/error.h"
+#include "cli/cli.h"
+
+int arg_int64(const char *flag, const char *text, int64_t *out) {
+    if (!text || !*text) return bs_fail("%s: expected an integer", flag);
+    errno = 0;
+    char *end;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text) return bs_fail("%s: '%s' is not an integer", flag, text);
+    int64_t mult = 1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1ll << 10; end++; break;
+    case 'm': case 'M': mult = 1ll << 20; end++; break;
+    case 'g': case 'G': mult = 1ll << 30; end++; break;
+    default: break;
+    }
+    if (*end) return bs_fail("%s: '%s' is not an integer (suffixes K, M, G allowed)", flag, text);
+    if (v > LLONG_MAX / mult || v < LLONG_MIN / mult) return bs_fail("%s: '%s' is out of range", flag, text);
+    *out = (int64_t)v * mult;
+    return 0;
+}
+
+int arg_int(const char *flag, const char *text, int *out) {
+    int64_t v;
+    if (arg_int64(flag, text, &v) != 0) return -1;
+    if (v < INT_MIN || v > INT_MAX) return bs_fail("%s: '%s' is out of range", flag, text);
+    *out = (int)v;
+    return 0;
+}
+
+int arg_double(const char *flag, const char *text, double *out) {
+    if (!text || !*text) return bs_fail("%s: expected a number", flag);
+    errno = 0;
+    char *end;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !isfinite(v)) return bs_fail("%s: '%s' is not a number", flag, text);
+    *out = v;
+    return 0;
+}

@@ -1,0 +1,14 @@
+// cli.h: the subcommands of `bytescale` (one file each) and the flag helpers they share.
+#ifndef BYTESCALE_CLI_H
+#define BYTESCALE_CLI_H
+
+#include <stdint.h>
+
+int cmd_plan(int argc, char **argv);
+
+// Integers with an optional binary suffix: 8K = 8192, 2M = 2097152, 1G. Names the flag on error.
+int arg_int64(const char *flag, const char *text, int64_t *out);
+int arg_int(const char *flag, const char *text, int *out);
+int arg_double(const char *flag, const char *text, double *out);
+
+#endif
