@@ -33,6 +33,13 @@ typedef struct {
     double grad_sync;     // seconds for ZeRO-1 reduce-scatter + all-gather over all HDP ranks
     double optimizer;     // seconds for the optimizer step on a rank's shard
     double capacity_bytes;// activation memory budget per rank: l * Act(C)
+    // added after the first draft: the faster link for rings that fit inside one node. A ring of
+    // D <= ranks_per_node consecutive ranks uses ring_bw_intra / ring_lat_intra, any other ring
+    // ring_bw / ring_lat. ranks_per_node <= 1 or ring_bw_intra <= 0 (a hand-built model) means
+    // every ring uses ring_bw. A zero ring_bw or offload_bw means "not modelled" (free).
+    double ring_bw_intra;  // bytes/s per device per direction inside a node (NVLink)
+    double ring_lat_intra; // seconds per message inside a node
+    int ranks_per_node;    // HDP ranks per node: gpus_per_node / tp
 } CostModel;
 
 // Derive from a model and hardware. tp and pp >= 1; hdp_ranks = devices / (tp * pp), used for the
@@ -46,6 +53,10 @@ int cost_save(const CostModel *cm, const char *path);
 // FLOPs of one layer's forward pass (backward is counted as 2x forward where FLOPs are reported).
 double cost_linear_flops_per_token(const ModelConfig *m);      // projections + MLP (active experts)
 double cost_attn_flops_per_pair(const ModelConfig *m);         // QK^T and PV per visible pair
+double cost_head_flops_per_token(const ModelConfig *m);        // output head (not per layer)
+// Model FLOPs of one training pass (forward + backward = 3x forward) over a pack of causal
+// segments: every layer's linear and attention work plus the output head. For MFU.
+double cost_train_flops(const ModelConfig *m, const int64_t *segs, int n_segs);
 // Visible (query, key) pairs of a causal segment of s tokens: s(s+1)/2.
 double cost_causal_area(int64_t s);
 
@@ -56,13 +67,29 @@ double cost_layer_act(const CostModel *cm, int64_t s);
 // The planner's estimate of one item's per-rank time, seconds, all l layers, forward + backward:
 // segs: lengths of the item's subsequences; D: ranks in its ring (1 = a pack on one rank);
 // r: offload ratio. A ring pays, per layer, D steps of max(attention block compute, K/V transfer)
-// (backward also moves dK/dV) and the first transfer exposed; offload copies that compute cannot
-// hide are added.
+// (backward also moves dK/dV) with one transfer exposed (the dK/dV returning home at the end of
+// backward); offload copies that compute cannot hide are added. docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
 // Eq. 3 of the paper (PAPER.md section 4): the fewest ranks D(s) that can hold a sequence of s
 // tokens with capacity C, and the offload ratio r that achieves it (0 without offloading).
 // Returns D >= 1, or -1 + error when s does not fit even on max_ranks ranks.
 int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out);
+
+// Device memory with ZeRO-1 (PAPER.md section 2), bytes per device of the most loaded pipeline stage:
+// parameters and gradients in elem_bytes replicated over HDP ranks and sharded by TP; fp32 master
+// weights (only when elem_bytes < 4) and Adam m, v sharded over TP x HDP ranks; activations l*Act(C).
+typedef struct {
+    double param_bytes;
+    double grad_bytes;
+    double optimizer_bytes;
+    double act_bytes;        // l * Act(C)
+    double total_bytes;      // the sum of the four
+    double mem_bytes;        // the device's memory (hw->mem_bytes)
+    int fits;                // total_bytes <= mem_bytes
+} CostMemory;
+// Fills *out; -1 + error only for invalid arguments (a plan that does not fit is fits = 0).
+int cost_memory(CostMemory *out, const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
+                int64_t capacity);
 
 #endif

@@ -15,12 +15,17 @@ typedef struct {
     double inter_lat;     // seconds per message across nodes
     double host_bw;       // bytes/s per device per direction, device <-> host memory (offload tier)
     int elem_bytes;       // bytes per activation / K/V element in training (2 for bf16)
+    // added after the first draft; 0 in a hand-built profile means "not given" (see each field)
+    double attn_efficiency;  // achievable fraction of peak in attention kernels (0: use efficiency)
+    double mem_bw;           // bytes/s of device memory (HBM), for the optimizer step (0: not modelled)
 } HardwareProfile;
 
 int hw_count(void);
 const HardwareProfile *hw_at(int i);
 const HardwareProfile *hw_find(const char *name);         // NULL + error listing the names
+// JSON fields: the struct's names; attn_efficiency and mem_bw may be left out (0 as above).
 int hw_load_file(const char *path, HardwareProfile *out);  // -1 + error naming the file and field
-int hw_check(const HardwareProfile *h);
+int hw_save_file(const HardwareProfile *h, const char *path);  // written atomically
+int hw_check(const HardwareProfile *h);                    // -1 + error naming the profile and field
 
 #endif

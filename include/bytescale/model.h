@@ -12,7 +12,8 @@ typedef struct {
     int n_layers;
     int n_heads;       // query heads
     int n_kv_heads;    // K/V heads (GQA groups); n_heads % n_kv_heads == 0
-    int d_model;       // hidden size = n_heads * head_dim
+    int d_model;       // hidden size (residual stream); = n_heads * head_dim except llama-30b,
+                       // whose attention is 56 x 128 = 7168 wide (docs/cost-model.md)
     int head_dim;
     int d_ff;          // SwiGLU inner size (per expert for MoE)
     int vocab_size;

@@ -1,0 +1,369 @@
+// cost.c: the analytic cost model (see cost.h; every formula is written out in docs/cost-model.md).
+//
+// All times are per HDP rank (one TP x PP group of devices), per layer unless a name says
+// otherwise, forward + backward. A training pass costs 3x the forward FLOPs (the backward pass
+// computes the gradients of both the inputs and the weights: 2x forward).
+#include "bytescale/cost.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/json.h"
+
+// Fixed cost of one layer for one micro-batch, forward + backward: ~40 kernels (norms, RoPE,
+// projections, attention, SwiGLU, residuals, TP collectives) at a few microseconds of launch and
+// tail each that large inputs do not hide. Small against any real layer (LLaMA-7B at 4K tokens on
+// 8 H800s: ~1 ms); it matters only for tiny micro-batches.
+#define COST_LAYER_CONST 50e-6
+
+// AdamW streams, per parameter of the rank's shard: gradient read (elem_bytes), fp32 master or
+// parameter read + write (8), m and v read + write (16), 16-bit parameter write (elem_bytes, only
+// with a master copy). Both the bf16 and the fp32 case come to 28 bytes.
+#define ADAMW_BYTES_PER_PARAM 28.0
+
+// ---- FLOPs --------------------------------------------------------------------------------------
+
+double cost_linear_flops_per_token(const ModelConfig *m) {
+    double d = m->d_model;
+    double d_attn = (double)m->n_heads * m->head_dim;
+    double d_kv = (double)m->n_kv_heads * m->head_dim;
+    double q_o = 2.0 * 2.0 * d * d_attn;                     // Q and O projections
+    double k_v = 2.0 * 2.0 * d * d_kv;                       // K and V projections (GQA: n_kv heads)
+    double mlp = 2.0 * 3.0 * d * m->d_ff * (double)m->top_k; // gate, up, down of each active expert
+    double router = m->n_experts > 1 ? 2.0 * d * m->n_experts : 0.0;
+    return q_o + k_v + mlp + router;
+}
+
+// Per visible (query, key) pair, every query head does one dot product for the score (QK^T) and
+// one scaled accumulation of a value row (PV): 2 * head_dim FLOPs each. K/V heads shared by GQA
+// do not reduce this work, only the K/V bytes.
+double cost_attn_flops_per_pair(const ModelConfig *m) { return 4.0 * (double)m->n_heads * m->head_dim; }
+
+double cost_head_flops_per_token(const ModelConfig *m) { return 2.0 * (double)m->d_model * m->vocab_size; }
+
+double cost_causal_area(int64_t s) {
+    if (s <= 0) return 0.0;
+    // exact in 64-bit integers while s(s+1) fits (s < 3.03e9); beyond that a double is close enough
+    if (s < 3037000499LL) return (double)(s * (s + 1) / 2);
+    return (double)s * ((double)s + 1.0) / 2.0;
+}
+
+double cost_train_flops(const ModelConfig *m, const int64_t *segs, int n_segs) {
+    double tokens = 0, area = 0;
+    for (int i = 0; i < n_segs; i++) {
+        if (segs[i] <= 0) continue;
+        tokens += (double)segs[i];
+        area += cost_causal_area(segs[i]);
+    }
+    double per_layer = cost_linear_flops_per_token(m) * tokens + cost_attn_flops_per_pair(m) * area;
+    return 3.0 * (m->n_layers * per_layer + cost_head_flops_per_token(m) * tokens);
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+// K/V heads one TP device holds: TP splits the heads; with more devices than K/V heads each device
+// keeps (a replica of) one.
+static double kv_heads_per_device(const ModelConfig *m, int tp) {
+    return (double)((m->n_kv_heads + tp - 1) / tp);
+}
+
+// Bytes one device keeps per token of one layer for the backward pass, with flash attention (no
+// s x s scores, only the log-sum-exp) and Megatron sequence parallelism (the d_model-wide tensors
+// are split over the TP group along the sequence):
+//   x, RMSNorm(x), x_mid, RMSNorm(x_mid)      4 * d_model / tp       (norm and projection inputs)
+//   q, attention output                       2 * n_heads * head_dim / tp
+//   k, v                                      2 * kv heads per device * head_dim
+//   gate, up, SwiGLU output (down's input)    3 * d_ff * top_k / tp
+// in elem_bytes each, plus fp32 side tensors: the log-sum-exp (n_heads / tp), the two RMSNorm
+// reciprocal RMS values (2 / tp) and, for MoE, the router probabilities (n_experts / tp).
+static double act_bytes_per_token(const ModelConfig *m, int elem_bytes, int tp) {
+    double d_attn = (double)m->n_heads * m->head_dim;
+    double elems = 4.0 * m->d_model / tp + 2.0 * d_attn / tp + 2.0 * kv_heads_per_device(m, tp) * m->head_dim +
+                   3.0 * (double)m->d_ff * m->top_k / tp;
+    double fp32 = (double)m->n_heads / tp + 2.0 / tp + (m->n_experts > 1 ? (double)m->n_experts / tp : 0.0);
+    return elems * elem_bytes + fp32 * 4.0;
+}
+
+// Parameters of the most loaded pipeline stage: its layers plus the embedding (first stage) or the
+// final norm and output head (last stage); with one stage, all of them.
+static double stage_params(const ModelConfig *m, int pp) {
+    int layers = (m->n_layers + pp - 1) / pp;
+    double emb = (double)m->vocab_size * m->d_model;
+    double head = (double)m->vocab_size * m->d_model + m->d_model;
+    double outer = pp == 1 ? emb + head : fmax(emb, head);
+    return layers * (double)model_params_per_layer(m) + outer;
+}
+
+static int check_layout(const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
+                        int64_t capacity) {
+    if (model_check(m) != 0 || hw_check(hw) != 0) return -1;
+    if (tp < 1 || pp < 1 || hdp_ranks < 1 || capacity < 1)
+        return bs_fail("cost model: tp (%d), pp (%d), hdp_ranks (%d) and capacity (%lld) must all be >= 1", tp, pp,
+                       hdp_ranks, (long long)capacity);
+    if (m->n_heads % tp != 0)
+        return bs_fail("cost model: tp %d must divide the %d query heads of %s", tp, m->n_heads, m->name);
+    if (tp > hw->gpus_per_node)
+        return bs_fail("cost model: tp %d exceeds the %d devices per node of %s (TP stays inside a node)", tp,
+                       hw->gpus_per_node, hw->name);
+    if (pp > m->n_layers)
+        return bs_fail("cost model: pp %d exceeds the %d layers of %s", pp, m->n_layers, m->name);
+    return 0;
+}
+
+int cost_memory(CostMemory *out, const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
+                int64_t capacity) {
+    memset(out, 0, sizeof *out);
+    if (check_layout(m, hw, tp, pp, hdp_ranks, capacity) != 0) return -1;
+    double params = stage_params(m, pp) / tp;          // this device's TP shard of its stage
+    double master = hw->elem_bytes < 4 ? 4.0 : 0.0;    // fp32 master copy only for 16-bit training
+    int l = (m->n_layers + pp - 1) / pp;
+    out->param_bytes = params * hw->elem_bytes;
+    out->grad_bytes = params * hw->elem_bytes;
+    out->optimizer_bytes = params / hdp_ranks * (master + 8.0);  // + Adam m and v in fp32
+    out->act_bytes = l * act_bytes_per_token(m, hw->elem_bytes, tp) * (double)capacity;
+    out->total_bytes = out->param_bytes + out->grad_bytes + out->optimizer_bytes + out->act_bytes;
+    out->mem_bytes = hw->mem_bytes;
+    out->fits = out->total_bytes <= out->mem_bytes;
+    return 0;
+}
+
+// ---- deriving the coefficients --------------------------------------------------------------------
+
+int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
+                int64_t capacity) {
+    if (check_layout(m, hw, tp, pp, hdp_ranks, capacity) != 0) return -1;
+    CostModel c;
+    memset(&c, 0, sizeof c);
+    double matmul_rate = tp * hw->peak_flops * hw->efficiency;
+    double attn_eff = hw->attn_efficiency > 0 ? hw->attn_efficiency : hw->efficiency;
+    double attn_rate = tp * hw->peak_flops * attn_eff;
+    c.attn_pair = 3.0 * cost_attn_flops_per_pair(m) / attn_rate;
+    c.lin_token = 3.0 * cost_linear_flops_per_token(m) / matmul_rate;
+    c.layer_const = COST_LAYER_CONST;
+
+    c.n_layers = (m->n_layers + pp - 1) / pp;
+    c.act_token = act_bytes_per_token(m, hw->elem_bytes, tp);
+    c.act_const = 0.0;
+    c.capacity_bytes = c.n_layers * (c.act_token * (double)capacity + c.act_const);
+
+    c.kv_token = 2.0 * kv_heads_per_device(m, tp) * m->head_dim * hw->elem_bytes;
+    c.ranks_per_node = hw->gpus_per_node / tp;
+    c.ring_bw = hw->inter_bw;
+    c.ring_lat = hw->inter_lat;
+    c.ring_bw_intra = hw->intra_bw;
+    c.ring_lat_intra = hw->intra_lat;
+    c.offload_bw = hw->host_bw;
+
+    // ZeRO-1 over all HDP ranks: reduce-scatter the gradients, all-gather the parameters; each is a
+    // ring moving (R-1)/R of the device's shard per device, in elem_bytes.
+    int R = hdp_ranks;
+    double shard = stage_params(m, pp) / tp;
+    double sync_bw = R <= c.ranks_per_node ? hw->intra_bw : hw->inter_bw;
+    c.grad_sync = R > 1 ? 2.0 * (R - 1) / R * shard * hw->elem_bytes / sync_bw : 0.0;
+    c.optimizer = hw->mem_bw > 0 ? ADAMW_BYTES_PER_PARAM * shard / R / hw->mem_bw : 0.0;
+    *cm = c;
+    return 0;
+}
+
+// ---- T(s), Act(s) and item times -------------------------------------------------------------------
+
+double cost_layer_time(const CostModel *cm, int64_t s) {
+    return cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)(s > 0 ? s : 0) + cm->layer_const;
+}
+
+double cost_layer_act(const CostModel *cm, int64_t s) { return cm->act_token * (double)(s > 0 ? s : 0) + cm->act_const; }
+
+// The link a ring of D consecutive ranks uses: inside one node when it fits there.
+static void ring_link(const CostModel *cm, int D, double *bw, double *lat) {
+    if (cm->ranks_per_node > 1 && cm->ring_bw_intra > 0 && D <= cm->ranks_per_node) {
+        *bw = cm->ring_bw_intra;
+        *lat = cm->ring_lat_intra;
+    } else {
+        *bw = cm->ring_bw;
+        *lat = cm->ring_lat;
+    }
+}
+
+static double transfer_time(double bytes, double bw, double lat) { return (bw > 0 ? bytes / bw : 0.0) + lat; }
+
+double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
+    double tokens = 0, area = 0;
+    for (int i = 0; i < n_segs; i++) {
+        if (segs[i] <= 0) continue;
+        tokens += (double)segs[i];
+        area += cost_causal_area(segs[i]);
+    }
+    if (tokens <= 0) return 0.0;
+    if (D < 1) D = 1;
+    if (!(r > 0)) r = 0;  // also NaN
+    if (r > 1) r = 1;
+
+    // one layer of the whole item, forward + backward; forward is a third of it
+    double attn = cm->attn_pair * area;
+    double lin = cm->lin_token * tokens + cm->layer_const;
+    double fwd, bwd;
+    if (D == 1) {
+        fwd = (attn + lin) / 3.0;
+        bwd = 2.0 * (attn + lin) / 3.0;
+    } else {
+        // The symmetric 2D-chunk layout gives every rank 1/D of every segment and 1/D of its mask
+        // area, and every ring step the same 1/D^2 of the area. Step k computes on the K/V block
+        // that arrived in step k-1 while the next block travels; the local block (step 0) hides
+        // the first transfer. Backward sends K/V and the partial dK/dV together (twice the bytes)
+        // and, after the last step, the summed dK/dV travel home once more: exposed.
+        double bw, lat;
+        ring_link(cm, D, &bw, &lat);
+        double kv_bytes = cm->kv_token * tokens / D;  // one rank's K/V block
+        double x_fwd = transfer_time(kv_bytes, bw, lat);
+        double x_bwd = transfer_time(2.0 * kv_bytes, bw, lat);
+        double blk_fwd = attn / (3.0 * D * D);
+        double blk_bwd = 2.0 * attn / (3.0 * D * D);
+        double lin_rank = cm->lin_token * tokens / D;
+        fwd = (lin_rank + cm->layer_const) / 3.0 + blk_fwd + (D - 1) * fmax(blk_fwd, x_fwd);
+        bwd = 2.0 * (lin_rank + cm->layer_const) / 3.0 + blk_bwd + (D - 1) * fmax(blk_bwd, x_bwd) + x_fwd;
+    }
+    double total = cm->n_layers * (fwd + bwd);
+
+    // Offloading: all but two layers move r of their activations out while the next layer runs
+    // forward and back in while the previous one runs backward; only what outlasts that is paid.
+    int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
+    if (r > 0 && n_off > 0 && cm->offload_bw > 0) {
+        double copy = r * (cm->act_token * tokens / D + cm->act_const) / cm->offload_bw;
+        total += n_off * (fmax(0.0, copy - fwd) + fmax(0.0, copy - bwd));
+    }
+    return total;
+}
+
+// ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------
+
+int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out) {
+    if (r_out) *r_out = 0.0;
+    if (s < 1 || C < 1 || max_ranks < 1)
+        return bs_fail("cost_min_ranks: sequence length (%lld), capacity (%lld) and max_ranks (%d) must be >= 1",
+                       (long long)s, (long long)C, max_ranks);
+    if (!(cm->act_token > 0) || cm->act_const < 0 || cm->n_layers < 1)
+        return bs_fail("cost_min_ranks: the cost model needs act_token > 0, act_const >= 0 and n_layers >= 1");
+    int l = cm->n_layers;
+    // Without offloading a rank holds at most C tokens (Act is increasing): D = ceil(s / C).
+    int64_t d_plain = s / C + (s % C != 0);
+    int64_t d_hi = d_plain < max_ranks ? d_plain : max_ranks;
+    int64_t d_lo = d_hi;
+    if (offload && l > 2) {
+        // With r = 1 only the two resident layers count: 2 * Act(s/D) <= l * Act(C) bounds D below.
+        double room = l * (cm->act_token * (double)C + cm->act_const) / 2.0 - cm->act_const;
+        d_lo = (int64_t)floor(cm->act_token * (double)s / room);
+        if (d_lo < 1) d_lo = 1;
+    }
+    for (int64_t D = d_lo; D <= d_hi; D++) {
+        if (D >= d_plain) return (int)D;  // fits without copying: r = 0
+        if (!offload || l <= 2) continue;
+        // memory per rank: (2 + (1 - r)(l - 2)) * Act(s/D) <= l * Act(C), solved for the least r
+        double act_rank = cm->act_token * (double)s / (double)D + cm->act_const;
+        double budget = l * (cm->act_token * (double)C + cm->act_const);
+        double r_need = 1.0 - (budget / act_rank - 2.0) / (l - 2);
+        if (r_need > 1.0) continue;
+        if (r_need < 0.0) r_need = 0.0;
+        // overlap: the rank's layer compute must cover the copy, T >= r * Act / B
+        double t_rank = (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) / (double)D + cm->layer_const;
+        double r_max = cm->offload_bw > 0 ? t_rank * cm->offload_bw / act_rank : 0.0;
+        if (r_need <= r_max * (1.0 + 1e-12)) {
+            if (r_out) *r_out = r_need;
+            return (int)D;
+        }
+    }
+    return bs_fail("a sequence of %lld tokens does not fit on %d ranks of capacity %lld tokens (%s)", (long long)s,
+                   max_ranks, (long long)C, offload ? "even with offloading" : "offloading off");
+}
+
+// ---- profile files -----------------------------------------------------------------------------------
+
+typedef struct {
+    const char *key;
+    size_t offset;
+    int positive;  // 1: must be > 0; 0: must be >= 0
+    int optional;  // may be absent (fields added after the first draft)
+} CostField;
+
+#define DFIELD(name, pos, opt) {#name, offsetof(CostModel, name), pos, opt}
+static const CostField cost_fields[] = {
+    DFIELD(attn_pair, 0, 0),      DFIELD(lin_token, 1, 0),  DFIELD(layer_const, 0, 0),   DFIELD(act_token, 1, 0),
+    DFIELD(act_const, 0, 0),      DFIELD(kv_token, 0, 0),   DFIELD(ring_bw, 1, 0),       DFIELD(ring_lat, 0, 0),
+    DFIELD(offload_bw, 1, 0),     DFIELD(grad_sync, 0, 0),  DFIELD(optimizer, 0, 0),     DFIELD(capacity_bytes, 1, 0),
+    DFIELD(ring_bw_intra, 0, 1),  DFIELD(ring_lat_intra, 0, 1),
+};
+#undef DFIELD
+enum { N_COST_FIELDS = (int)(sizeof cost_fields / sizeof cost_fields[0]) };
+
+static double *field_ptr(CostModel *cm, const CostField *f) { return (double *)((char *)cm + f->offset); }
+static double field_val(const CostModel *cm, const CostField *f) {
+    return *(const double *)((const char *)cm + f->offset);
+}
+
+// Validate every field; `where` names the file or object in the message.
+static int check_fields(const CostModel *cm, const char *where) {
+    for (int i = 0; i < N_COST_FIELDS; i++) {
+        const CostField *f = &cost_fields[i];
+        double v = field_val(cm, f);
+        if (!isfinite(v) || v < 0 || (f->positive && v == 0))
+            return bs_fail("%s: \"%s\" must be %s (got %g)", where, f->key, f->positive ? "> 0" : ">= 0", v);
+    }
+    if (cm->n_layers < 1) return bs_fail("%s: \"n_layers\" must be >= 1 (got %d)", where, cm->n_layers);
+    if (cm->ranks_per_node < 1) return bs_fail("%s: \"ranks_per_node\" must be >= 1 (got %d)", where, cm->ranks_per_node);
+    return 0;
+}
+
+int cost_load(CostModel *cm, const char *path) {
+    cJSON *root;
+    if (json_read_file(path, &root) != 0) return -1;
+    CostModel c;
+    memset(&c, 0, sizeof c);
+    int rc = 0;
+    int64_t version = 1, n_layers = 0, ranks_per_node = 1;
+    if (json_opt_int(root, "version", &version, path) != 0) rc = -1;
+    else if (version != 1) rc = bs_fail("%s: \"version\" %lld is not supported (this build reads 1)", path, (long long)version);
+    for (int i = 0; rc == 0 && i < N_COST_FIELDS; i++) {
+        const CostField *f = &cost_fields[i];
+        rc = f->optional ? json_opt_double(root, f->key, field_ptr(&c, f), path)
+                         : json_get_double(root, f->key, field_ptr(&c, f), path);
+    }
+    if (rc == 0) rc = json_get_int(root, "n_layers", &n_layers, path);
+    if (rc == 0) rc = json_opt_int(root, "ranks_per_node", &ranks_per_node, path);
+    cJSON_Delete(root);
+    if (rc != 0) return -1;
+    if (n_layers < 1 || n_layers > 1 << 20)
+        return bs_fail("%s: \"n_layers\" must be in [1, %d] (got %lld)", path, 1 << 20, (long long)n_layers);
+    if (ranks_per_node < 1 || ranks_per_node > 1 << 20)
+        return bs_fail("%s: \"ranks_per_node\" must be in [1, %d] (got %lld)", path, 1 << 20, (long long)ranks_per_node);
+    c.n_layers = (int)n_layers;
+    c.ranks_per_node = (int)ranks_per_node;
+    // files written before the intra-node fields existed: every ring uses ring_bw
+    if (c.ring_bw_intra == 0) c.ring_bw_intra = c.ring_bw, c.ring_lat_intra = c.ring_lat;
+    if (check_fields(&c, path) != 0) return -1;
+    *cm = c;
+    return 0;
+}
+
+// cJSON prints 15 significant digits whenever that reads back within an epsilon, so a saved profile
+// would not reload bit for bit; %.17g always does. (Validated values are finite.)
+static int add_exact(cJSON *obj, const char *key, double v) {
+    char text[40];
+    snprintf(text, sizeof text, "%.17g", v);
+    return cJSON_AddRawToObject(obj, key, text) != NULL;
+}
+
+int cost_save(const CostModel *cm, const char *path) {
+    if (check_fields(cm, path) != 0) return bs_fail_ctx("not saved");
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return bs_fail("%s: out of memory building JSON", path);
+    int ok = cJSON_AddNumberToObject(root, "version", 1) != NULL;
+    ok = ok && cJSON_AddNumberToObject(root, "n_layers", cm->n_layers);
+    ok = ok && cJSON_AddNumberToObject(root, "ranks_per_node", cm->ranks_per_node);
+    for (int i = 0; ok && i < N_COST_FIELDS; i++)
+        ok = add_exact(root, cost_fields[i].key, field_val(cm, &cost_fields[i]));
+    int rc = ok ? json_write_file(path, root, 1) : bs_fail("%s: out of memory building JSON", path);
+    cJSON_Delete(root);
+    return rc;
+}

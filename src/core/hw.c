@@ -1,0 +1,146 @@
+// hw.c: built-in hardware profiles and profile files (see hw.h). Every built-in number has its
+// public source, or is marked as our assumption, in docs/hardware.md.
+#include "bytescale/hw.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/json.h"
+
+// name, gpus/node, peak, efficiency, mem, intra_bw, inter_bw, intra_lat, inter_lat, host_bw, elem_bytes,
+// attn_efficiency, mem_bw
+static const HardwareProfile profiles[] = {
+    // 8x H100 SXM5 80GB (DGX/HGX H100): 989 TFLOP/s dense bf16; NVLink 4 900 GB/s bidirectional;
+    // one ConnectX-7 400 Gb/s NIC per GPU; PCIe Gen5 x16 to the host; HBM3 3.35 TB/s.
+    {"h100-sxm", 8, 989e12, 0.5, 80e9, 450e9, 50e9, 5e-6, 10e-6, 50e9, 2, 0.35, 3.35e12},
+    // H800 SXM5: the H100 with NVLink cut to 400 GB/s bidirectional (sold in China).
+    {"h800-sxm", 8, 989e12, 0.5, 80e9, 200e9, 50e9, 5e-6, 10e-6, 50e9, 2, 0.35, 3.35e12},
+    // this machine: one core per rank, fp32 AVX2 FMA (2 x 8 lanes x 2 FLOPs x 2.6 GHz), 2 cores per node;
+    // "links" are MPI shared-memory copies and "host" offload is a memcpy.
+    {"cpu", 2, 83.2e9, 0.7, 8e9, 5e9, 5e9, 1e-6, 1e-6, 10e9, 4, 0.3, 20e9},
+};
+
+enum { N_PROFILES = (int)(sizeof profiles / sizeof profiles[0]) };
+
+int hw_count(void) { return N_PROFILES; }
+
+const HardwareProfile *hw_at(int i) { return (i >= 0 && i < N_PROFILES) ? &profiles[i] : NULL; }
+
+const HardwareProfile *hw_find(const char *name) {
+    for (int i = 0; i < N_PROFILES; i++)
+        if (name && strcmp(profiles[i].name, name) == 0) return &profiles[i];
+    char known[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < N_PROFILES; i++)
+        used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", profiles[i].name);
+    bs_fail("unknown hardware profile \"%s\" (known: %s)", name ? name : "(null)", known);
+    return NULL;
+}
+
+int hw_check(const HardwareProfile *h) {
+    if (!h) return bs_fail("hardware profile: none given");
+    if (memchr(h->name, '\0', sizeof h->name) == NULL) return bs_fail("hardware profile: name is not terminated");
+    const char *n = h->name[0] ? h->name : "(unnamed)";
+    if (h->gpus_per_node < 1)
+        return bs_fail("hardware profile \"%s\": gpus_per_node must be >= 1 (got %d)", n, h->gpus_per_node);
+    // quantities that must be finite and > 0
+    struct {
+        const char *field;
+        double value;
+    } positive[] = {
+        {"peak_flops", h->peak_flops}, {"mem_bytes", h->mem_bytes}, {"intra_bw", h->intra_bw},
+        {"inter_bw", h->inter_bw},     {"host_bw", h->host_bw},
+    };
+    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
+        if (!(isfinite(positive[i].value) && positive[i].value > 0))
+            return bs_fail("hardware profile \"%s\": %s must be > 0 (got %g)", n, positive[i].field, positive[i].value);
+    // latencies and the optional bandwidth may be 0
+    struct {
+        const char *field;
+        double value;
+    } nonneg[] = {{"intra_lat", h->intra_lat}, {"inter_lat", h->inter_lat}, {"mem_bw", h->mem_bw}};
+    for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; i++)
+        if (!(isfinite(nonneg[i].value) && nonneg[i].value >= 0))
+            return bs_fail("hardware profile \"%s\": %s must be >= 0 (got %g)", n, nonneg[i].field, nonneg[i].value);
+    if (!(h->efficiency > 0 && h->efficiency <= 1))
+        return bs_fail("hardware profile \"%s\": efficiency must be in (0, 1] (got %g)", n, h->efficiency);
+    if (!(h->attn_efficiency >= 0 && h->attn_efficiency <= 1))
+        return bs_fail("hardware profile \"%s\": attn_efficiency must be in [0, 1] (0 = efficiency) (got %g)", n,
+                       h->attn_efficiency);
+    if (h->elem_bytes != 2 && h->elem_bytes != 4)
+        return bs_fail("hardware profile \"%s\": elem_bytes must be 2 (bf16) or 4 (fp32) (got %d)", n, h->elem_bytes);
+    return 0;
+}
+
+static int load_fields(const cJSON *root, HardwareProfile *h, const char *where) {
+    const char *name;
+    if (json_get_string(root, "name", &name, where) != 0) return -1;
+    if (name[0] == '\0' || strlen(name) >= sizeof h->name)
+        return bs_fail("%s: \"name\" must have 1 to %zu characters", where, sizeof h->name - 1);
+    memcpy(h->name, name, strlen(name) + 1);
+    int64_t gpus, elem;
+    if (json_get_int(root, "gpus_per_node", &gpus, where) != 0) return -1;
+    if (json_get_int(root, "elem_bytes", &elem, where) != 0) return -1;
+    if (gpus < 1 || gpus > 1 << 20) return bs_fail("%s: \"gpus_per_node\" out of range (got %lld)", where, (long long)gpus);
+    if (elem < 0 || elem > 64) return bs_fail("%s: \"elem_bytes\" out of range (got %lld)", where, (long long)elem);
+    h->gpus_per_node = (int)gpus;
+    h->elem_bytes = (int)elem;
+    struct {
+        const char *key;
+        double *dst;
+    } required[] = {
+        {"peak_flops", &h->peak_flops}, {"efficiency", &h->efficiency}, {"mem_bytes", &h->mem_bytes},
+        {"intra_bw", &h->intra_bw},     {"inter_bw", &h->inter_bw},     {"intra_lat", &h->intra_lat},
+        {"inter_lat", &h->inter_lat},   {"host_bw", &h->host_bw},
+    };
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
+        if (json_get_double(root, required[i].key, required[i].dst, where) != 0) return -1;
+    if (json_opt_double(root, "attn_efficiency", &h->attn_efficiency, where) != 0) return -1;
+    if (json_opt_double(root, "mem_bw", &h->mem_bw, where) != 0) return -1;
+    return 0;
+}
+
+int hw_load_file(const char *path, HardwareProfile *out) {
+    cJSON *root;
+    if (json_read_file(path, &root) != 0) return -1;
+    HardwareProfile h;
+    memset(&h, 0, sizeof h);
+    int rc = load_fields(root, &h, path);
+    cJSON_Delete(root);
+    if (rc != 0) return -1;
+    if (hw_check(&h) != 0) return bs_fail_ctx("%s", path);
+    *out = h;
+    return 0;
+}
+
+// cJSON prints 15 significant digits whenever that reads back within an epsilon, so a saved profile
+// would not reload bit for bit; %.17g always does. (Validated values are finite.)
+static int add_exact(cJSON *obj, const char *key, double v) {
+    char text[40];
+    snprintf(text, sizeof text, "%.17g", v);
+    return cJSON_AddRawToObject(obj, key, text) != NULL;
+}
+
+int hw_save_file(const HardwareProfile *h, const char *path) {
+    if (hw_check(h) != 0) return bs_fail_ctx("%s: not saved", path);
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return bs_fail("%s: out of memory building JSON", path);
+    int ok = cJSON_AddStringToObject(root, "name", h->name) != NULL;
+    ok = ok && add_exact(root, "gpus_per_node", h->gpus_per_node);
+    ok = ok && add_exact(root, "peak_flops", h->peak_flops);
+    ok = ok && add_exact(root, "efficiency", h->efficiency);
+    ok = ok && add_exact(root, "attn_efficiency", h->attn_efficiency);
+    ok = ok && add_exact(root, "mem_bytes", h->mem_bytes);
+    ok = ok && add_exact(root, "mem_bw", h->mem_bw);
+    ok = ok && add_exact(root, "intra_bw", h->intra_bw);
+    ok = ok && add_exact(root, "inter_bw", h->inter_bw);
+    ok = ok && add_exact(root, "intra_lat", h->intra_lat);
+    ok = ok && add_exact(root, "inter_lat", h->inter_lat);
+    ok = ok && add_exact(root, "host_bw", h->host_bw);
+    ok = ok && add_exact(root, "elem_bytes", h->elem_bytes);
+    int rc = ok ? json_write_file(path, root, 1) : bs_fail("%s: out of memory building JSON", path);
+    cJSON_Delete(root);
+    return rc;
+}
