@@ -1,0 +1,42 @@
+// prepare.h: text files -> token shards + document index (`bytescale prepare`).
+//
+// Every input file is one document. Directories are walked recursively (symbolic links are not
+// followed) and their files taken in byte order of their paths, so the same inputs always give the
+// same dataset. A file that cannot be read fails the whole run (a dataset silently missing files
+// is worse than no dataset); nothing is left half-written either way (shard.h).
+#ifndef BYTESCALE_PREPARE_H
+#define BYTESCALE_PREPARE_H
+
+#include <stdint.h>
+
+#define PREPARE_DEFAULT_CORPUS "/usr/share/go-1.19/src"
+#define PREPARE_DEFAULT_EXT ".go"
+#define PREPARE_DEFAULT_SHARD_BYTES (256ll << 20)
+
+typedef struct {
+    const char *const *inputs;  // (n_inputs,) files or directories; none = the Go corpus
+    int n_inputs;
+    const char *ext;            // keep only directory entries ending in ext; NULL = all files
+                                // (with no inputs, NULL means PREPARE_DEFAULT_EXT)
+    const char *tokenizer;      // "byte" or "gpt2"
+    const char *bpe_ranks;      // rank file, gpt2 only
+    const char *out_dir;
+    int64_t shard_bytes;        // most payload bytes per shard; 0 = PREPARE_DEFAULT_SHARD_BYTES
+    int quiet;                  // no progress line
+} PrepareConfig;
+
+typedef struct {
+    int64_t n_files;   // = documents
+    int64_t n_bytes;   // of text read
+    int64_t n_tokens;
+    int n_shards;
+    double seconds;
+    // document lengths in tokens (nearest-rank percentiles)
+    int64_t len_min, len_median, len_p90, len_p99, len_max;
+} PrepareStats;
+
+// The input files in the order prepare takes them (free each and the array).
+int prepare_list_files(const char *const *inputs, int n_inputs, const char *ext, char ***files, int64_t *n_files);
+int prepare_run(const PrepareConfig *cfg, PrepareStats *stats);
+
+#endif

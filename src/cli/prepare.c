@@ -1,0 +1,136 @@
+// prepare.c: `bytescale prepare` - text files -> token shards + document index.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bytescale/error.h"
+#include "bytescale/prepare.h"
+#include "bytescale/shard.h"
+#include "cli/cli.h"
+
+#define RANKS_REL "data/gpt-tokenizer/data/r50k_base.tiktoken"
+enum { MAX_INPUTS = 256 };
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: bytescale prepare [flags]\n"
+            "\n"
+            "Turn text files into token shards plus a document index (docs/data-format.md). Every file is\n"
+            "one document; directories are walked recursively, files taken in sorted path order.\n"
+            "\n"
+            "  --input PATH       a file or directory; repeatable (default: %s, *.go)\n"
+            "  --ext EXT          keep only files in directories whose name ends in EXT\n"
+            "                     (default: .go for the default corpus, every file otherwise)\n"
+            "  --tokenizer NAME   byte (default) or gpt2 (GPT-2 BPE, r50k_base)\n"
+            "  --bpe-ranks PATH   the tiktoken rank file for gpt2 (default: %s,\n"
+            "                     looked up in the current directory, then $BS_SOURCE_DIR, then next to\n"
+            "                     the bytescale binary's parent directory; `make tokenizer` fetches it)\n"
+            "  --out DIR          output directory (default: data/go-<tokenizer> for the default corpus;\n"
+            "                     required with --input)\n"
+            "  --shard-size N     most bytes of tokens per shard, suffixes K M G (default 256M)\n"
+            "  --help             this text\n"
+            "\n"
+            "A file that cannot be read stops the run with an error; nothing half-written is left behind.\n"
+            "Set BS_QUIET=1 to hide the progress line.\n",
+            PREPARE_DEFAULT_CORPUS, RANKS_REL);
+}
+
+static int bad_usage(const char *fmt, const char *arg) {
+    fprintf(stderr, "bytescale prepare: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(bytescale prepare --help lists the flags)\n");
+    return 2;
+}
+
+// The default rank file: ./data/..., then $BS_SOURCE_DIR/data/..., then <binary dir>/../data/...
+static int find_ranks(char *out, size_t cap) {
+    snprintf(out, cap, "%s", RANKS_REL);
+    if (access(out, R_OK) == 0) return 0;
+    const char *src = getenv("BS_SOURCE_DIR");
+    if (src) {
+        snprintf(out, cap, "%s/%s", src, RANKS_REL);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        for (int up = 0; up < 2; up++) {  // drop "/bytescale", then the build directory
+            char *slash = strrchr(exe, '/');
+            if (slash) *slash = '\0';
+        }
+        snprintf(out, cap, "%s/%s", exe, RANKS_REL);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    return bs_fail("gpt2: no rank file %s in the current directory, $BS_SOURCE_DIR or the source tree: run "
+                   "`make tokenizer` or pass --bpe-ranks PATH",
+                   RANKS_REL);
+}
+
+int cmd_prepare(int argc, char **argv) {
+    const char *inputs[MAX_INPUTS];
+    PrepareConfig cfg = {.inputs = inputs, .tokenizer = "byte"};
+    for (int i = 1; i < argc; i++) {
+        const char *flag = argv[i];
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        // every other flag takes a value: "--flag value" or "--flag=value"
+        if (strncmp(flag, "--", 2) != 0) return bad_usage("unexpected argument '%s'", flag);
+        char name[64];
+        const char *eq = strchr(flag, '='), *value;
+        size_t len = eq ? (size_t)(eq - flag) : strlen(flag);
+        if (len >= sizeof name) return bad_usage("unknown flag '%s'", flag);
+        memcpy(name, flag, len);
+        name[len] = '\0';
+        int known = !strcmp(name, "--input") || !strcmp(name, "--ext") || !strcmp(name, "--tokenizer") ||
+                    !strcmp(name, "--bpe-ranks") || !strcmp(name, "--out") || !strcmp(name, "--shard-size");
+        if (!known) return bad_usage("unknown flag '%s'", name);
+        if (eq) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc) return bad_usage("%s needs a value", name);
+            value = argv[++i];
+        }
+        if (!strcmp(name, "--input")) {
+            if (cfg.n_inputs == MAX_INPUTS) return bad_usage("more than 256 --input flags (pass a directory)%s", "");
+            inputs[cfg.n_inputs++] = value;
+        } else if (!strcmp(name, "--ext")) {
+            cfg.ext = value;
+        } else if (!strcmp(name, "--tokenizer")) {
+            if (strcmp(value, "byte") != 0 && strcmp(value, "gpt2") != 0)
+                return bad_usage("--tokenizer: '%s' is not a tokenizer (byte or gpt2)", value);
+            cfg.tokenizer = value;
+        } else if (!strcmp(name, "--bpe-ranks")) {
+            cfg.bpe_ranks = value;
+        } else if (!strcmp(name, "--out")) {
+            cfg.out_dir = value;
+        } else {
+            if (arg_int64("--shard-size", value, &cfg.shard_bytes) != 0) return bad_usage("%s", bs_errmsg());
+            if (cfg.shard_bytes < 1) return bad_usage("--shard-size: '%s' must be at least 1 byte", value);
+        }
+    }
+    char out_default[64];
+    if (!cfg.out_dir) {
+        if (cfg.n_inputs > 0) return bad_usage("--out is required with --input%s", "");
+        snprintf(out_default, sizeof out_default, "data/go-%s", cfg.tokenizer);
+        cfg.out_dir = out_default;
+    }
+    char ranks[4200];
+    if (!strcmp(cfg.tokenizer, "gpt2") && !cfg.bpe_ranks) {
+        if (find_ranks(ranks, sizeof ranks) != 0) bs_die_errmsg();
+        cfg.bpe_ranks = ranks;
+    }
+
+    PrepareStats st;
+    if (prepare_run(&cfg, &st) != 0) bs_die_errmsg();
+    printf("prepared %lld files (%.1f MB) into %lld tokens (%s), %d shard%s in %s\n", (long long)st.n_files,
+           (double)st.n_bytes / 1e6, (long long)st.n_tokens, cfg.tokenizer, st.n_shards, st.n_shards == 1 ? "" : "s",
+           cfg.out_dir);
+    printf("document length in tokens: min %lld  median %lld  p90 %lld  p99 %lld  max %lld\n", (long long)st.len_min,
+           (long long)st.len_median, (long long)st.len_p90, (long long)st.len_p99, (long long)st.len_max);
+    printf("time %.2f s (%.1f MB/s of text)\n", st.seconds, st.seconds > 0 ? (double)st.n_bytes / 1e6 / st.seconds : 0.0);
+    return 0;
+}

@@ -1,0 +1,221 @@
+// prepare.c: text files -> token shards + document index (see prepare.h).
+#include "bytescale/prepare.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/progress.h"
+#include "bytescale/shard.h"
+#include "bytescale/timer.h"
+#include "bytescale/tokenizer.h"
+
+// ---- listing the inputs ----------------------------------------------------------------------
+
+typedef struct {
+    char **paths;
+    int64_t n, cap;
+} PathList;
+
+static int list_push(PathList *l, const char *path) {
+    if (l->n == l->cap) {
+        int64_t cap = l->cap ? 2 * l->cap : 256;
+        char **p = bs_realloc(l->paths, (size_t)cap * sizeof *p);
+        if (!p) return -1;
+        l->paths = p;
+        l->cap = cap;
+    }
+    size_t len = strlen(path) + 1;
+    char *copy = bs_malloc(len);
+    if (!copy) return -1;
+    memcpy(copy, path, len);
+    l->paths[l->n++] = copy;
+    return 0;
+}
+
+static void list_free(PathList *l) {
+    for (int64_t i = 0; i < l->n; i++) free(l->paths[i]);
+    free(l->paths);
+    memset(l, 0, sizeof *l);
+}
+
+static int has_ext(const char *name, const char *ext) {
+    if (!ext || !*ext) return 1;
+    size_t n = strlen(name), e = strlen(ext);
+    return n >= e && memcmp(name + n - e, ext, e) == 0;
+}
+
+// Every regular file under dir whose name ends in ext (symbolic links are not followed).
+static int walk(PathList *l, const char *dir, const char *ext) {
+    DIR *d = opendir(dir);
+    if (!d) return bs_fail("%s: cannot open directory: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *ent;
+    char path[4096];
+    while (rc == 0 && (ent = readdir(d)) != NULL) {
+        if (!strcmp(ent->d_name, ".") || !strcmp(ent->d_name, "..")) continue;
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, ent->d_name) >= sizeof path) {
+            rc = bs_fail("%s/%s: path too long", dir, ent->d_name);
+            break;
+        }
+        struct stat st;
+        if (lstat(path, &st) != 0) {
+            rc = bs_fail("%s: cannot stat: %s", path, strerror(errno));
+        } else if (S_ISDIR(st.st_mode)) {
+            rc = walk(l, path, ext);
+        } else if (S_ISREG(st.st_mode) && has_ext(ent->d_name, ext)) {
+            rc = list_push(l, path);
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+static int cmp_path(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int prepare_list_files(const char *const *inputs, int n_inputs, const char *ext, char ***files, int64_t *n_files) {
+    *files = NULL;
+    *n_files = 0;
+    PathList l = {0};
+    for (int i = 0; i < n_inputs; i++) {
+        struct stat st;
+        if (stat(inputs[i], &st) != 0) {
+            list_free(&l);
+            return bs_fail("input %s: %s", inputs[i], strerror(errno));
+        }
+        int64_t first = l.n;
+        int rc;
+        if (S_ISDIR(st.st_mode)) {
+            // trailing slashes would double up in the paths: "dir//a.go"
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%s", inputs[i]);
+            for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--) dir[n - 1] = '\0';
+            rc = walk(&l, dir, ext);
+            if (rc == 0 && l.n - first > 1) qsort(l.paths + first, (size_t)(l.n - first), sizeof *l.paths, cmp_path);
+        } else if (S_ISREG(st.st_mode)) {
+            rc = list_push(&l, inputs[i]);  // named files are taken whatever their extension
+        } else {
+            rc = bs_fail("input %s: not a regular file or directory", inputs[i]);
+        }
+        if (rc != 0) {
+            list_free(&l);
+            return -1;
+        }
+    }
+    *files = l.paths;
+    *n_files = l.n;
+    return 0;
+}
+
+// ---- the run ---------------------------------------------------------------------------------
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+// Nearest-rank percentile of sorted values: the smallest value with at least p of them at or below.
+static int64_t percentile(const int64_t *sorted, int64_t n, double p) {
+    int64_t k = (int64_t)(p * (double)n + 0.999999999);
+    if (k < 1) k = 1;
+    if (k > n) k = n;
+    return sorted[k - 1];
+}
+
+static void length_stats(PrepareStats *st, int64_t *lens, int64_t n) {
+    if (n == 0) return;
+    qsort(lens, (size_t)n, sizeof *lens, cmp_i64);
+    st->len_min = lens[0];
+    st->len_median = percentile(lens, n, 0.5);
+    st->len_p90 = percentile(lens, n, 0.9);
+    st->len_p99 = percentile(lens, n, 0.99);
+    st->len_max = lens[n - 1];
+}
+
+int prepare_run(const PrepareConfig *cfg, PrepareStats *stats) {
+    memset(stats, 0, sizeof *stats);
+    double t0 = now_seconds();
+    const char *default_input[] = {PREPARE_DEFAULT_CORPUS};
+    const char *const *inputs = cfg->inputs;
+    int n_inputs = cfg->n_inputs;
+    const char *ext = cfg->ext;
+    if (n_inputs == 0) {
+        struct stat st;
+        if (stat(PREPARE_DEFAULT_CORPUS, &st) != 0)
+            return bs_fail("no input given and the default corpus %s is missing (install golang-1.19-src, or pass --input)",
+                           PREPARE_DEFAULT_CORPUS);
+        inputs = default_input;
+        n_inputs = 1;
+        if (!ext) ext = PREPARE_DEFAULT_EXT;
+    }
+    char **files;
+    int64_t n_files;
+    if (prepare_list_files(inputs, n_inputs, ext, &files, &n_files) != 0) return -1;
+    if (n_files == 0) {
+        free(files);
+        return bs_fail("no input files (%d input%s%s%s)", n_inputs, n_inputs == 1 ? "" : "s",
+                       ext ? ", extension " : "", ext ? ext : "");
+    }
+    Tokenizer *tok = NULL;
+    ShardWriter w;
+    int writer_open = 0;
+    Tokens ids = {0};
+    int64_t *lens = bs_malloc((size_t)n_files * sizeof *lens);
+    int rc = lens ? tokenizer_open(&tok, cfg->tokenizer, cfg->bpe_ranks) : -1;
+    int64_t shard_bytes = cfg->shard_bytes > 0 ? cfg->shard_bytes : PREPARE_DEFAULT_SHARD_BYTES;
+    if (rc == 0) rc = shard_writer_open(&w, cfg->out_dir, tok, shard_bytes);
+    writer_open = rc == 0;
+
+    Progress prog;
+    progress_start(&prog, "prepare", n_files);
+    prog.quiet |= cfg->quiet;
+    for (int64_t i = 0; rc == 0 && i < n_files; i++) {
+        char *text;
+        size_t size;
+        if (file_read_all(files[i], &text, &size) != 0) {
+            rc = -1;
+            break;
+        }
+        ids.n = 0;
+        rc = tokenizer_encode(tok, text, size, &ids);
+        free(text);
+        if (rc != 0) bs_fail_ctx("%s", files[i]);
+        // GPT-2 ends each document with <|endoftext|>, so a model learns where documents end; an
+        // empty file stays an empty document
+        if (rc == 0 && size > 0 && tokenizer_eot(tok) >= 0) rc = tokens_push(&ids, (uint32_t)tokenizer_eot(tok));
+        if (rc == 0) rc = shard_writer_add(&w, ids.ids, ids.n, files[i]);
+        lens[i] = ids.n;
+        stats->n_files++;
+        stats->n_bytes += (int64_t)size;
+        stats->n_tokens += ids.n;
+        char note[96];
+        double el = now_seconds() - t0;
+        snprintf(note, sizeof note, "%.1f MB/s  %lld tokens", el > 0 ? (double)stats->n_bytes / 1e6 / el : 0.0,
+                 (long long)stats->n_tokens);
+        progress_update(&prog, i + 1, note);
+    }
+    if (rc == 0) {
+        stats->n_shards = w.n_shards + (w.open ? 1 : 0);
+        rc = shard_writer_finish(&w);
+        writer_open = 0;
+    }
+    if (rc == 0) {
+        char note[96];
+        snprintf(note, sizeof note, "%lld tokens", (long long)stats->n_tokens);
+        progress_finish(&prog, n_files, note);
+        length_stats(stats, lens, n_files);
+    }
+    if (writer_open) shard_writer_abort(&w);
+    stats->seconds = now_seconds() - t0;
+    tokens_free(&ids);
+    tokenizer_free(tok);
+    free(lens);
+    for (int64_t i = 0; i < n_files; i++) free(files[i]);
+    free(files);
+    return rc;
+}

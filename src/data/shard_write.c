@@ -1,0 +1,225 @@
+// shard_write.c: write token shards and the document index (layout in docs/data-format.md).
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/shard.h"
+#include "data/format.h"
+
+enum { CONVERT_TOKENS = 1 << 18 };  // ids converted to file bytes per write
+
+uint32_t token_width(uint32_t vocab) {
+    if (vocab <= 256) return 1;
+    if (vocab <= 65536) return 2;
+    return 4;
+}
+
+static void join_path(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
+
+int shard_writer_open(ShardWriter *w, const char *dir, const Tokenizer *tok, int64_t shard_bytes) {
+    memset(w, 0, sizeof *w);
+    if (strlen(dir) >= sizeof w->dir - 64) return bs_fail("%s: output directory path too long", dir);
+    if (shard_bytes <= 0) return bs_fail("shard size must be positive (got %lld bytes)", (long long)shard_bytes);
+    snprintf(w->dir, sizeof w->dir, "%s", dir);
+    w->tokenizer = tokenizer_kind(tok);
+    w->vocab = tokenizer_vocab_size(tok);
+    w->width = token_width(w->vocab);
+    w->shard_tokens = shard_bytes / w->width > 0 ? shard_bytes / w->width : 1;
+    if (make_dirs(dir) != 0) return -1;
+    // an old index would describe the shards this run is about to replace: drop it first
+    char path[4200];
+    join_path(path, sizeof path, dir, INDEX_FILE);
+    if (unlink(path) != 0 && errno != ENOENT) return bs_fail("%s: cannot remove the old index: %s", path, strerror(errno));
+    w->buf_cap = (size_t)CONVERT_TOKENS * w->width;
+    w->buf = bs_malloc(w->buf_cap);
+    return w->buf ? 0 : -1;
+}
+
+static void writer_free(ShardWriter *w) {
+    free(w->buf);
+    free(w->shards);
+    free(w->docs);
+    free(w->path_blob);
+    free(w->path_off);
+    w->buf = NULL, w->shards = NULL, w->docs = NULL, w->path_blob = NULL, w->path_off = NULL;
+}
+
+static int shard_begin(ShardWriter *w) {
+    if (w->n_shards == w->cap_shards) {
+        int cap = w->cap_shards ? 2 * w->cap_shards : 8;
+        ShardInfo *s = bs_realloc(w->shards, (size_t)cap * sizeof *s);
+        if (!s) return -1;
+        w->shards = s;
+        w->cap_shards = cap;
+    }
+    ShardInfo *info = &w->shards[w->n_shards];
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "shard-%05d.bin", w->n_shards);
+    char path[4200];
+    join_path(path, sizeof path, w->dir, info->name);
+    if (atomic_open(&w->file, path) != 0) return -1;
+    w->open = 1;
+    w->cur_tokens = 0;
+    w->cur_crc = 0;
+    // room for the header; it is filled in when the shard is complete and its checksum known
+    uint8_t zero[HEADER_BYTES] = {0};
+    return atomic_write(&w->file, zero, sizeof zero);
+}
+
+static int shard_end(ShardWriter *w) {
+    ShardInfo *info = &w->shards[w->n_shards];
+    info->n_tokens = w->cur_tokens;
+    info->crc = w->cur_crc;
+    uint8_t h[HEADER_BYTES] = {0};
+    memcpy(h + SH_MAGIC, SHARD_MAGIC, sizeof SHARD_MAGIC);
+    put_u32(h + SH_VERSION, SHARD_VERSION);
+    put_u32(h + SH_TOKENIZER, (uint32_t)w->tokenizer);
+    put_u32(h + SH_VOCAB, w->vocab);
+    put_u32(h + SH_WIDTH, w->width);
+    put_u64(h + SH_NTOKENS, (uint64_t)w->cur_tokens);
+    put_u32(h + SH_CRC, w->cur_crc);
+    put_u32(h + HEADER_CRC_AT, checksum_crc32(0, h, HEADER_CRC_AT));
+    if (!w->file.failed && fseek(w->file.f, 0, SEEK_SET) != 0) {
+        w->file.failed = 1;
+        bs_fail("%s: cannot seek back to write the header: %s", w->file.tmp, strerror(errno));
+    }
+    int rc = atomic_write(&w->file, h, sizeof h);
+    w->open = 0;
+    if (atomic_close(&w->file) != 0 || rc != 0) return -1;
+    w->n_shards++;
+    return 0;
+}
+
+static int write_tokens(ShardWriter *w, const uint32_t *ids, int64_t n) {
+    uint32_t width = w->width;
+    for (int64_t done = 0; done < n;) {
+        int64_t m = n - done < CONVERT_TOKENS ? n - done : CONVERT_TOKENS;
+        uint8_t *p = w->buf;
+        for (int64_t i = 0; i < m; i++) {
+            uint32_t id = ids[done + i];
+            if (id >= w->vocab)
+                return bs_fail("token %lld: id %u out of range for vocab %u", (long long)(done + i), id, w->vocab);
+            for (uint32_t k = 0; k < width; k++) *p++ = (uint8_t)(id >> (8 * k));
+        }
+        size_t bytes = (size_t)(p - w->buf);
+        w->cur_crc = checksum_crc32(w->cur_crc, w->buf, bytes);
+        if (atomic_write(&w->file, w->buf, bytes) != 0) return -1;
+        done += m;
+    }
+    return 0;
+}
+
+static int add_path(ShardWriter *w, const char *source) {
+    size_t len = strlen(source) + 1;
+    if (w->path_used + (int64_t)len > w->path_cap) {
+        int64_t cap = w->path_cap ? w->path_cap : 4096;
+        while (cap < w->path_used + (int64_t)len) cap *= 2;
+        char *b = bs_realloc(w->path_blob, (size_t)cap);
+        if (!b) return -1;
+        w->path_blob = b;
+        w->path_cap = cap;
+    }
+    w->path_off[w->n_docs] = w->path_used;
+    memcpy(w->path_blob + w->path_used, source, len);
+    w->path_used += (int64_t)len;
+    return 0;
+}
+
+int shard_writer_add(ShardWriter *w, const uint32_t *ids, int64_t n, const char *source) {
+    if (w->open && w->cur_tokens > 0 && w->cur_tokens + n > w->shard_tokens && shard_end(w) != 0) return -1;
+    if (!w->open && shard_begin(w) != 0) return -1;
+    if (w->n_docs == w->cap_docs) {
+        int64_t cap = w->cap_docs ? 2 * w->cap_docs : 1024;
+        DocEntry *d = bs_realloc(w->docs, (size_t)cap * sizeof *d);
+        if (!d) return -1;
+        w->docs = d;
+        int64_t *o = bs_realloc(w->path_off, (size_t)cap * sizeof *o);
+        if (!o) return -1;
+        w->path_off = o;
+        w->cap_docs = cap;
+    }
+    if (write_tokens(w, ids, n) != 0) return bs_fail_ctx("%s", source ? source : w->file.path);
+    if (add_path(w, source ? source : "") != 0) return -1;
+    w->docs[w->n_docs] = (DocEntry){.shard = (uint32_t)w->n_shards, .offset = w->cur_tokens, .len = n};
+    w->n_docs++;
+    w->cur_tokens += n;
+    return 0;
+}
+
+// The index file's bytes (layout in docs/data-format.md).
+static uint8_t *index_bytes(const ShardWriter *w, size_t *size) {
+    size_t paths = 0;
+    for (int64_t d = 0; d < w->n_docs; d++) paths += 4 + strlen(w->path_blob + w->path_off[d]);
+    size_t body = (size_t)w->n_shards * SHARD_ENTRY_BYTES + (size_t)w->n_docs * DOC_ENTRY_BYTES + paths;
+    uint8_t *b = bs_calloc(1, HEADER_BYTES + body);
+    if (!b) return NULL;
+    uint8_t *p = b + HEADER_BYTES;
+    int64_t total = 0;
+    for (int s = 0; s < w->n_shards; s++, p += SHARD_ENTRY_BYTES) {
+        memcpy(p, w->shards[s].name, strlen(w->shards[s].name));
+        put_u64(p + 48, (uint64_t)w->shards[s].n_tokens);
+        put_u32(p + 56, w->shards[s].crc);
+        total += w->shards[s].n_tokens;
+    }
+    for (int64_t d = 0; d < w->n_docs; d++, p += DOC_ENTRY_BYTES) {
+        put_u32(p, w->docs[d].shard);
+        put_u64(p + 8, (uint64_t)w->docs[d].offset);
+        put_u64(p + 16, (uint64_t)w->docs[d].len);
+    }
+    for (int64_t d = 0; d < w->n_docs; d++) {
+        const char *s = w->path_blob + w->path_off[d];
+        uint32_t len = (uint32_t)strlen(s);
+        put_u32(p, len);
+        memcpy(p + 4, s, len);
+        p += 4 + len;
+    }
+    memcpy(b + IX_MAGIC, INDEX_MAGIC, sizeof INDEX_MAGIC);
+    put_u32(b + IX_VERSION, INDEX_VERSION);
+    put_u32(b + IX_TOKENIZER, (uint32_t)w->tokenizer);
+    put_u32(b + IX_VOCAB, w->vocab);
+    put_u32(b + IX_WIDTH, w->width);
+    put_u32(b + IX_NSHARDS, (uint32_t)w->n_shards);
+    put_u32(b + IX_FLAGS, INDEX_HAS_PATHS);
+    put_u64(b + IX_NDOCS, (uint64_t)w->n_docs);
+    put_u64(b + IX_NTOKENS, (uint64_t)total);
+    put_u64(b + IX_BODY_BYTES, body);
+    put_u32(b + IX_BODY_CRC, checksum_crc32(0, b + HEADER_BYTES, body));
+    put_u32(b + HEADER_CRC_AT, checksum_crc32(0, b, HEADER_CRC_AT));
+    *size = HEADER_BYTES + body;
+    return b;
+}
+
+int shard_writer_finish(ShardWriter *w) {
+    if (w->open && shard_end(w) != 0) {
+        shard_writer_abort(w);
+        return -1;
+    }
+    size_t size;
+    uint8_t *bytes = index_bytes(w, &size);
+    char path[4200];
+    join_path(path, sizeof path, w->dir, INDEX_FILE);
+    int rc = bytes ? file_write_atomic(path, bytes, size) : -1;
+    free(bytes);
+    if (rc != 0) {
+        shard_writer_abort(w);
+        return -1;
+    }
+    writer_free(w);
+    return 0;
+}
+
+void shard_writer_abort(ShardWriter *w) {
+    if (w->open) atomic_abort(&w->file);
+    w->open = 0;
+    char path[4200];
+    for (int s = 0; s < w->n_shards; s++) {
+        join_path(path, sizeof path, w->dir, w->shards[s].name);
+        unlink(path);
+    }
+    w->n_shards = 0;
+    writer_free(w);
+}

@@ -1,0 +1,361 @@
+// tok_bpe.c: GPT-2 byte-level BPE (tiktoken's r50k_base) - rank file, pre-tokenizer, merging.
+//
+// Encoding is two steps. The pre-tokenizer splits text into pieces with GPT-2's regex (PCRE2, so
+// Unicode letter / number / space classes are PCRE2's, not ours). Then each piece is merged on its
+// own: start from single bytes and repeatedly join the adjacent pair whose concatenation has the
+// lowest rank (the leftmost one on ties), until no adjacent pair is a token. The ranks are the
+// merge order of training, so this replays training's merges on the piece.
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "data/tok_internal.h"
+
+static const char GPT2_PATTERN[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char EOT_TEXT[] = "<|endoftext|>";
+
+#define NONE UINT32_MAX
+
+// ---- byte string -> rank ---------------------------------------------------------------------
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h ^ (h >> 29);  // FNV's low bits mix poorly; fold the high ones in before masking
+}
+
+int64_t gpt2_rank(const Tokenizer *t, const uint8_t *bytes, size_t n) {
+    uint32_t i = (uint32_t)hash_bytes(bytes, n) & t->slot_mask;
+    for (;;) {
+        uint32_t s = t->slots[i];
+        if (s == 0) return -1;
+        uint32_t r = s - 1;
+        if (t->tok_len[r] == n && memcmp(t->blob + t->tok_off[r], bytes, n) == 0) return r;
+        i = (i + 1) & t->slot_mask;
+    }
+}
+
+// Insert rank r (its bytes already in blob). -1 when the same bytes are there already.
+static int rank_insert(Tokenizer *t, uint32_t r) {
+    const uint8_t *b = t->blob + t->tok_off[r];
+    uint32_t n = t->tok_len[r];
+    uint32_t i = (uint32_t)hash_bytes(b, n) & t->slot_mask;
+    while (t->slots[i] != 0) {
+        uint32_t o = t->slots[i] - 1;
+        if (t->tok_len[o] == n && memcmp(t->blob + t->tok_off[o], b, n) == 0) return -1;
+        i = (i + 1) & t->slot_mask;
+    }
+    t->slots[i] = r + 1;
+    return 0;
+}
+
+// ---- the rank file ---------------------------------------------------------------------------
+
+static int b64_value(int c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+// Standard base64 with '=' padding. Returns the decoded length, or -1 on a malformed string.
+static long b64_decode(const char *s, size_t n, uint8_t *out) {
+    if (n == 0 || n % 4 != 0) return -1;
+    long len = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        int v[4], pad = 0;
+        for (int k = 0; k < 4; k++) {
+            if (s[i + k] == '=' && i + 4 == n && k >= 2) {
+                v[k] = 0;
+                pad++;
+            } else {
+                if (pad) return -1;  // data after padding
+                v[k] = b64_value((unsigned char)s[i + k]);
+                if (v[k] < 0) return -1;
+            }
+        }
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        out[len++] = (uint8_t)(w >> 16);
+        if (pad < 2) out[len++] = (uint8_t)(w >> 8);
+        if (pad < 1) out[len++] = (uint8_t)w;
+    }
+    return len;
+}
+
+// Parse "<base64> <rank>" lines into t (blob, tok_off, tok_len, n_ranks). data is NUL-terminated.
+static int parse_ranks(Tokenizer *t, const char *path, char *data, size_t size) {
+    // count lines for the arrays; the blob never exceeds the text size
+    uint32_t lines = 0;
+    for (size_t i = 0; i < size; i++) lines += data[i] == '\n';
+    lines += 1;
+    t->blob = bs_malloc(size + sizeof EOT_TEXT);
+    t->tok_off = bs_malloc(((size_t)lines + 1) * sizeof(uint32_t));
+    t->tok_len = bs_calloc((size_t)lines + 1, sizeof(uint32_t));
+    uint8_t *seen = bs_calloc((size_t)lines + 1, 1);
+    if (!t->blob || !t->tok_off || !t->tok_len || !seen) {
+        free(seen);
+        return -1;
+    }
+    uint32_t n = 0, blob_used = 0;
+    int line_no = 0;
+    char *p = data, *end = data + size;
+    while (p < end) {
+        line_no++;
+        char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol) eol = end;
+        char *line = p;
+        size_t len = (size_t)(eol - p);
+        p = eol + 1;
+        if (len > 0 && line[len - 1] == '\r') len--;
+        if (len == 0) continue;
+        char *sp = memchr(line, ' ', len);
+        if (!sp) {
+            free(seen);
+            return bs_fail("%s:%d: expected '<base64 bytes> <rank>'", path, line_no);
+        }
+        long nb = b64_decode(line, (size_t)(sp - line), t->blob + blob_used);
+        char *rank_end;
+        long rank = strtol(sp + 1, &rank_end, 10);
+        if (nb <= 0 || rank_end != line + len || rank_end == sp + 1 || rank < 0 || rank >= (long)lines) {
+            free(seen);
+            return bs_fail("%s:%d: expected '<base64 bytes> <rank>' with a rank in [0, %u)", path, line_no, lines);
+        }
+        if (seen[rank]) {
+            free(seen);
+            return bs_fail("%s:%d: rank %ld appears twice", path, line_no, rank);
+        }
+        seen[rank] = 1;
+        t->tok_off[rank] = blob_used;
+        t->tok_len[rank] = (uint32_t)nb;
+        blob_used += (uint32_t)nb;
+        n++;
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        if (!seen[r]) {
+            free(seen);
+            return bs_fail("%s: rank %u is missing (%u ranks must be 0..%u)", path, r, n, n - 1);
+        }
+    }
+    free(seen);
+    if (n < 256) return bs_fail("%s: %u ranks; a byte-level BPE needs at least the 256 single bytes", path, n);
+    // the special token goes last, right after the ranks
+    memcpy(t->blob + blob_used, EOT_TEXT, sizeof EOT_TEXT - 1);
+    t->tok_off[n] = blob_used;
+    t->tok_len[n] = sizeof EOT_TEXT - 1;
+    t->n_ranks = n;
+    return 0;
+}
+
+static int build_table(Tokenizer *t, const char *path) {
+    uint32_t n_slots = 1;
+    while (n_slots < 2 * t->n_ranks) n_slots *= 2;
+    t->slots = bs_calloc(n_slots, sizeof(uint32_t));
+    if (!t->slots) return -1;
+    t->slot_mask = n_slots - 1;
+    for (uint32_t r = 0; r < t->n_ranks; r++)
+        if (rank_insert(t, r) != 0) return bs_fail("%s: rank %u repeats the bytes of another rank", path, r);
+    // every single byte must be a token, or some byte strings could not be encoded
+    for (int b = 0; b < 256; b++) {
+        uint8_t c = (uint8_t)b;
+        if (gpt2_rank(t, &c, 1) < 0) return bs_fail("%s: byte 0x%02x is not a token; not a byte-level BPE", path, b);
+    }
+    return 0;
+}
+
+static int compile_pattern(Tokenizer *t) {
+    int err;
+    PCRE2_SIZE err_at;
+    // MATCH_INVALID_UTF: invalid UTF-8 is allowed in the subject and simply never matches, so the
+    // bytes between matches (see gpt2_split) still reach the merger and round-trip.
+    t->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
+                          &err, &err_at, NULL);
+    if (!t->re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return bs_fail("gpt2 pre-tokenizer regex: %s at offset %zu", (char *)msg, (size_t)err_at);
+    }
+    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);  // much faster; the interpreter still works without it
+    t->md = pcre2_match_data_create_from_pattern(t->re, NULL);
+    if (!t->md) return bs_fail("gpt2 pre-tokenizer: out of memory for match data");
+    return 0;
+}
+
+int tokenizer_open_gpt2(Tokenizer **out, const char *ranks_path) {
+    *out = NULL;
+    if (!ranks_path) return bs_fail("gpt2 tokenizer: no rank file given");
+    char *data;
+    size_t size;
+    if (file_read_all(ranks_path, &data, &size) != 0) return bs_fail_ctx("gpt2 tokenizer ranks");
+    if (size >= UINT32_MAX / 2) {
+        free(data);
+        return bs_fail("%s: rank file too large (%zu bytes)", ranks_path, size);
+    }
+    Tokenizer *t = bs_calloc(1, sizeof *t);
+    if (!t) {
+        free(data);
+        return -1;
+    }
+    t->kind = TOKENIZER_GPT2;
+    int rc = parse_ranks(t, ranks_path, data, size);
+    free(data);
+    if (rc == 0) rc = build_table(t, ranks_path);
+    if (rc == 0) rc = compile_pattern(t);
+    if (rc != 0) {
+        tokenizer_free(t);
+        return -1;
+    }
+    t->vocab = t->n_ranks + 1;
+    t->eot = t->n_ranks;
+    *out = t;
+    return 0;
+}
+
+void tokenizer_gpt2_free(Tokenizer *t) {
+    free(t->blob);
+    free(t->tok_off);
+    free(t->tok_len);
+    free(t->slots);
+    free(t->next);
+    free(t->prev);
+    free(t->ver);
+    free(t->heap);
+    if (t->md) pcre2_match_data_free(t->md);
+    if (t->re) pcre2_code_free(t->re);
+}
+
+// ---- pre-tokenizer ---------------------------------------------------------------------------
+
+int gpt2_split(Tokenizer *t, const uint8_t *text, size_t n, int (*fn)(void *ctx, const uint8_t *piece, size_t len),
+               void *ctx) {
+    size_t at = 0;
+    while (at < n) {
+        int rc = pcre2_match(t->re, text, n, at, 0, t->md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) return fn(ctx, text + at, n - at);  // only invalid UTF-8 left
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return bs_fail("gpt2 pre-tokenizer: match failed at byte %zu: %s", at, (char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
+        size_t s = ov[0], e = ov[1];
+        if (e <= s) return bs_fail("gpt2 pre-tokenizer: empty match at byte %zu", s);  // the pattern cannot do this
+        // bytes no alternative could start a match at: invalid UTF-8. They form a piece of their own.
+        if (s > at && fn(ctx, text + at, s - at) != 0) return -1;
+        if (fn(ctx, text + s, e - s) != 0) return -1;
+        at = e;
+    }
+    return 0;
+}
+
+// ---- merging ---------------------------------------------------------------------------------
+
+static int entry_less(MergeEntry a, MergeEntry b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
+
+static void heap_push(MergeEntry *h, size_t *n, MergeEntry e) {
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!entry_less(e, h[parent])) break;
+        h[i] = h[parent];
+        i = parent;
+    }
+    h[i] = e;
+}
+
+static MergeEntry heap_pop(MergeEntry *h, size_t *n) {
+    MergeEntry top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && entry_less(h[c + 1], h[c])) c++;
+        if (!entry_less(h[c], last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = last;
+    return top;
+}
+
+static int ensure_scratch(Tokenizer *t, size_t n) {
+    if (n <= t->scratch_cap) return 0;
+    size_t cap = t->scratch_cap ? t->scratch_cap : 256;
+    while (cap < n) cap *= 2;
+    free(t->next);
+    free(t->prev);
+    free(t->ver);
+    free(t->heap);
+    t->next = bs_malloc(cap * sizeof(uint32_t));
+    t->prev = bs_malloc(cap * sizeof(uint32_t));
+    t->ver = bs_malloc(cap * sizeof(uint32_t));
+    t->heap = bs_malloc(3 * cap * sizeof(MergeEntry));
+    t->scratch_cap = (t->next && t->prev && t->ver && t->heap) ? cap : 0;
+    return t->scratch_cap ? 0 : -1;
+}
+
+// Push the pair starting at part `pos` (its right neighbour must exist) if it is a token.
+static void push_pair(Tokenizer *t, const uint8_t *piece, uint32_t pos, size_t *heap_n) {
+    uint32_t end = t->next[t->next[pos]];
+    int64_t r = gpt2_rank(t, piece + pos, end - pos);
+    if (r >= 0) heap_push(t->heap, heap_n, (MergeEntry){(uint32_t)r, pos, t->ver[pos]});
+}
+
+int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out) {
+    if (n == 0) return 0;
+    int64_t whole = gpt2_rank(t, piece, n);
+    if (whole >= 0) return tokens_push(out, (uint32_t)whole);  // the common case: a known word
+    if (n >= UINT32_MAX / 4) return bs_fail("gpt2: a piece of %zu bytes is too long to merge", n);
+    if (ensure_scratch(t, n) != 0) return -1;
+    uint32_t *next = t->next, *prev = t->prev, *ver = t->ver;
+    // parts start as single bytes; part i covers [i, next[i])
+    for (uint32_t i = 0; i < n; i++) {
+        next[i] = i + 1;
+        prev[i] = i == 0 ? NONE : i - 1;
+        ver[i] = 0;
+    }
+    size_t heap_n = 0;
+    for (uint32_t i = 0; i + 1 < n; i++) push_pair(t, piece, i, &heap_n);
+    while (heap_n > 0) {
+        MergeEntry e = heap_pop(t->heap, &heap_n);
+        if (ver[e.pos] != e.ver) continue;  // stale: that pair changed since it was pushed
+        uint32_t pos = e.pos, right = next[pos], after = next[right];
+        // join `right` into `pos`
+        next[pos] = after;
+        if (after < n) prev[after] = pos;
+        ver[right]++;  // right is no longer a part: its entries die
+        ver[pos]++;
+        if (prev[pos] != NONE) {
+            ver[prev[pos]]++;
+            push_pair(t, piece, prev[pos], &heap_n);
+        }
+        if (after < n) push_pair(t, piece, pos, &heap_n);
+    }
+    for (uint32_t i = 0; i < n; i = next[i]) {
+        int64_t r = gpt2_rank(t, piece + i, next[i] - i);  // a token: merges only ever make tokens
+        if (tokens_push(out, (uint32_t)r) != 0) return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    Tokenizer *t;
+    Tokens *out;
+} EncodeCtx;
+
+static int encode_one(void *ctx, const uint8_t *piece, size_t len) {
+    EncodeCtx *c = ctx;
+    return gpt2_encode_piece(c->t, piece, len, c->out);
+}
+
+int tokenizer_gpt2_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out) {
+    EncodeCtx c = {t, out};
+    return gpt2_split(t, text, n, encode_one, &c);
+}

@@ -1,0 +1,47 @@
+// tok_internal.h: the Tokenizer struct, shared by tokenizer.c, tok_byte.c and tok_bpe.c only.
+#ifndef BYTESCALE_TOK_INTERNAL_H
+#define BYTESCALE_TOK_INTERNAL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "bytescale/tokenizer.h"
+
+// One heap entry of the BPE merge: the pair starting at byte `pos` has rank `rank`; it is still
+// current only while ver[pos] == ver (every change to the part at pos or its right neighbour
+// bumps ver[pos]).
+typedef struct {
+    uint32_t rank;
+    uint32_t pos;
+    uint32_t ver;
+} MergeEntry;
+
+struct Tokenizer {
+    TokenizerKind kind;
+    uint32_t vocab;  // ids are [0, vocab)
+    int64_t eot;     // end-of-text id, -1 when none
+    uint8_t bytes[256];  // byte tokenizer: bytes[i] == i, what token_bytes points into
+
+    // gpt2: token bytes, by rank; the special token last
+    uint8_t *blob;       // all token bytes back to back
+    uint32_t *tok_off;   // (vocab,) offset of each token's bytes in blob
+    uint32_t *tok_len;   // (vocab,)
+    // byte string -> rank: open addressing with linear probing; slot holds rank + 1, 0 = empty
+    uint32_t *slots;     // (n_slots,)
+    uint32_t slot_mask;  // n_slots - 1, n_slots a power of two at least twice the token count
+    uint32_t n_ranks;    // tokens from the rank file (the special token is not among them)
+    // pre-tokenizer
+    pcre2_code *re;
+    pcre2_match_data *md;
+    // merge scratch, grown to the longest piece seen: per byte position of the piece
+    uint32_t *next;      // start of the next part, or n at the end
+    uint32_t *prev;      // start of the previous part, UINT32_MAX at the start
+    uint32_t *ver;
+    MergeEntry *heap;    // at most 3 pushes per merge plus the initial pairs
+    size_t scratch_cap;  // bytes of piece the arrays above can hold
+};
+
+void tokenizer_gpt2_free(Tokenizer *t);
+int tokenizer_gpt2_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out);
+
+#endif

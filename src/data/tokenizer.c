@@ -1,0 +1,101 @@
+// tokenizer.c: the token array, the byte tokenizer, and the calls that dispatch to the byte or
+// GPT-2 tokenizer (tok_bpe.c).
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "data/tok_internal.h"
+
+int tokens_reserve(Tokens *t, int64_t extra) {
+    if (t->n + extra <= t->cap) return 0;
+    int64_t cap = t->cap ? t->cap : 1024;
+    while (cap < t->n + extra) cap *= 2;
+    uint32_t *ids = bs_realloc(t->ids, (size_t)cap * sizeof *ids);
+    if (!ids) return -1;
+    t->ids = ids;
+    t->cap = cap;
+    return 0;
+}
+
+int tokens_push(Tokens *t, uint32_t id) {
+    if (t->n == t->cap && tokens_reserve(t, 1) != 0) return -1;
+    t->ids[t->n++] = id;
+    return 0;
+}
+
+void tokens_free(Tokens *t) {
+    free(t->ids);
+    memset(t, 0, sizeof *t);
+}
+
+int tokenizer_open(Tokenizer **out, const char *name, const char *ranks_path) {
+    *out = NULL;
+    if (!strcmp(name, "byte")) return tokenizer_open_byte(out);
+    if (!strcmp(name, "gpt2")) return tokenizer_open_gpt2(out, ranks_path);
+    return bs_fail("unknown tokenizer '%s' (expected byte or gpt2)", name);
+}
+
+void tokenizer_free(Tokenizer *t) {
+    if (!t) return;
+    if (t->kind == TOKENIZER_GPT2) tokenizer_gpt2_free(t);
+    free(t);
+}
+
+TokenizerKind tokenizer_kind(const Tokenizer *t) { return t->kind; }
+const char *tokenizer_name(const Tokenizer *t) { return t->kind == TOKENIZER_BYTE ? "byte" : "gpt2"; }
+uint32_t tokenizer_vocab_size(const Tokenizer *t) { return t->vocab; }
+int64_t tokenizer_eot(const Tokenizer *t) { return t->eot; }
+
+int tokenizer_encode(Tokenizer *t, const void *text, size_t n, Tokens *out) {
+    if (t->kind == TOKENIZER_GPT2) return tokenizer_gpt2_encode(t, text, n, out);
+    if (tokens_reserve(out, (int64_t)n) != 0) return -1;
+    const uint8_t *p = text;
+    for (size_t i = 0; i < n; i++) out->ids[out->n + (int64_t)i] = p[i];
+    out->n += (int64_t)n;
+    return 0;
+}
+
+const uint8_t *tokenizer_token_bytes(const Tokenizer *t, uint32_t id, size_t *len) {
+    if (id >= t->vocab) return NULL;
+    if (t->kind == TOKENIZER_BYTE) {
+        *len = 1;
+        return &t->bytes[id];
+    }
+    *len = t->tok_len[id];
+    return t->blob + t->tok_off[id];
+}
+
+int tokenizer_decode(const Tokenizer *t, const uint32_t *ids, int64_t n, uint8_t **out, size_t *out_len) {
+    *out = NULL;
+    *out_len = 0;
+    size_t total = 0, len;
+    for (int64_t i = 0; i < n; i++) {
+        if (!tokenizer_token_bytes(t, ids[i], &len))
+            return bs_fail("decode: token %lld: id %u out of range [0, %u)", (long long)i, ids[i], t->vocab);
+        total += len;
+    }
+    uint8_t *buf = bs_malloc(total + 1);
+    if (!buf) return -1;
+    size_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *b = tokenizer_token_bytes(t, ids[i], &len);
+        memcpy(buf + at, b, len);
+        at += len;
+    }
+    buf[at] = '\0';
+    *out = buf;
+    *out_len = total;
+    return 0;
+}
+
+int tokenizer_open_byte(Tokenizer **out) {
+    *out = NULL;
+    Tokenizer *t = bs_calloc(1, sizeof *t);
+    if (!t) return -1;
+    for (int i = 0; i < 256; i++) t->bytes[i] = (uint8_t)i;
+    t->kind = TOKENIZER_BYTE;
+    t->vocab = 256;
+    t->eot = -1;
+    *out = t;
+    return 0;
+}

@@ -1,0 +1,358 @@
+// test_shard.c: prepare a small corpus, read every document back, and refuse damaged files.
+#include "test_util.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/prepare.h"
+#include "bytescale/rng.h"
+#include "bytescale/shard.h"
+#include "bytescale/tokenizer.h"
+
+static char ranks_path[4096];
+
+static const char *ranks(void) {
+    const char *root = getenv("BS_SOURCE_DIR");
+    snprintf(ranks_path, sizeof ranks_path, "%s/data/gpt-tokenizer/data/r50k_base.tiktoken", root ? root : ".");
+    if (access(ranks_path, R_OK) != 0) fail_msg("%s is missing: run make tokenizer", ranks_path);
+    return ranks_path;
+}
+
+static void write_file(const char *dir, const char *name, const void *data, size_t n) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *slash = strrchr(path, '/');
+    *slash = '\0';
+    assert_int_equal(make_dirs(path), 0);
+    *slash = '/';
+    assert_int_equal(file_write_atomic(path, data, n), 0);
+}
+
+// A corpus with an empty file, a large file (longer than a shard), text with invalid UTF-8, a file
+// the extension filter must skip, and names whose sorted order differs from creation order.
+static void make_corpus(const char *dir, uint64_t seed) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    const char *b = "package b\n\nfunc B() int { return 42 }\n";
+    write_file(dir, "b.go", b, strlen(b));
+    write_file(dir, "a.go", "package a // ä世界 🌍\n", strlen("package a // ä世界 🌍\n"));
+    write_file(dir, "empty.go", "", 0);
+    write_file(dir, "notes.txt", "not Go\n", 7);
+    static char big[300000];
+    const char *words[] = {"func ", "return ", "x", " := ", "\t", "\n", "// comment ", "42", "\"str\"", "é", "\xff", "{", "}"};
+    size_t n = 0;
+    while (n + 16 < sizeof big) {
+        const char *w = words[rng_below(&rng, sizeof words / sizeof words[0])];
+        memcpy(big + n, w, strlen(w));
+        n += strlen(w);
+    }
+    write_file(dir, "sub/big.go", big, n);
+    char small[200];
+    for (int i = 0; i < 20; i++) {
+        int len = snprintf(small, sizeof small, "package p%d\nvar v = %llu\n", i, (unsigned long long)rng_next(&rng));
+        char name[32];
+        snprintf(name, sizeof name, "sub/deeper/f%02d.go", 19 - i);
+        write_file(dir, name, small, (size_t)len);
+    }
+}
+
+static void prepare_dir(const char *in, const char *out, const char *tok, int64_t shard_bytes, PrepareStats *st) {
+    const char *inputs[] = {in};
+    PrepareConfig cfg = {.inputs = inputs, .n_inputs = 1, .ext = ".go", .tokenizer = tok, .out_dir = out,
+                         .shard_bytes = shard_bytes, .quiet = 1};
+    if (!strcmp(tok, "gpt2")) cfg.bpe_ranks = ranks();
+    if (prepare_run(&cfg, st) != 0) fail_msg("prepare: %s", bs_errmsg());
+}
+
+static void check_dataset(const char *in, const char *out, const char *tok_name, int64_t shard_bytes) {
+    PrepareStats st;
+    prepare_dir(in, out, tok_name, shard_bytes, &st);
+    Tokenizer *tok;
+    assert_int_equal(tokenizer_open(&tok, tok_name, tok_name[0] == 'g' ? ranks() : NULL), 0);
+    Dataset ds;
+    if (dataset_open(&ds, out) != 0) fail_msg("%s", bs_errmsg());
+    const DocIndex *ix = &ds.index;
+    // 24 .go files (notes.txt filtered out), in byte order of their paths
+    assert_int_equal(ix->n_docs, 24);
+    assert_int_equal(st.n_files, 24);
+    assert_int_equal(ix->n_shards, st.n_shards);
+    assert_true(ix->n_shards >= 3);  // the shard size forces several
+    assert_int_equal(ix->vocab, tokenizer_vocab_size(tok));
+    for (int64_t d = 1; d < ix->n_docs; d++) assert_true(strcmp(docindex_source(ix, d - 1), docindex_source(ix, d)) < 0);
+    assert_non_null(strstr(docindex_source(ix, 0), "/a.go"));
+    int64_t at = 0, max_len = 0, total = 0;
+    for (int64_t d = 0; d < ix->n_docs; d++) {
+        const DocEntry *e = &ix->docs[d];
+        // documents follow each other: global offsets are the running sum of lengths
+        assert_int_equal(e->start, at);
+        at += e->len;
+        // every document's tokens == the tokenizer applied to its file now
+        char *text;
+        size_t size;
+        assert_int_equal(file_read_all(docindex_source(ix, d), &text, &size), 0);
+        Tokens want = {0};
+        if (ix->tokenizer == TOKENIZER_BYTE) {
+            for (size_t i = 0; i < size; i++) tokens_push(&want, (uint8_t)text[i]);  // independent of the tokenizer
+        } else {
+            assert_int_equal(tokenizer_encode(tok, text, size, &want), 0);
+            if (size > 0) tokens_push(&want, (uint32_t)tokenizer_eot(tok));
+        }
+        assert_int_equal(e->len, want.n);
+        uint32_t *got = malloc((size_t)(e->len + 1) * sizeof *got);
+        assert_int_equal(dataset_read(&ds, d, 0, e->len, got), 0);
+        if (e->len) assert_memory_equal(got, want.ids, (size_t)e->len * sizeof *got);
+        // a shard that is over the size limit holds that one document only
+        int64_t shard_tokens = ix->shards[e->shard].n_tokens;
+        if (shard_tokens * ix->width > shard_bytes) assert_int_equal(shard_tokens, e->len);
+        // spans: clipped at the document end, exact inside
+        for (int k = 0; k < 20 && e->len > 0; k++) {
+            int64_t first = (int64_t)(((uint64_t)k * 7919u) % (uint64_t)e->len), n = 1 + (k * 31) % 50, n_got;
+            assert_int_equal(dataset_read_span(&ds, d, e->start + first, n + 1, got, &n_got), 0);
+            int64_t left = e->len - first;
+            assert_int_equal(n_got, n + 1 < left ? n + 1 : left);
+            assert_memory_equal(got, want.ids + first, (size_t)n_got * sizeof *got);
+        }
+        if (e->len > max_len) max_len = e->len;
+        total += e->len;
+        free(got);
+        free(text);
+        tokens_free(&want);
+    }
+    assert_int_equal(total, ix->n_tokens);
+    assert_int_equal(st.n_tokens, total);
+    assert_int_equal(st.len_min, 0);  // the empty file
+    assert_int_equal(st.len_max, max_len);
+    // out-of-range reads are refused
+    uint32_t one;
+    int64_t n_got;
+    assert_int_equal(dataset_read(&ds, ix->n_docs, 0, 1, &one), -1);
+    assert_int_equal(dataset_read(&ds, 0, ix->docs[0].len, 1, &one), -1);
+    assert_non_null(strstr(bs_errmsg(), "outside document 0"));
+    assert_int_equal(dataset_read_span(&ds, 1, ix->docs[0].start, 1, &one, &n_got), -1);
+    dataset_close(&ds);
+    tokenizer_free(tok);
+}
+
+static void test_prepare_then_read_back_byte(void **state) {
+    (void)state;
+    char in[600], out[600];
+    snprintf(in, sizeof in, "%s/in", test_tmpdir("data_prepare_byte"));
+    snprintf(out, sizeof out, "test-tmp/data_prepare_byte/out");
+    make_corpus(in, 1);
+    check_dataset(in, out, "byte", 64 << 10);
+}
+
+static void test_prepare_then_read_back_gpt2(void **state) {
+    (void)state;
+    char in[600], out[600];
+    snprintf(in, sizeof in, "%s/in", test_tmpdir("data_prepare_gpt2"));
+    snprintf(out, sizeof out, "test-tmp/data_prepare_gpt2/out");
+    make_corpus(in, 2);
+    check_dataset(in, out, "gpt2", 32 << 10);
+}
+
+static void test_prepare_errors(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("data_prepare_errors");
+    char empty[600], out[600];
+    snprintf(empty, sizeof empty, "%s/empty", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    assert_int_equal(make_dirs(empty), 0);
+    PrepareStats st;
+    const char *inputs[] = {empty};
+    PrepareConfig cfg = {.inputs = inputs, .n_inputs = 1, .tokenizer = "byte", .out_dir = out, .quiet = 1};
+    assert_int_equal(prepare_run(&cfg, &st), -1);
+    assert_non_null(strstr(bs_errmsg(), "no input files"));
+    const char *missing[] = {"test-tmp/data_prepare_errors/nope"};
+    cfg.inputs = missing;
+    assert_int_equal(prepare_run(&cfg, &st), -1);
+    assert_non_null(strstr(bs_errmsg(), "input test-tmp/data_prepare_errors/nope"));
+    write_file(empty, "x.go", "x", 1);
+    cfg.inputs = inputs;
+    cfg.tokenizer = "gpt2";
+    cfg.bpe_ranks = "test-tmp/data_prepare_errors/none.tiktoken";
+    assert_int_equal(prepare_run(&cfg, &st), -1);
+    assert_non_null(strstr(bs_errmsg(), "none.tiktoken"));
+    assert_int_equal(access("test-tmp/data_prepare_errors/out/index.bin", F_OK), -1);
+}
+
+// ---- damaged files -------------------------------------------------------------------------
+
+static int count_files(const char *dir) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static void read_bytes(const char *path, uint8_t **data, size_t *n) {
+    char *d;
+    assert_int_equal(file_read_all(path, &d, n), 0);
+    *data = (uint8_t *)d;
+}
+
+static void expect_refused(const char *dir, const char *path, const uint8_t *bytes, size_t n, const char *what) {
+    assert_int_equal(file_write_atomic(path, bytes, n), 0);
+    Dataset ds;
+    assert_int_equal(dataset_open(&ds, dir), -1);
+    const char *msg = bs_errmsg();
+    const char *name = strrchr(path, '/') + 1;
+    if (!strstr(msg, what) || !strstr(msg, name)) fail_msg("expected '%s' and '%s' in: %s", what, name, msg);
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+// Rewrite a header's own checksum (the last 4 of its 64 bytes) so a deliberate change gets past it.
+static void fix_header_crc(uint8_t *h) { put32(h + 60, checksum_crc32(0, h, 60)); }
+
+static void test_damaged_shards_are_refused(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("data_damaged_shard");
+    char in[600], out[600], shard[700];
+    snprintf(in, sizeof in, "%s/in", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(shard, sizeof shard, "%s/shard-00000.bin", out);
+    const char *one = "package one\n// some text to make a hundred bytes or so of payload .............\n";
+    write_file(in, "one.go", one, strlen(one));
+    write_file(in, "two.go", "package two\n", 12);
+    PrepareStats st;
+    prepare_dir(in, out, "gpt2", 1 << 20, &st);
+    uint8_t *orig;
+    size_t n;
+    read_bytes(shard, &orig, &n);
+    assert_true(n > 64 + 20);
+    uint8_t *b = malloc(n);
+    // every truncation length: inside the header, at its end, and inside the payload
+    for (size_t len = 0; len < n; len++) expect_refused(out, shard, orig, len, "truncated");
+    // one byte too many
+    uint8_t *longer = calloc(1, n + 1);
+    memcpy(longer, orig, n);
+    expect_refused(out, shard, longer, n + 1, "trailing bytes");
+    free(longer);
+    // any flipped payload byte
+    for (size_t i = 64; i < n; i++) {
+        memcpy(b, orig, n);
+        b[i] ^= 0x10;
+        expect_refused(out, shard, b, n, "checksum mismatch");
+    }
+    // any flipped header byte other than the magic
+    for (size_t i = 8; i < 64; i++) {
+        memcpy(b, orig, n);
+        b[i] ^= 0x01;
+        expect_refused(out, shard, b, n, i >= 8 && i < 12 ? "unsupported version" : "header checksum mismatch");
+    }
+    memcpy(b, orig, n);
+    b[0] = 'X';
+    expect_refused(out, shard, b, n, "bad magic");
+    memcpy(b, orig, n);
+    put32(b + 8, 2);
+    fix_header_crc(b);
+    expect_refused(out, shard, b, n, "unsupported version 2");
+    // a valid shard of another dataset: its own checksums pass, the index's do not
+    memcpy(b, orig, n);
+    b[64] ^= 1;
+    put32(b + 32, checksum_crc32(0, b + 64, n - 64));
+    fix_header_crc(b);
+    expect_refused(out, shard, b, n, "differs from the index");
+    // put the original back: the dataset opens again
+    assert_int_equal(file_write_atomic(shard, orig, n), 0);
+    Dataset ds;
+    assert_int_equal(dataset_open(&ds, out), 0);
+    dataset_close(&ds);
+    unlink(shard);
+    assert_int_equal(dataset_open(&ds, out), -1);
+    assert_non_null(strstr(bs_errmsg(), "cannot open shard 0"));
+    free(b);
+    free(orig);
+}
+
+static void test_damaged_index_is_refused(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("data_damaged_index");
+    char in[600], out[600], index[700];
+    snprintf(in, sizeof in, "%s/in", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(index, sizeof index, "%s/index.bin", out);
+    write_file(in, "a.go", "package a\n", 10);
+    write_file(in, "b.go", "package b\n", 10);
+    PrepareStats st;
+    prepare_dir(in, out, "byte", 1 << 20, &st);
+    uint8_t *orig;
+    size_t n;
+    read_bytes(index, &orig, &n);
+    uint8_t *b = malloc(n);
+    for (size_t len = 0; len < n; len++) expect_refused(out, index, orig, len, "truncated");
+    for (size_t i = 64; i < n; i++) {
+        memcpy(b, orig, n);
+        b[i] ^= 0x80;
+        expect_refused(out, index, b, n, "checksum mismatch");
+    }
+    memcpy(b, orig, n);
+    memcpy(b, "BSSHARD", 8);  // a shard's magic is not an index's
+    expect_refused(out, index, b, n, "bad magic");
+    memcpy(b, orig, n);
+    put32(b + 8, 7);
+    fix_header_crc(b);
+    expect_refused(out, index, b, n, "unsupported version 7");
+    // document 1 made one token longer than its shard holds, with valid checksums
+    memcpy(b, orig, n);
+    const size_t doc1 = 64 + 64 + 24;  // header, one shard entry, document 0
+    b[doc1 + 16] += 1;                 // low byte of document 1's length
+    put32(b + 56, checksum_crc32(0, b + 64, n - 64));
+    fix_header_crc(b);
+    expect_refused(out, index, b, n, "index points past the end of shard 0");
+    // the directory or the file itself both name the dataset
+    assert_int_equal(file_write_atomic(index, orig, n), 0);
+    DocIndex ix;
+    assert_int_equal(docindex_read(&ix, index), 0);
+    assert_int_equal(ix.n_docs, 2);
+    assert_int_equal(ix.docs[1].len, 10);
+    docindex_free(&ix);
+    free(b);
+    free(orig);
+}
+
+static void test_aborted_writer_leaves_nothing(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("data_abort");
+    char out[600];
+    snprintf(out, sizeof out, "%s/out", dir);
+    Tokenizer *tok;
+    assert_int_equal(tokenizer_open_byte(&tok), 0);
+    // an earlier dataset in the same place: its index goes as soon as a new run starts
+    ShardWriter w;
+    uint32_t ids[100];
+    for (int i = 0; i < 100; i++) ids[i] = (uint32_t)i;
+    assert_int_equal(shard_writer_open(&w, out, tok, 64), 0);
+    assert_int_equal(shard_writer_add(&w, ids, 100, "x"), 0);
+    assert_int_equal(shard_writer_finish(&w), 0);
+    assert_int_equal(count_files(out), 2);
+    // a run that fails half-way: three shards complete, one in progress, then a bad token
+    assert_int_equal(shard_writer_open(&w, out, tok, 64), 0);
+    for (int k = 0; k < 3; k++) assert_int_equal(shard_writer_add(&w, ids, 60, "x"), 0);
+    ids[5] = 256;
+    assert_int_equal(shard_writer_add(&w, ids, 60, "bad"), -1);
+    assert_non_null(strstr(bs_errmsg(), "out of range for vocab 256"));
+    shard_writer_abort(&w);
+    assert_int_equal(count_files(out), 0);
+    tokenizer_free(tok);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prepare_then_read_back_byte),
+        cmocka_unit_test(test_prepare_then_read_back_gpt2),
+        cmocka_unit_test(test_prepare_errors),
+        cmocka_unit_test(test_damaged_shards_are_refused),
+        cmocka_unit_test(test_damaged_index_is_refused),
+        cmocka_unit_test(test_aborted_writer_leaves_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

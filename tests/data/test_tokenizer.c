@@ -1,0 +1,314 @@
+// test_tokenizer.c: GPT-2 BPE against the npm package's expected encodings, the merge against a
+// naive reference, byte-level round trips (invalid UTF-8 included), rank-file errors.
+#include "test_util.h"
+
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/rng.h"
+#include "bytescale/tokenizer.h"
+
+static char data_dir[4096];
+
+// The tokenizer data from `make tokenizer`; a missing file fails the test (it must not skip).
+static const char *tokenizer_file(const char *name) {
+    const char *root = getenv("BS_SOURCE_DIR");
+    if (!root) root = ".";
+    snprintf(data_dir, sizeof data_dir, "%s/data/gpt-tokenizer/data/%s", root, name);
+    FILE *f = fopen(data_dir, "rb");
+    if (!f) fail_msg("%s is missing: run make tokenizer", data_dir);
+    fclose(f);
+    return data_dir;
+}
+
+static Tokenizer *open_gpt2(void) {
+    Tokenizer *t;
+    if (tokenizer_open_gpt2(&t, tokenizer_file("r50k_base.tiktoken")) != 0) fail_msg("%s", bs_errmsg());
+    return t;
+}
+
+// ---- TestPlans.txt -----------------------------------------------------------------------------
+
+// Parse "[1, 2, 3]" into ids; returns the count.
+static int64_t parse_ids(const char *s, uint32_t *ids, int64_t cap) {
+    int64_t n = 0;
+    const char *p = strchr(s, '[');
+    assert_non_null(p);
+    p++;
+    while (*p && *p != ']') {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) {
+            p++;
+            continue;
+        }
+        assert_true(n < cap);
+        ids[n++] = (uint32_t)v;
+        p = end;
+    }
+    return n;
+}
+
+static void test_gpt2_matches_package_test_plans(void **state) {
+    (void)state;
+    Tokenizer *t = open_gpt2();
+    assert_int_equal(tokenizer_vocab_size(t), 50257);
+    assert_int_equal(tokenizer_eot(t), 50256);
+    char *text;
+    size_t size;
+    if (file_read_all(tokenizer_file("TestPlans.txt"), &text, &size) != 0) fail_msg("%s", bs_errmsg());
+    // blocks: "EncodingName: X" / "Sample: <text>" / "Encoded: [ids]"; each on one line
+    int checked = 0, in_r50k = 0;
+    const char *sample = NULL;
+    size_t sample_len = 0;
+    static uint32_t want[1 << 16];
+    char *line = text;
+    while (line < text + size) {
+        char *eol = strchr(line, '\n');
+        if (!eol) eol = text + size;
+        *eol = '\0';
+        if (!strncmp(line, "EncodingName: ", 14)) {
+            in_r50k = !strcmp(line + 14, "r50k_base");
+            sample = NULL;
+        } else if (in_r50k && !strncmp(line, "Sample: ", 8)) {
+            sample = line + 8;
+            sample_len = (size_t)(eol - sample);
+        } else if (in_r50k && sample && !strncmp(line, "Encoded: ", 9)) {
+            int64_t n_want = parse_ids(line, want, 1 << 16);
+            Tokens got = {0};
+            assert_int_equal(tokenizer_encode(t, sample, sample_len, &got), 0);
+            if (got.n != n_want || (n_want > 0 && memcmp(got.ids, want, (size_t)n_want * sizeof(uint32_t)) != 0)) {
+                fprintf(stderr, "sample: %s\n got:", sample);
+                for (int64_t i = 0; i < got.n; i++) fprintf(stderr, " %u", got.ids[i]);
+                fprintf(stderr, "\nwant:");
+                for (int64_t i = 0; i < n_want; i++) fprintf(stderr, " %u", want[i]);
+                fprintf(stderr, "\n");
+                fail_msg("encoding differs from TestPlans.txt (block %d)", checked);
+            }
+            uint8_t *back;
+            size_t back_n;
+            assert_int_equal(tokenizer_decode(t, got.ids, got.n, &back, &back_n), 0);
+            assert_int_equal(back_n, sample_len);
+            assert_memory_equal(back, sample, sample_len);
+            free(back);
+            tokens_free(&got);
+            checked++;
+            sample = NULL;
+        }
+        line = eol + 1;
+    }
+    free(text);
+    // the package's file has 64 r50k_base blocks; fewer means the parse above went wrong
+    assert_true(checked >= 64);
+    tokenizer_free(t);
+}
+
+// ---- the merge against a naive reference ---------------------------------------------------
+
+// Naive BPE: parts as (start, len); repeatedly merge the leftmost adjacent pair of lowest rank.
+static int64_t naive_bpe(const Tokenizer *t, const uint8_t *p, size_t n, uint32_t *out) {
+    size_t *start = malloc(n * sizeof *start), *len = malloc(n * sizeof *len);
+    size_t k = n;
+    for (size_t i = 0; i < n; i++) start[i] = i, len[i] = 1;
+    for (;;) {
+        int64_t best = -1;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < k; i++) {
+            int64_t r = gpt2_rank(t, p + start[i], len[i] + len[i + 1]);
+            if (r >= 0 && (best < 0 || r < best)) best = r, at = i;
+        }
+        if (best < 0) break;
+        len[at] += len[at + 1];
+        memmove(start + at + 1, start + at + 2, (k - at - 2) * sizeof *start);
+        memmove(len + at + 1, len + at + 2, (k - at - 2) * sizeof *len);
+        k--;
+    }
+    for (size_t i = 0; i < k; i++) out[i] = (uint32_t)gpt2_rank(t, p + start[i], len[i]);
+    free(start);
+    free(len);
+    return (int64_t)k;
+}
+
+static void check_piece(Tokenizer *t, const uint8_t *p, size_t n) {
+    uint32_t *want = malloc((n + 1) * sizeof *want);
+    int64_t n_want = naive_bpe(t, p, n, want);
+    Tokens got = {0};
+    assert_int_equal(gpt2_encode_piece(t, p, n, &got), 0);
+    assert_int_equal(got.n, n_want);
+    assert_memory_equal(got.ids, want, (size_t)n_want * sizeof *want);
+    tokens_free(&got);
+    free(want);
+}
+
+static void test_gpt2_merge_matches_naive_reference(void **state) {
+    (void)state;
+    Tokenizer *t = open_gpt2();
+    Rng rng;
+    rng_seed(&rng, 7);
+    uint8_t buf[600];
+    const char *alpha[] = {"abcdefghijklmnopqrstuvwxyz", "etaoinshr", "ab", " \t\n", "0123456789"};
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t n = 1 + rng_below(&rng, iter < 2900 ? 40 : 600);
+        int mode = (int)rng_below(&rng, 6);
+        for (size_t i = 0; i < n; i++) {
+            if (mode == 5) buf[i] = (uint8_t)rng_below(&rng, 256);  // arbitrary bytes
+            else buf[i] = (uint8_t)alpha[mode][rng_below(&rng, strlen(alpha[mode]))];
+        }
+        if (mode != 3 && rng_below(&rng, 2)) buf[0] = ' ';  // pieces often start with a space
+        check_piece(t, buf, n);
+    }
+    // repeated pairs: ties between equal ranks must go to the leftmost pair
+    memset(buf, 'a', 301);
+    check_piece(t, buf, 301);
+    tokenizer_free(t);
+}
+
+// ---- round trips ----------------------------------------------------------------------------
+
+static void roundtrip(Tokenizer *t, const uint8_t *x, size_t n) {
+    Tokens ids = {0};
+    assert_int_equal(tokenizer_encode(t, x, n, &ids), 0);
+    for (int64_t i = 0; i < ids.n; i++) assert_true(ids.ids[i] < tokenizer_vocab_size(t));
+    uint8_t *back;
+    size_t back_n;
+    assert_int_equal(tokenizer_decode(t, ids.ids, ids.n, &back, &back_n), 0);
+    assert_int_equal(back_n, n);
+    if (n) assert_memory_equal(back, x, n);
+    free(back);
+    tokens_free(&ids);
+}
+
+static void test_gpt2_roundtrip_any_bytes(void **state) {
+    (void)state;
+    Tokenizer *t = open_gpt2();
+    Rng rng;
+    rng_seed(&rng, 11);
+    // fragments: ASCII words, whitespace runs, contractions, multi-byte UTF-8, and invalid UTF-8
+    // (lone continuation bytes, truncated sequences, overlongs, surrogates, 0xff)
+    const char *frags[] = {"hello", " world", "  ", "\t\t", "\n\n", "'s", "'ll", "123", " 45", "!!", "é", "世界",
+                           "🌍", "\x80", "\xff", "\xc3", "\xe4\xb8", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\0",
+                           " \xff", "a\xfe" "b", "\r\n"};
+    int n_frags = sizeof frags / sizeof frags[0];
+    uint8_t buf[4096];
+    for (int iter = 0; iter < 2000; iter++) {
+        size_t n = 0;
+        int mode = iter % 2;
+        size_t target = 1 + rng_below(&rng, 300);
+        while (n < target) {
+            if (mode == 0) {
+                buf[n++] = (uint8_t)rng_below(&rng, 256);  // uniformly random bytes
+            } else {
+                const char *f = frags[rng_below(&rng, (uint64_t)n_frags)];
+                size_t len = f[0] ? strlen(f) : 1;  // "\0" is one NUL byte
+                memcpy(buf + n, f, len);
+                n += len;
+            }
+        }
+        roundtrip(t, buf, n);
+    }
+    roundtrip(t, (const uint8_t *)"", 0);
+    tokenizer_free(t);
+}
+
+typedef struct {
+    char pieces[16][32];
+    int n;
+} Pieces;
+
+static int collect(void *ctx, const uint8_t *piece, size_t len) {
+    Pieces *p = ctx;
+    assert_true(p->n < 16 && len < 32);
+    memcpy(p->pieces[p->n], piece, len);
+    p->pieces[p->n][len] = '\0';
+    p->n++;
+    return 0;
+}
+
+static void test_gpt2_split_follows_the_regex(void **state) {
+    (void)state;
+    Tokenizer *t = open_gpt2();
+    // each expectation follows from the pattern's alternatives, tried left to right:
+    // a space joins the following word; of a run of spaces before a word, all but the last form
+    // a piece (\s+(?!\S)); contractions split off; invalid bytes match nothing and stand alone.
+    struct {
+        const char *text;
+        const char *want[8];
+    } cases[] = {
+        {"a  b", {"a", " ", " b"}},
+        {"I'll go", {"I", "'ll", " go"}},
+        {"x = 42;\n", {"x", " =", " 42", ";", "\n"}},
+        {"x\xffy", {"x", "\xff", "y"}},
+        {"end  ", {"end", "  "}},
+        {"\xe4\xb8\x96\xe7\x95\x8c!", {"\xe4\xb8\x96\xe7\x95\x8c", "!"}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        Pieces p = {.n = 0};
+        assert_int_equal(gpt2_split(t, (const uint8_t *)cases[c].text, strlen(cases[c].text), collect, &p), 0);
+        int n_want = 0;
+        while (n_want < 8 && cases[c].want[n_want]) n_want++;
+        assert_int_equal(p.n, n_want);
+        for (int i = 0; i < n_want; i++) assert_string_equal(p.pieces[i], cases[c].want[i]);
+    }
+    tokenizer_free(t);
+}
+
+static void test_byte_tokenizer_is_identity(void **state) {
+    (void)state;
+    Tokenizer *t;
+    assert_int_equal(tokenizer_open(&t, "byte", NULL), 0);
+    assert_int_equal(tokenizer_vocab_size(t), 256);
+    assert_int_equal(tokenizer_eot(t), -1);
+    uint8_t all[256];
+    for (int i = 0; i < 256; i++) all[i] = (uint8_t)(255 - i);
+    Tokens ids = {0};
+    assert_int_equal(tokenizer_encode(t, all, 256, &ids), 0);
+    assert_int_equal(ids.n, 256);
+    for (int i = 0; i < 256; i++) assert_int_equal(ids.ids[i], all[i]);
+    tokens_free(&ids);
+    roundtrip(t, all, 256);
+    uint32_t bad = 256;
+    uint8_t *out;
+    size_t n;
+    assert_int_equal(tokenizer_decode(t, &bad, 1, &out, &n), -1);
+    assert_non_null(strstr(bs_errmsg(), "out of range"));
+    tokenizer_free(t);
+    assert_int_equal(tokenizer_open(&t, "unigram", NULL), -1);
+    assert_non_null(strstr(bs_errmsg(), "unknown tokenizer 'unigram'"));
+    tokenizer_free(NULL);
+}
+
+static void expect_rank_file_error(const char *dir, const char *name, const char *content, const char *msg) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    assert_int_equal(file_write_atomic(path, content, strlen(content)), 0);
+    Tokenizer *t;
+    assert_int_equal(tokenizer_open_gpt2(&t, path), -1);
+    assert_null(t);
+    if (!strstr(bs_errmsg(), msg)) fail_msg("expected '%s' in: %s", msg, bs_errmsg());
+    assert_non_null(strstr(bs_errmsg(), name));
+}
+
+static void test_rank_file_errors(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("data_ranks");
+    expect_rank_file_error(dir, "noseparator.tiktoken", "IQ==0\n", "noseparator.tiktoken:1: expected");
+    expect_rank_file_error(dir, "badb64.tiktoken", "IQ== 0\nI*== 1\n", "badb64.tiktoken:2: expected");
+    expect_rank_file_error(dir, "dup.tiktoken", "IQ== 0\nIg== 0\n", "rank 0 appears twice");
+    expect_rank_file_error(dir, "gap.tiktoken", "IQ== 0\nIg== 2\n\n\n", "rank 1 is missing");
+    // a valid file but without all 256 bytes cannot encode everything
+    expect_rank_file_error(dir, "small.tiktoken", "IQ== 0\nIg== 1\n", "256 single bytes");
+    Tokenizer *t;
+    assert_int_equal(tokenizer_open_gpt2(&t, "/nonexistent/r50k.tiktoken"), -1);
+    assert_non_null(strstr(bs_errmsg(), "/nonexistent/r50k.tiktoken"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpt2_matches_package_test_plans),
+        cmocka_unit_test(test_gpt2_merge_matches_naive_reference),
+        cmocka_unit_test(test_gpt2_roundtrip_any_bytes),
+        cmocka_unit_test(test_gpt2_split_follows_the_regex),
+        cmocka_unit_test(test_byte_tokenizer_is_identity),
+        cmocka_unit_test(test_rank_file_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
