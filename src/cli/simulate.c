@@ -1,0 +1,368 @@
+// simulate.c: `bytescale simulate` - run plans on a modelled GPU cluster (docs/simulator.md).
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/json.h"
+#include "bytescale/plan.h"
+#include "bytescale/scenario.h"
+#include "bytescale/sim.h"
+#include "cli/cli.h"
+
+enum { MAX_VARIANTS = 16 };
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: bytescale simulate [flags]\n"
+            "\n"
+            "Plan a global batch with each policy and simulate one training step on a modelled cluster:\n"
+            "step time, tokens/s, MFU, per-rank busy / communication / wait, ring and offload traffic.\n"
+            "The model, its assumptions and what it leaves out: docs/simulator.md.\n"
+            "\n"
+            "What to simulate (a preset; the other flags change it):\n"
+            "  --scenario NAME     a preset, `list` prints them: the paper grid (7b-1024-byted-2m,\n"
+            "                      70b-8192-github-512k, ...) and case-study (default 7b-1024-byted-2m)\n"
+            "  --model NAME        llama-7b, llama-13b, llama-30b, llama-70b, mixtral-8x7b, mixtral-8x22b, ...\n"
+            "  --hardware NAME     a profile (h100-sxm, h800-sxm, cpu) or a profile JSON file\n"
+            "  --gpus N            devices in the cluster\n"
+            "  --tp N, --pp N      tensor / pipeline degree of every HDP rank (HDP ranks = gpus / (tp x pp))\n"
+            "  --capacity N        C: tokens per HDP rank per micro-batch (suffixes K M: 8K)\n"
+            "  --context N         longest sequence; the static mesh uses d_cp = context / C\n"
+            "  --dataset SPEC      length distribution: byted, github, uniform:LO:HI, lognormal:MU:SIGMA,\n"
+            "                      fixed:LEN (also --dist)\n"
+            "  --tokens N          tokens per global batch (default 32M)\n"
+            "  --seed N            seed of the sampled batch (default 1)\n"
+            "  --policy LIST       comma-separated: static, naive-nooff (sharding + dynamic comm), naive\n"
+            "                      (+ offloading), balance (+ balance scheduler), any planner, or all (default)\n"
+            "  --plan FILE         simulate this plan file (docs/plan-format.md) instead of planning; the\n"
+            "                      cluster is --gpus (default: the plan's ranks x tp x pp) with --tp\n"
+            "  --cost FILE         cost model coefficients (`bytescale profile`); default: derived from\n"
+            "                      --model and --hardware\n"
+            "\n"
+            "Outputs (a table on stdout by default):\n"
+            "  --json              the set-up and every policy's results as JSON on stdout instead\n"
+            "  --trace FILE        Chrome-trace JSON of the step (open in Perfetto); with several policies\n"
+            "                      one file each, the policy's name before .json\n"
+            "  --trace-ranks N     ranks a trace shows, evenly spaced (default 64)\n"
+            "  --sweep KIND        contexts (256K, 512K, 1M, 2M) or gpus (x 1/4, 1/2, 1, 2): a table per\n"
+            "                      point, <out>/<scenario>-<kind>.csv and a plot (.png, .svg, .gp)\n"
+            "  --grid              the whole paper grid, every policy: <out>/paper-grid.md, .csv, .png, .svg\n"
+            "  --out DIR           where sweeps and the grid write (default sim-out; docs/results for --grid)\n"
+            "  --no-plot           write the CSV only (plots need gnuplot)\n"
+            "  --help              this text\n"
+            "\n"
+            "Exit status: 0 done, 1 a run failed (message on stderr), 2 bad flags. BS_QUIET=1 hides the\n"
+            "progress line of sweeps and the grid.\n");
+}
+
+static int bad_usage(const char *fmt, const char *arg) {
+    fprintf(stderr, "bytescale simulate: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(bytescale simulate --help lists the flags)\n");
+    return 2;
+}
+
+static int fail(void) {
+    fprintf(stderr, "bytescale simulate: error: %s\n", bs_errmsg());
+    return 1;
+}
+
+// 8192 -> "8K", 2097152 -> "2M"
+static const char *tokens_text(char *buf, size_t n, int64_t t) {
+    if (t >= (1 << 20) && t % (1 << 20) == 0) snprintf(buf, n, "%lldM", (long long)(t >> 20));
+    else if (t >= (1 << 10) && t % (1 << 10) == 0) snprintf(buf, n, "%lldK", (long long)(t >> 10));
+    else snprintf(buf, n, "%lld", (long long)t);
+    return buf;
+}
+
+static void list_scenarios(void) {
+    printf("%-26s %-14s %6s %3s %3s %8s %5s %7s %-8s\n", "name", "model", "gpus", "tp", "pp", "context", "C", "tokens",
+           "dataset");
+    for (int i = 0; i < scenario_count(); i++) {
+        Scenario s;
+        if (scenario_get(i, &s) != 0) continue;
+        char a[24], b[24], c[24];
+        printf("%-26s %-14s %6d %3d %3d %8s %5s %7s %-8s\n", s.name, s.model, s.gpus, s.tp, s.pp,
+               tokens_text(a, sizeof a, s.context), tokens_text(b, sizeof b, s.capacity),
+               tokens_text(c, sizeof c, s.tokens), s.dataset);
+    }
+}
+
+// "static,balance" or "all" -> variants
+static int parse_policies(const char *list, SimVariant *out, int *n) {
+    *n = 0;
+    if (!strcmp(list, "all")) {
+        for (int i = 0; i < sim_variant_count(); i++) out[(*n)++] = *sim_variant_at(i);
+        return 0;
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == MAX_VARIANTS) return bs_fail("--policy: at most %d policies", MAX_VARIANTS);
+        if (sim_variant_find(tok, &out[*n]) != 0) return bs_fail_ctx("--policy");
+        (*n)++;
+    }
+    if (*n == 0) return bs_fail("--policy: no policy in '%s'", list);
+    return 0;
+}
+
+// FILE.json -> FILE-<label>.json when several traces are written
+static void trace_path(char *buf, size_t n, const char *path, const char *label, int several) {
+    if (!several) {
+        snprintf(buf, n, "%s", path);
+        return;
+    }
+    const char *dot = strrchr(path, '.');
+    const char *slash = strrchr(path, '/');
+    if (dot && (!slash || dot > slash)) snprintf(buf, n, "%.*s-%s%s", (int)(dot - path), path, label, dot);
+    else snprintf(buf, n, "%s-%s", path, label);
+}
+
+// A flag's integer value, at least min (1 for sizes and counts).
+static int int64_flag(const char *flag, const char *text, int64_t *out, int64_t min) {
+    if (arg_int64(flag, text, out) != 0) return -1;
+    if (*out < min) return bs_fail("%s: '%s' must be at least %lld", flag, text, (long long)min);
+    return 0;
+}
+
+static int int_flag(const char *flag, const char *text, int *out) {
+    if (arg_int(flag, text, out) != 0) return -1;
+    if (*out < 1) return bs_fail("%s: '%s' must be at least 1", flag, text);
+    return 0;
+}
+
+typedef struct {
+    const char *scenario, *model, *hardware, *dataset, *policy, *plan, *cost, *trace, *sweep, *out;
+    int gpus, tp, pp, trace_ranks, json, grid, no_plot;
+    int64_t capacity, context, tokens, seed;
+    int set_gpus, set_tp, set_pp, set_capacity, set_context, set_tokens;
+} Flags;
+
+// Simulate a plan file on the cluster the flags describe.
+static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
+    Plan p;
+    if (plan_read_json(&p, fl->plan) != 0) return fail();
+    int tp = sc->tp, pp = p.pp;
+    if (fl->set_pp && fl->pp != p.pp) {
+        plan_free(&p);
+        return bad_usage("--pp does not match the plan's pipeline stages (%s)", fl->plan);
+    }
+    int gpus = fl->set_gpus ? fl->gpus : p.n_ranks * tp * pp;
+    SimSetup s;
+    memset(&s, 0, sizeof s);
+    s.sc = *sc;
+    snprintf(s.sc.name, sizeof s.sc.name, "plan file");
+    const ModelConfig *m = model_find(sc->model);
+    int rc = -1;
+    if (!m) goto done;
+    s.model = *m;
+    if (strchr(sc->hardware, '/') || strstr(sc->hardware, ".json")) {
+        if (hw_load_file(sc->hardware, &s.hw) != 0) goto done;
+    } else {
+        const HardwareProfile *hw = hw_find(sc->hardware);
+        if (!hw) goto done;
+        s.hw = *hw;
+    }
+    if (cluster_init(&s.cluster, &s.hw, gpus, tp, pp) != 0) goto done;
+    if (fl->cost ? cost_load(&s.cm, fl->cost) != 0
+                 : cost_derive(&s.cm, &s.model, &s.hw, tp, pp, s.cluster.n_ranks, p.capacity) != 0)
+        goto done;
+    if (plan_finalize(&p, &s.cm) != 0 || plan_validate(&p, &s.cm) != 0) {
+        bs_fail_ctx("%s", fl->plan);
+        goto done;
+    }
+    SimOutcome o;
+    memset(&o, 0, sizeof o);
+    snprintf(o.variant.label, sizeof o.variant.label, "%s", p.policy[0] ? p.policy : "plan");
+    snprintf(o.variant.policy, sizeof o.variant.policy, "%s", o.variant.label);
+    o.planner_makespan = p.makespan;
+    o.lower_bound = p.lower_bound;
+    o.n_items = p.n_items;
+    SimConfig cfg = {&s.cm, &s.cluster, &s.model, &s.hw, 0};
+    if (sim_run(&o.res, &p, &cfg) != 0) goto done;
+    if (fl->trace && sim_trace_write(&o.res, &p, fl->trace, fl->trace_ranks) != 0) {
+        sim_outcome_free(&o);
+        goto done;
+    }
+    if (fl->json) {
+        cJSON *j = sim_outcome_json(&o);
+        char *text = j ? cJSON_Print(j) : NULL;
+        if (text) printf("%s\n", text);
+        free(text);
+        cJSON_Delete(j);
+    } else {
+        printf("%s: %d items on %d HDP ranks (%d GPUs, tp %d, pp %d, %s, %s)\n", fl->plan, p.n_items, p.n_ranks, gpus,
+               tp, pp, s.model.name, s.hw.name);
+        sim_result_print(stdout, &o.res);
+        printf("planner: makespan %.4f s, lower bound %.4f s\n", p.makespan, p.lower_bound);
+        if (fl->trace) printf("trace: %s\n", fl->trace);
+    }
+    sim_outcome_free(&o);
+    rc = 0;
+done:
+    plan_free(&p);
+    return rc == 0 ? 0 : fail();
+}
+
+static int simulate_scenario(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
+    SimSetup s;
+    if (sim_setup_init(&s, sc, (uint64_t)fl->seed) != 0 || (fl->cost && cost_load(&s.cm, fl->cost) != 0)) {
+        sim_setup_free(&s);
+        return fail();
+    }
+    SimOutcome o[MAX_VARIANTS];
+    int n_done = 0, rc = 0;
+    for (int j = 0; j < n_v && rc == 0; j++) {
+        Plan p;
+        if (sim_setup_run(&s, &v[j], &o[j], &p) != 0) {
+            rc = -1;
+            break;
+        }
+        n_done++;
+        if (fl->trace) {
+            char path[4200];
+            trace_path(path, sizeof path, fl->trace, v[j].label, n_v > 1);
+            if (sim_trace_write(&o[j].res, &p, path, fl->trace_ranks) != 0) rc = -1;
+            else if (!fl->json) fprintf(stderr, "trace of %s: %s\n", v[j].label, path);
+        }
+        plan_free(&p);
+    }
+    if (rc == 0 && fl->json) {
+        cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+        cJSON_AddItemToObject(root, "setup", sim_setup_json(&s));
+        for (int j = 0; j < n_done; j++) cJSON_AddItemToArray(arr, sim_outcome_json(&o[j]));
+        cJSON_AddItemToObject(root, "results", arr);
+        char *text = cJSON_Print(root);
+        if (text) printf("%s\n", text);
+        else rc = bs_fail("out of memory printing JSON");
+        free(text);
+        cJSON_Delete(root);
+    } else if (rc == 0) {
+        sim_setup_describe(stdout, &s);
+        sim_table_print(stdout, o, n_done);
+    }
+    for (int j = 0; j < n_done; j++) sim_outcome_free(&o[j]);
+    sim_setup_free(&s);
+    return rc == 0 ? 0 : fail();
+}
+
+int cmd_simulate(int argc, char **argv) {
+    Flags fl;
+    memset(&fl, 0, sizeof fl);
+    fl.policy = "all";
+    fl.seed = 1;
+    fl.trace_ranks = 64;
+    enum { F_SCENARIO = 256, F_MODEL, F_HW, F_GPUS, F_TP, F_PP, F_CAP, F_CTX, F_DATA, F_TOKENS, F_SEED, F_POLICY,
+           F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_HELP };
+    static const struct option opts[] = {
+        {"scenario", required_argument, 0, F_SCENARIO}, {"model", required_argument, 0, F_MODEL},
+        {"hardware", required_argument, 0, F_HW},       {"gpus", required_argument, 0, F_GPUS},
+        {"tp", required_argument, 0, F_TP},             {"pp", required_argument, 0, F_PP},
+        {"capacity", required_argument, 0, F_CAP},      {"context", required_argument, 0, F_CTX},
+        {"dataset", required_argument, 0, F_DATA},      {"dist", required_argument, 0, F_DATA},
+        {"tokens", required_argument, 0, F_TOKENS},     {"seed", required_argument, 0, F_SEED},
+        {"policy", required_argument, 0, F_POLICY},     {"plan", required_argument, 0, F_PLAN},
+        {"cost", required_argument, 0, F_COST},         {"trace", required_argument, 0, F_TRACE},
+        {"trace-ranks", required_argument, 0, F_TRACE_RANKS}, {"sweep", required_argument, 0, F_SWEEP},
+        {"grid", no_argument, 0, F_GRID},               {"out", required_argument, 0, F_OUT},
+        {"no-plot", no_argument, 0, F_NOPLOT},          {"json", no_argument, 0, F_JSON},
+        {"help", no_argument, 0, F_HELP},               {0, 0, 0, 0},
+    };
+    opterr = 0;
+    optind = 1;
+    for (;;) {
+        int c = getopt_long(argc, argv, ":h", opts, NULL);
+        if (c == -1) break;
+        const char *a = optarg;
+        int bad = 0;
+        switch (c) {
+        case 'h':
+        case F_HELP: usage(stdout); return 0;
+        case F_SCENARIO: fl.scenario = a; break;
+        case F_MODEL: fl.model = a; break;
+        case F_HW: fl.hardware = a; break;
+        case F_GPUS: bad = int_flag("--gpus", a, &fl.gpus), fl.set_gpus = 1; break;
+        case F_TP: bad = int_flag("--tp", a, &fl.tp), fl.set_tp = 1; break;
+        case F_PP: bad = int_flag("--pp", a, &fl.pp), fl.set_pp = 1; break;
+        case F_CAP: bad = int64_flag("--capacity", a, &fl.capacity, 1), fl.set_capacity = 1; break;
+        case F_CTX: bad = int64_flag("--context", a, &fl.context, 1), fl.set_context = 1; break;
+        case F_DATA: fl.dataset = a; break;
+        case F_TOKENS: bad = int64_flag("--tokens", a, &fl.tokens, 1), fl.set_tokens = 1; break;
+        case F_SEED: bad = int64_flag("--seed", a, &fl.seed, 0); break;
+        case F_POLICY: fl.policy = a; break;
+        case F_PLAN: fl.plan = a; break;
+        case F_COST: fl.cost = a; break;
+        case F_TRACE: fl.trace = a; break;
+        case F_TRACE_RANKS: bad = int_flag("--trace-ranks", a, &fl.trace_ranks); break;
+        case F_SWEEP: fl.sweep = a; break;
+        case F_GRID: fl.grid = 1; break;
+        case F_OUT: fl.out = a; break;
+        case F_NOPLOT: fl.no_plot = 1; break;
+        case F_JSON: fl.json = 1; break;
+        case ':': return bad_usage("%s needs a value", argv[optind - 1]);
+        default: return bad_usage("unknown flag '%s'", argv[optind - 1]);
+        }
+        if (bad) return bad_usage("%s", bs_errmsg());
+    }
+    if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+    if (fl.scenario && !strcmp(fl.scenario, "list")) {
+        list_scenarios();
+        return 0;
+    }
+    if (fl.sweep && strcmp(fl.sweep, "contexts") != 0 && strcmp(fl.sweep, "gpus") != 0)
+        return bad_usage("--sweep: '%s' is not contexts or gpus", fl.sweep);
+    if ((fl.grid != 0) + (fl.sweep != NULL) + (fl.plan != NULL) > 1)
+        return bad_usage("--grid, --sweep and --plan exclude each other%s", "");
+    if (fl.json && (fl.grid || fl.sweep))
+        return bad_usage("--json is for single runs (sweeps and the grid write CSV)%s", "");
+    if (fl.trace && (fl.grid || fl.sweep)) return bad_usage("--trace is for single runs%s", "");
+    if (fl.cost && (fl.grid || fl.sweep))
+        return bad_usage("--cost is for single runs (sweeps and the grid derive the cost model per point)%s", "");
+
+    SimVariant v[MAX_VARIANTS];
+    int n_v;
+    if (parse_policies(fl.policy, v, &n_v) != 0) return bad_usage("%s", bs_errmsg());
+
+    if (fl.grid) {
+        // the exact command, for the top of paper-grid.md
+        char cmd[2048] = "./build/bytescale simulate";
+        for (int i = 1; i < argc; i++) {
+            size_t used = strlen(cmd);
+            snprintf(cmd + used, sizeof cmd - used, " %s", argv[i]);
+        }
+        const char *out = fl.out ? fl.out : "docs/results";
+        if (sim_grid_run(v, n_v, (uint64_t)fl.seed, fl.hardware, out, cmd, !fl.no_plot, stdout) != 0) return fail();
+        return 0;
+    }
+
+    // the base scenario, then every flag given on top of it
+    Scenario sc;
+    if (scenario_find(fl.scenario ? fl.scenario : "7b-1024-byted-2m", &sc) != 0) return bad_usage("%s", bs_errmsg());
+    int changed = 0;
+    if (fl.model) snprintf(sc.model, sizeof sc.model, "%s", fl.model), changed = 1;
+    if (fl.hardware) snprintf(sc.hardware, sizeof sc.hardware, "%s", fl.hardware), changed = 1;
+    if (fl.dataset) snprintf(sc.dataset, sizeof sc.dataset, "%s", fl.dataset), changed = 1;
+    if (fl.set_gpus) sc.gpus = fl.gpus, changed = 1;
+    if (fl.set_tp) sc.tp = fl.tp, changed = 1;
+    if (fl.set_pp) sc.pp = fl.pp, changed = 1;
+    if (fl.set_capacity) sc.capacity = fl.capacity, changed = 1;
+    if (fl.set_context) sc.context = fl.context, changed = 1;
+    if (fl.set_tokens) sc.tokens = fl.tokens, changed = 1;
+    if (changed && fl.scenario) {
+        char name[48];
+        snprintf(name, sizeof name, "%s", sc.name);
+        snprintf(sc.name, sizeof sc.name, "%.40s-custom", name);  // a preset with changes
+    } else if (changed) {
+        snprintf(sc.name, sizeof sc.name, "custom");
+    }
+    if (fl.plan) return simulate_plan_file(&fl, &sc);
+    if (fl.sweep) {
+        SimSweep kind = !strcmp(fl.sweep, "contexts") ? SIM_SWEEP_CONTEXTS : SIM_SWEEP_GPUS;
+        const char *out = fl.out ? fl.out : "sim-out";
+        if (sim_sweep_run(&sc, kind, v, n_v, (uint64_t)fl.seed, out, !fl.no_plot, stdout) != 0) return fail();
+        return 0;
+    }
+    return simulate_scenario(&fl, &sc, v, n_v);
+}

@@ -1,0 +1,316 @@
+// sim.c: the timeline of one training step of a plan (see sim.h for the model).
+//
+// The simulation is one pass over the operations sorted by their global key: an operation starts
+// at max(its input ready, the free time of its stage on every member), and every resource runs its
+// operations in key order, so this pass yields exactly the as-soon-as-possible schedule. The cost
+// is O(pp * (items log items + ring members)): thousands of items on 16,384 GPUs take milliseconds.
+#include "bytescale/sim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+
+static double fwd_share(const SimConfig *cfg) { return cfg->fwd_fraction > 0 ? cfg->fwd_fraction : 1.0 / 3.0; }
+
+static int elem_bytes(const SimConfig *cfg) { return cfg->hw && cfg->hw->elem_bytes > 0 ? cfg->hw->elem_bytes : 2; }
+
+// Exact causal area of an item: every segment attends causally within itself.
+static double item_area(const Plan *p, const Item *it) {
+    double a = 0;
+    for (int k = 0; k < it->n_segs; k++) a += cost_causal_area(p->segs[it->seg_begin + k].len);
+    return a;
+}
+
+SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int stage, int bwd) {
+    const CostModel *cm = cfg->cm;
+    const Item *it = &p->items[item];
+    SimOpCost oc = {0};
+    int D = it->n_ranks;
+    int l = cm->n_layers;
+    double phi = bwd ? 1.0 - fwd_share(cfg) : fwd_share(cfg);
+    double n = (double)it->tokens / D;                               // tokens on each member
+    double lin = phi * (cm->lin_token * n + cm->layer_const);        // per layer
+    double blk = phi * cm->attn_pair * item_area(p, it) / ((double)D * D);  // one ring step's block
+    double attn = D * blk;                                           // attention compute per layer
+    double attn_elapsed = attn;
+    if (D >= 2) {
+        // forward: K/V travel; backward: K/V and the partial dK/dV travel together, then the
+        // finished dK/dV make one last hop home. Block t waits for transfer t, so with equal blocks
+        // the pipeline takes b + (D - 1) max(b, x).
+        const int32_t *ranks = p->ranks + it->rank_begin;
+        double kv = cm->kv_token * n;
+        double x = cluster_ring_hop_time(cfg->cluster, ranks, D, stage, bwd ? 2 * kv : kv);
+        attn_elapsed = blk + (D - 1) * fmax(blk, x);
+        if (bwd) attn_elapsed += cluster_ring_hop_time(cfg->cluster, ranks, D, stage, kv);
+        oc.ring_bytes = l * (bwd ? (2.0 * (D - 1) + 1.0) * kv : (D - 1.0) * kv);
+    }
+    double layer = lin + attn_elapsed;
+    oc.compute = l * (lin + attn);
+    oc.comm = l * (attn_elapsed - attn);
+    // offload: l - 2 layers move r of their activations; the copy of one layer overlaps the next
+    // layer's work (forward: out; backward: the prefetch in), the last two layers stay resident
+    double r = it->offload;
+    if (r > 0 && l > 2) {
+        double bytes = r * (cm->act_token * n + cm->act_const);
+        double copy = cm->offload_bw > 0 ? bytes / cm->offload_bw : 0;  // 0: the tier is not modelled (cost.h)
+        oc.offload = (l - 2) * fmax(0.0, copy - layer);
+        oc.offload_bytes = (l - 2) * bytes;
+    }
+    return oc;
+}
+
+double sim_model_flops(const ModelConfig *m, const Plan *p) {
+    double f = 0;
+    for (int32_t k = 0; k < p->n_segs; k++) f += cost_train_flops(m, &p->segs[k].len, 1);
+    return f;
+}
+
+// ---- operation order ---------------------------------------------------------------------------
+
+typedef struct {
+    int64_t key;   // 2 * (slot + s) forward, 2 * (slot + pp) - 1 backward
+    int32_t item;
+    int16_t stage;
+    int16_t bwd;
+} OpKey;
+
+static int opkey_cmp(const void *a, const void *b) {
+    const OpKey *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    // equal keys: backward of one item on several stages runs from the last stage down
+    if (x->item != y->item) return x->item < y->item ? -1 : 1;
+    if (x->stage != y->stage) return x->bwd ? (x->stage > y->stage ? -1 : 1) : (x->stage < y->stage ? -1 : 1);
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static SimSpread spread_of(const double *v, int n) {
+    SimSpread s = {0, 0, 0};
+    if (n <= 0) return s;
+    double *t = malloc((size_t)n * sizeof *t);
+    if (!t) return s;
+    memcpy(t, v, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    s.min = t[0];
+    s.max = t[n - 1];
+    s.median = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    free(t);
+    return s;
+}
+
+// The slowest activation hop of a ring item between two stages of its members' pipelines.
+static double stage_hop(const SimConfig *cfg, const Plan *p, const Item *it, int from, int to) {
+    if (!cfg->model) return 0;
+    const Cluster *c = cfg->cluster;
+    double n = (double)it->tokens / it->n_ranks;
+    // hidden states (or their gradients), split over the TP group (sequence parallel)
+    double bytes = n * cfg->model->d_model * elem_bytes(cfg) / (double)c->tp;
+    double worst = 0;
+    for (int k = 0; k < it->n_ranks; k++) {
+        int r = p->ranks[it->rank_begin + k];
+        worst = fmax(worst, cluster_msg_time(c, r, from, r, to, bytes));
+    }
+    return worst;
+}
+
+// Gradient bytes per device of stage s: its layers (ceil(L / pp) per stage, the last ones fewer),
+// the embedding on the first stage, the final norm and output head on the last, split over TP.
+static double stage_grad_bytes(const SimConfig *cfg, int s) {
+    const ModelConfig *m = cfg->model;
+    int pp = cfg->cluster->pp, per = (m->n_layers + pp - 1) / pp;
+    int layers = m->n_layers - s * per < per ? m->n_layers - s * per : per;
+    if (layers < 0) layers = 0;
+    double emb = (double)m->vocab_size * m->d_model;
+    double outer = (double)(model_params_total(m) - (int64_t)m->n_layers * model_params_per_layer(m));
+    double params = layers * (double)model_params_per_layer(m);
+    if (s == 0) params += emb;
+    if (s == pp - 1) params += outer - emb;
+    return params * elem_bytes(cfg) / cfg->cluster->tp;
+}
+
+static int check_inputs(const Plan *p, const SimConfig *cfg) {
+    if (!cfg->cm || !cfg->cluster) return bs_fail("simulate: a cost model and a cluster are required");
+    const Cluster *c = cfg->cluster;
+    int pp = p->pp > 0 ? p->pp : 1;
+    if (!p->rank_begin || !p->rank_items) return bs_fail("simulate: plan '%s' is not finalized", p->policy);
+    if (p->n_ranks != c->n_ranks)
+        return bs_fail("simulate: plan has %d HDP ranks but the cluster has %d (%d GPUs / (tp %d x pp %d))",
+                       p->n_ranks, c->n_ranks, c->n_gpus, c->tp, c->pp);
+    if (pp != c->pp) return bs_fail("simulate: plan has %d pipeline stages but the cluster has pp %d", pp, c->pp);
+    if (cfg->cm->n_layers < 1) return bs_fail("simulate: cost model has %d layers per stage", cfg->cm->n_layers);
+    // the per-rank schedules must list exactly the items that name the rank (the timeline sizes
+    // its per-resource lists from them)
+    int32_t *count = bs_calloc((size_t)p->n_ranks, sizeof(int32_t));
+    if (!count) return -1;
+    int bad = 0;
+    for (int32_t i = 0; i < p->n_items && !bad; i++) {
+        const Item *it = &p->items[i];
+        if (it->n_ranks < 1) bad = bs_fail("simulate: item %d has no ranks", i);
+        for (int k = 0; k < it->n_ranks && !bad; k++) {
+            int32_t m = p->ranks[it->rank_begin + k];
+            if (m < 0 || m >= p->n_ranks)
+                bad = bs_fail("simulate: item %d: rank %d out of range [0, %d)", i, m, p->n_ranks);
+            else count[m]++;
+        }
+    }
+    for (int32_t r = 0; r < p->n_ranks && !bad; r++)
+        if (count[r] != p->rank_begin[r + 1] - p->rank_begin[r])
+            bad = bs_fail("simulate: rank %d is named by %d items but its schedule lists %d (plan not finalized?)", r,
+                          count[r], p->rank_begin[r + 1] - p->rank_begin[r]);
+    free(count);
+    return bad ? -1 : 0;
+}
+
+void sim_result_free(SimResult *r) {
+    free(r->busy);
+    free(r->comm);
+    free(r->wait);
+    free(r->offload);
+    free(r->stage_sync_start);
+    free(r->stage_sync);
+    free(r->ops);
+    free(r->res_begin);
+    free(r->res_ops);
+    memset(r, 0, sizeof *r);
+}
+
+int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
+    memset(out, 0, sizeof *out);
+    if (check_inputs(p, cfg) != 0) return -1;
+    const Cluster *c = cfg->cluster;
+    const CostModel *cm = cfg->cm;
+    int pp = c->pp, N = p->n_ranks, n_res = N * pp;
+    int32_t n_items = p->n_items, n_ops = 2 * pp * n_items;
+
+    out->n_ranks = N;
+    out->pp = pp;
+    out->n_res = n_res;
+    out->n_ops = n_ops;
+    out->busy = bs_calloc((size_t)n_res, sizeof(double));
+    out->comm = bs_calloc((size_t)n_res, sizeof(double));
+    out->wait = bs_calloc((size_t)n_res, sizeof(double));
+    out->offload = bs_calloc((size_t)n_res, sizeof(double));
+    out->stage_sync_start = bs_calloc((size_t)pp, sizeof(double));
+    out->stage_sync = bs_calloc((size_t)pp, sizeof(double));
+    out->ops = bs_calloc((size_t)n_ops, sizeof(SimOp));
+    out->res_begin = bs_calloc((size_t)n_res + 1, sizeof(int32_t));
+    out->res_ops = bs_calloc((size_t)(2 * pp) * (size_t)p->n_refs, sizeof(int32_t));
+    int32_t *slot = bs_calloc((size_t)n_items, sizeof(int32_t));
+    int32_t *last = bs_calloc((size_t)N, sizeof(int32_t));
+    int32_t *fill = bs_calloc((size_t)n_res, sizeof(int32_t));
+    double *freet = bs_calloc((size_t)n_res, sizeof(double));
+    double *f_end = bs_calloc((size_t)n_items, sizeof(double));
+    double *b_end = bs_calloc((size_t)n_items, sizeof(double));
+    OpKey *keys = bs_calloc((size_t)n_ops, sizeof(OpKey));
+    int rc = -1;
+    if (!out->busy || !out->comm || !out->wait || !out->offload || !out->stage_sync_start || !out->stage_sync ||
+        !out->ops || !out->res_begin || !out->res_ops || !slot || !last || !fill || !freet || !f_end || !b_end ||
+        !keys)
+        goto done;
+
+    // slots: the earliest "round" an item can be in, given the items before it on its ranks
+    for (int r = 0; r < N; r++) last[r] = -1;
+    for (int32_t i = 0; i < n_items; i++) {
+        const Item *it = &p->items[i];
+        int32_t s = 0;
+        for (int k = 0; k < it->n_ranks; k++) {
+            int32_t m = p->ranks[it->rank_begin + k];
+            if (last[m] + 1 > s) s = last[m] + 1;
+        }
+        slot[i] = s;
+        for (int k = 0; k < it->n_ranks; k++) last[p->ranks[it->rank_begin + k]] = s;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < n_items; i++)
+        for (int s = 0; s < pp; s++) {
+            keys[k++] = (OpKey){2 * ((int64_t)slot[i] + s), i, (int16_t)s, 0};
+            keys[k++] = (OpKey){2 * ((int64_t)slot[i] + pp) - 1, i, (int16_t)s, 1};
+        }
+    qsort(keys, (size_t)n_ops, sizeof *keys, opkey_cmp);
+
+    // every stage of rank r runs 2 operations per item of r
+    for (int r = 0; r < N; r++)
+        for (int s = 0; s < pp; s++) {
+            int res = r * pp + s;
+            out->res_begin[res + 1] = out->res_begin[res] + 2 * (p->rank_begin[r + 1] - p->rank_begin[r]);
+        }
+
+    for (int32_t o = 0; o < n_ops; o++) {
+        OpKey ok = keys[o];
+        const Item *it = &p->items[ok.item];
+        const int32_t *members = p->ranks + it->rank_begin;
+        int s = ok.stage;
+        double ready;
+        if (!ok.bwd) ready = s == 0 ? 0 : f_end[ok.item] + stage_hop(cfg, p, it, s - 1, s);
+        else ready = s == pp - 1 ? f_end[ok.item] : b_end[ok.item] + stage_hop(cfg, p, it, s + 1, s);
+        double start = ready;
+        for (int m = 0; m < it->n_ranks; m++) start = fmax(start, freet[members[m] * pp + s]);
+        SimOpCost oc = sim_op_cost(cfg, p, ok.item, s, ok.bwd);
+        double end = start + oc.compute + oc.comm + oc.offload;
+        for (int m = 0; m < it->n_ranks; m++) {
+            int res = members[m] * pp + s;
+            out->wait[res] += start - freet[res];
+            out->busy[res] += oc.compute;
+            out->comm[res] += oc.comm + oc.offload;
+            out->offload[res] += oc.offload;
+            freet[res] = end;
+            out->res_ops[out->res_begin[res] + fill[res]++] = o;
+        }
+        if (ok.bwd) b_end[ok.item] = end;
+        else f_end[ok.item] = end;
+        out->ops[o] = (SimOp){ok.item, ok.stage, ok.bwd, ready, start, oc};
+        double devices = (double)it->n_ranks * c->tp;
+        out->ring_bytes += oc.ring_bytes * devices;
+        out->offload_bytes += oc.offload_bytes * devices;
+        out->exposed_comm += oc.comm * it->n_ranks;
+        out->exposed_offload += oc.offload * it->n_ranks;
+    }
+    for (int32_t i = 0; i < n_items; i++) out->n_rings += p->items[i].n_ranks >= 2;
+
+    // gradient sync per stage, once every rank's stage is done; then the optimizer step
+    double step = 0;
+    for (int s = 0; s < pp; s++) {
+        double t = 0;
+        for (int r = 0; r < N; r++) t = fmax(t, freet[r * pp + s]);
+        out->stage_sync_start[s] = t;
+        out->stage_sync[s] = cfg->model ? cluster_sync_time(c, s, stage_grad_bytes(cfg, s)) : cm->grad_sync;
+        out->compute_end = fmax(out->compute_end, t);
+        out->sync_time = fmax(out->sync_time, out->stage_sync[s]);
+        step = fmax(step, t + out->stage_sync[s] + cm->optimizer);
+    }
+    for (int r = 0; r < N; r++)
+        for (int s = 0; s < pp; s++) {
+            int res = r * pp + s;
+            double end_s = out->stage_sync_start[s] + out->stage_sync[s] + cm->optimizer;
+            out->wait[res] += (out->stage_sync_start[s] - freet[res]) + (step - end_s);
+            out->comm[res] += out->stage_sync[s];
+            out->busy[res] += cm->optimizer;
+        }
+    out->step_time = step;
+    out->optimizer_time = cm->optimizer;
+    out->tokens = (double)p->batch.n_tokens;
+    out->tokens_per_s = step > 0 ? out->tokens / step : 0;
+    if (cfg->model) out->model_flops = sim_model_flops(cfg->model, p);
+    if (cfg->model && cfg->hw && step > 0 && cfg->hw->peak_flops > 0)
+        out->mfu = out->model_flops / (step * c->n_gpus * cfg->hw->peak_flops);
+    out->busy_spread = spread_of(out->busy, n_res);
+    out->comm_spread = spread_of(out->comm, n_res);
+    out->wait_spread = spread_of(out->wait, n_res);
+    rc = 0;
+done:
+    free(slot);
+    free(last);
+    free(fill);
+    free(freet);
+    free(f_end);
+    free(b_end);
+    free(keys);
+    if (rc != 0) sim_result_free(out);
+    return rc;
+}
