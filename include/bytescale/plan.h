@@ -77,5 +77,25 @@ double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
 // Plan files (docs/plan-format.md).
 int plan_write_json(const Plan *p, const char *path);
 int plan_read_json(Plan *p, const char *path);
+// Read, finalize and validate with a cost model: est_time, makespan and lower_bound are recomputed
+// and rings that offload are checked against Eq. 3. plan_read_json is this with cm = NULL: the
+// file's est_time and lower_bound are kept and the cost-dependent checks are skipped.
+int plan_read_json_cm(Plan *p, const char *path, const CostModel *cm);
+
+// What a person wants to know about a finalized plan (the `bytescale plan` summary).
+enum { PLAN_HIST_BINS = 16 };
+typedef struct {
+    int32_t n_packs;        // items on one rank that do not offload
+    int32_t n_rings;        // items on >= 2 ranks
+    int32_t ring_hist[PLAN_HIST_BINS];  // items by ring size: [0] 1, [1] 2, [2] 3-4, [3] 5-8, ... [k] 2^(k-1)+1 .. 2^k
+    int32_t idle_ranks;     // ranks that run no item
+    double busy_min, busy_median, busy_max;  // rank_busy over all ranks, seconds
+    double ring_bytes;      // K/V bytes all rings move in one step: forward K/V, backward K/V + dK/dV, all
+                            // layers of all pp stages, one device of each TP group (cm->kv_token is per device)
+    int32_t n_long;         // rings and single-rank items that offload: where an offload ratio applies
+    int32_t n_offload;      // of those, items with offload > 0
+    double offload_min, offload_mean, offload_max;  // offload ratio over the n_long items (0 if none)
+} PlanStats;
+int plan_stats(const Plan *p, const CostModel *cm, PlanStats *out);
 
 #endif

@@ -27,7 +27,7 @@ int arg_int64(const char *flag, const char *text, int64_t *out) {
 }
 
 int arg_int(const char *flag, const char *text, int *out) {
-    int64_t v;
+    int64_t v = 0;  // set by arg_int64 on success (GCC cannot see that bs_fail returns -1)
     if (arg_int64(flag, text, &v) != 0) return -1;
     if (v < INT_MIN || v > INT_MAX) return bs_fail("%s: '%s' is out of range", flag, text);
     *out = (int)v;

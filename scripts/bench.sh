@@ -1,0 +1,27 @@
+#!/bin/sh
+# bench.sh: run every benchmark the build produced (bench_* executables), one after another, each
+# printing its own tables. A failing benchmark is reported and the rest still run; the exit status
+# says whether any failed.
+#   usage: scripts/bench.sh [build-dir]      (make bench)
+set -u
+BUILD=${1:-build}
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+found=0
+failed=""
+for b in "$BUILD"/bench_*; do
+    [ -f "$b" ] && [ -x "$b" ] || continue
+    found=1
+    echo "==> $(basename "$b")"
+    if ! "$b"; then
+        failed="$failed $(basename "$b")"
+    fi
+    echo
+done
+if [ "$found" = 0 ]; then
+    echo "bench: no bench_* executables in $BUILD; build first (make)" >&2
+    exit 1
+fi
+if [ -n "$failed" ]; then
+    echo "bench: failed:$failed" >&2
+    exit 1
+fi

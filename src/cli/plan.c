@@ -1,0 +1,331 @@
+// plan.c: `bytescale plan`: plan one global batch with an HDP policy and say how good the plan is.
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "bytescale/batch.h"
+#include "bytescale/cost.h"
+#include "bytescale/error.h"
+#include "bytescale/hw.h"
+#include "bytescale/model.h"
+#include "bytescale/plan.h"
+#include "bytescale/policy.h"
+#include "bytescale/timer.h"
+#include "cli/cli.h"
+
+// Defaults: the paper's case study (PAPER.md section 7): LLaMA-7B, 1,024 GPUs, 2M context, the Byted
+// dataset, 32M tokens; TP 2 gives 512 HDP ranks of C = 8K tokens each (the baseline's d_cp = 256).
+typedef struct {
+    int32_t ranks, tp, pp;
+    int64_t capacity, context, tokens;
+    uint64_t seed;
+    int offload, json;
+    const char *model, *hardware, *hardware_file, *cost_file, *policy, *dataset, *dist, *out;
+} PlanArgs;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: bytescale plan [flags]\n"
+            "\n"
+            "Plan one global batch with an HDP policy; print a summary (or --json), optionally write the plan.\n"
+            "Sizes take K, M, G suffixes (binary: 8K = 8192).\n"
+            "\n"
+            "batch:\n"
+            "  --dist SPEC          length distribution: github, byted, uniform:LO:HI, lognormal:MU:SIGMA,\n"
+            "                       fixed:LEN (default byted)\n"
+            "  --dataset FILE       lengths from a file instead: one per line, or a JSON array / {\"lengths\": [...]}\n"
+            "  --tokens N           token budget of a generated batch (default 32M)\n"
+            "  --context L          longest sequence; longer ones are cut into L-token pieces; the static\n"
+            "                       mesh's CP degree is ceil(L / C) (default 2M)\n"
+            "  --seed N             seed of a generated batch (default 1)\n"
+            "cluster and cost model:\n"
+            "  --ranks N            HDP ranks, each a TP x PP group of GPUs (default 512)\n"
+            "  --capacity C         tokens one rank holds in a micro-batch without offloading (default 8K)\n"
+            "  --model NAME         llama-7b, llama-13b, llama-30b, llama-70b, mixtral-8x7b, ... (default llama-7b)\n"
+            "  --hardware NAME      a built-in hardware profile (default h800-sxm)\n"
+            "  --hardware-file F    a hardware profile from a JSON file instead\n"
+            "  --cost-file F        cost-model coefficients from a profile file (bytescale profile); overrides\n"
+            "                       what --model / --hardware / --tp / --pp derive\n"
+            "  --tp N               tensor-parallel degree inside a rank (default 2)\n"
+            "  --pp N               pipeline stages per rank (default 1; > 1 plans with PP-Balance)\n"
+            "policy:\n"
+            "  --policy NAME        static, naive, balance, or all for a comparison table (default balance)\n"
+            "  --offload            allow selective offloading (default)\n"
+            "  --no-offload         never offload: a sequence of s > C tokens takes ceil(s / C) ranks\n"
+            "output:\n"
+            "  --out FILE           write the plan as JSON (docs/plan-format.md); needs a single policy\n"
+            "  --json               print a machine-readable summary instead of the table\n"
+            "  -h, --help           this text\n");
+}
+
+enum { OPT_RANKS = 256, OPT_CAPACITY, OPT_CONTEXT, OPT_MODEL, OPT_HARDWARE, OPT_HARDWARE_FILE, OPT_COST_FILE,
+       OPT_TP, OPT_PP, OPT_POLICY, OPT_DATASET, OPT_DIST, OPT_TOKENS, OPT_SEED, OPT_OFFLOAD, OPT_NO_OFFLOAD,
+       OPT_OUT, OPT_JSON };
+
+static const struct option OPTIONS[] = {
+    {"ranks", required_argument, 0, OPT_RANKS},       {"capacity", required_argument, 0, OPT_CAPACITY},
+    {"context", required_argument, 0, OPT_CONTEXT},   {"model", required_argument, 0, OPT_MODEL},
+    {"hardware", required_argument, 0, OPT_HARDWARE}, {"hardware-file", required_argument, 0, OPT_HARDWARE_FILE},
+    {"cost-file", required_argument, 0, OPT_COST_FILE}, {"tp", required_argument, 0, OPT_TP},
+    {"pp", required_argument, 0, OPT_PP},             {"policy", required_argument, 0, OPT_POLICY},
+    {"dataset", required_argument, 0, OPT_DATASET},   {"dist", required_argument, 0, OPT_DIST},
+    {"tokens", required_argument, 0, OPT_TOKENS},     {"seed", required_argument, 0, OPT_SEED},
+    {"offload", no_argument, 0, OPT_OFFLOAD},         {"no-offload", no_argument, 0, OPT_NO_OFFLOAD},
+    {"out", required_argument, 0, OPT_OUT},           {"json", no_argument, 0, OPT_JSON},
+    {"help", no_argument, 0, 'h'},                    {0, 0, 0, 0},
+};
+
+// A positive integer flag within [1, max].
+static int arg_positive(const char *flag, const char *text, int64_t max, int64_t *out) {
+    if (arg_int64(flag, text, out) != 0) return -1;
+    if (*out < 1 || *out > max) return bs_fail("%s: %s is out of range [1, %lld]", flag, text, (long long)max);
+    return 0;
+}
+
+// 0: parsed; 1: --help printed; -1: error recorded.
+static int parse_args(int argc, char **argv, PlanArgs *a) {
+    *a = (PlanArgs){.ranks = 512, .tp = 2, .pp = 1, .capacity = 8 << 10, .context = 2 << 20, .tokens = 32 << 20,
+                    .seed = 1, .offload = 1, .model = "llama-7b", .hardware = "h800-sxm", .policy = "balance",
+                    .dist = "byted"};
+    int hardware_given = 0;
+    int64_t v = 0;
+    optind = 0;  // rescan from the start (glibc), whatever ran before
+    opterr = 0;  // we print our own messages
+    for (;;) {
+        int c = getopt_long(argc, argv, ":h", OPTIONS, NULL);
+        if (c == -1) break;
+        const char *flag = argv[optind - 1];
+        switch (c) {
+        case OPT_RANKS: if (arg_positive("--ranks", optarg, 1 << 20, &v)) return -1; a->ranks = (int32_t)v; break;
+        case OPT_CAPACITY: if (arg_positive("--capacity", optarg, 1ll << 24, &a->capacity)) return -1; break;
+        case OPT_CONTEXT: if (arg_positive("--context", optarg, 1ll << 40, &a->context)) return -1; break;
+        case OPT_TOKENS: if (arg_positive("--tokens", optarg, 1ll << 40, &a->tokens)) return -1; break;
+        case OPT_TP: if (arg_positive("--tp", optarg, 1 << 10, &v)) return -1; a->tp = (int32_t)v; break;
+        case OPT_PP: if (arg_positive("--pp", optarg, 1 << 10, &v)) return -1; a->pp = (int32_t)v; break;
+        case OPT_SEED:
+            if (arg_int64("--seed", optarg, &v)) return -1;
+            a->seed = (uint64_t)v;
+            break;
+        case OPT_MODEL: a->model = optarg; break;
+        case OPT_HARDWARE: a->hardware = optarg, hardware_given = 1; break;
+        case OPT_HARDWARE_FILE: a->hardware_file = optarg; break;
+        case OPT_COST_FILE: a->cost_file = optarg; break;
+        case OPT_POLICY: a->policy = optarg; break;
+        case OPT_DATASET: a->dataset = optarg; break;
+        case OPT_DIST: a->dist = optarg; break;
+        case OPT_OFFLOAD: a->offload = 1; break;
+        case OPT_NO_OFFLOAD: a->offload = 0; break;
+        case OPT_OUT: a->out = optarg; break;
+        case OPT_JSON: a->json = 1; break;
+        case 'h': usage(stdout); return 1;
+        case ':': return bs_fail("%s needs a value (bytescale plan --help)", flag);
+        default: return bs_fail("unknown flag '%s' (bytescale plan --help)", flag);
+        }
+    }
+    if (optind < argc) return bs_fail("unexpected argument '%s' (bytescale plan --help)", argv[optind]);
+    if (hardware_given && a->hardware_file) return bs_fail("give --hardware or --hardware-file, not both");
+    if (strcmp(a->policy, "all") != 0 && !policy_find(a->policy)) return -1;
+    if (a->out && !strcmp(a->policy, "all")) return bs_fail("--out writes one plan: pick one --policy, not all");
+    return 0;
+}
+
+static int load_cost_model(const PlanArgs *a, CostModel *cm) {
+    if (a->cost_file) return cost_load(cm, a->cost_file) != 0 ? bs_fail_ctx("--cost-file") : 0;
+    const ModelConfig *m = model_find(a->model);
+    if (!m) return bs_fail_ctx("--model");
+    HardwareProfile file_hw;
+    const HardwareProfile *hw = &file_hw;
+    if (a->hardware_file) {
+        if (hw_load_file(a->hardware_file, &file_hw) != 0) return bs_fail_ctx("--hardware-file");
+    } else if (!(hw = hw_find(a->hardware))) {
+        return bs_fail_ctx("--hardware");
+    }
+    return cost_derive(cm, m, hw, a->tp, a->pp, a->ranks, a->capacity);
+}
+
+static int load_batch(const PlanArgs *a, GlobalBatch *b) {
+    if (a->dataset) {
+        if (batch_read_file(b, a->dataset) != 0) return bs_fail_ctx("--dataset");
+        return batch_cut(b, a->context);
+    }
+    return batch_generate(b, a->dist, a->seed, a->tokens, a->context);
+}
+
+// ---- output -------------------------------------------------------------------------------------------
+
+static void fmt_bytes(char *buf, size_t n, double x) {
+    static const char *units[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+    int u = 0;
+    while (x >= 1000 && u < 6) x /= 1000, u++;
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", x, units[u]);
+}
+
+static void hist_label(char *buf, size_t n, int k) {
+    if (k == 0) snprintf(buf, n, "1");
+    else if (k == 1) snprintf(buf, n, "2");
+    else if (k == PLAN_HIST_BINS - 1) snprintf(buf, n, ">%lld", 1ll << (k - 1));
+    else snprintf(buf, n, "%lld-%lld", (1ll << (k - 1)) + 1, 1ll << k);
+}
+
+typedef struct {
+    const char *policy;
+    Plan plan;
+    PlanStats st;
+    double seconds;  // planning time
+} Result;
+
+static void print_summary(const PlanArgs *a, const GlobalBatch *b, const Result *r) {
+    const Plan *p = &r->plan;
+    const PlanStats *st = &r->st;
+    printf("policy %s: %d ranks (pp %d), C = %lld tokens, offloading %s\n", r->policy, p->n_ranks, p->pp,
+           (long long)p->capacity, a->offload ? "on" : "off");
+    if (!strcmp(r->policy, "static") && b->n > 0) {
+        int64_t d_cp = (a->context + a->capacity - 1) / a->capacity;
+        printf("mesh: d_cp %lld x d_dp %lld; %lld leftover ranks idle\n", (long long)d_cp,
+               (long long)(p->n_ranks / d_cp), (long long)(p->n_ranks % d_cp));
+    }
+    printf("items: %d (%d packs, %d rings, %d single-rank offloaded)\n", p->n_items, st->n_packs, st->n_rings,
+           p->n_items - st->n_packs - st->n_rings);
+    int top = 0, most = 1;
+    for (int k = 0; k < PLAN_HIST_BINS; k++)
+        if (st->ring_hist[k]) top = k, most = st->ring_hist[k] > most ? st->ring_hist[k] : most;
+    printf("items by ring size (ranks):\n");
+    for (int k = 0; k <= top && p->n_items > 0; k++) {
+        char label[32], bar[48];
+        hist_label(label, sizeof label, k);
+        int w = (int)ceil(40.0 * st->ring_hist[k] / most);
+        memset(bar, '#', (size_t)w);
+        bar[w] = '\0';
+        printf("  %11s  %-40s %d\n", label, bar, st->ring_hist[k]);
+    }
+    printf("busy time per rank: min %.4g s, median %.4g s, max %.4g s; %d ranks idle\n", st->busy_min,
+           st->busy_median, st->busy_max, st->idle_ranks);
+    printf("makespan %.4g s, lower bound %.4g s: makespan / bound = %.4f\n", p->makespan, p->lower_bound,
+           p->lower_bound > 0 ? p->makespan / p->lower_bound : 1.0);
+    char bytes[32];
+    fmt_bytes(bytes, sizeof bytes, st->ring_bytes);
+    printf("ring traffic: %s of K/V (forward + backward, per TP device)\n", bytes);
+    if (st->n_long > 0)
+        printf("offload ratio over %d rings and long items: min %.3f, mean %.3f, max %.3f (%d offload)\n", st->n_long,
+               st->offload_min, st->offload_mean, st->offload_max, st->n_offload);
+    printf("planned in %.2f ms\n", r->seconds * 1e3);
+}
+
+static void print_table(const Result *rs, int n) {
+    printf("%-8s %7s %6s %12s %12s %8s %28s %12s %8s %9s\n", "policy", "items", "rings", "makespan s", "bound s",
+           "ratio", "busy s min / median / max", "ring traffic", "offload", "plan ms");
+    for (int i = 0; i < n; i++) {
+        const Plan *p = &rs[i].plan;
+        const PlanStats *st = &rs[i].st;
+        char bytes[32], busy[64];
+        fmt_bytes(bytes, sizeof bytes, st->ring_bytes);
+        snprintf(busy, sizeof busy, "%.4g / %.4g / %.4g", st->busy_min, st->busy_median, st->busy_max);
+        printf("%-8s %7d %6d %12.4g %12.4g %8.4f %28s %12s %8d %9.2f\n", rs[i].policy, p->n_items, st->n_rings,
+               p->makespan, p->lower_bound, p->lower_bound > 0 ? p->makespan / p->lower_bound : 1.0, busy, bytes,
+               st->n_offload, rs[i].seconds * 1e3);
+    }
+}
+
+static cJSON *result_json(const Result *r) {
+    const Plan *p = &r->plan;
+    const PlanStats *st = &r->st;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "policy", r->policy);
+    cJSON_AddNumberToObject(o, "items", p->n_items);
+    cJSON_AddNumberToObject(o, "packs", st->n_packs);
+    cJSON_AddNumberToObject(o, "rings", st->n_rings);
+    cJSON *h = cJSON_AddArrayToObject(o, "ring_sizes");
+    for (int k = 0; k < PLAN_HIST_BINS; k++) {
+        if (!st->ring_hist[k]) continue;
+        char label[32];
+        hist_label(label, sizeof label, k);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "ranks", label);
+        cJSON_AddNumberToObject(e, "items", st->ring_hist[k]);
+        cJSON_AddItemToArray(h, e);
+    }
+    cJSON_AddNumberToObject(o, "busy_min", st->busy_min);
+    cJSON_AddNumberToObject(o, "busy_median", st->busy_median);
+    cJSON_AddNumberToObject(o, "busy_max", st->busy_max);
+    cJSON_AddNumberToObject(o, "idle_ranks", st->idle_ranks);
+    cJSON_AddNumberToObject(o, "makespan", p->makespan);
+    cJSON_AddNumberToObject(o, "lower_bound", p->lower_bound);
+    cJSON_AddNumberToObject(o, "ratio", p->lower_bound > 0 ? p->makespan / p->lower_bound : 1.0);
+    cJSON_AddNumberToObject(o, "ring_bytes", st->ring_bytes);
+    cJSON_AddNumberToObject(o, "offload_items", st->n_offload);
+    cJSON_AddNumberToObject(o, "offload_min", st->offload_min);
+    cJSON_AddNumberToObject(o, "offload_mean", st->offload_mean);
+    cJSON_AddNumberToObject(o, "offload_max", st->offload_max);
+    cJSON_AddNumberToObject(o, "plan_seconds", r->seconds);
+    return o;
+}
+
+static void print_json(const PlanArgs *a, const GlobalBatch *b, const Result *rs, int n) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *bo = cJSON_AddObjectToObject(root, "batch");
+    cJSON_AddStringToObject(bo, "source", a->dataset ? a->dataset : a->dist);
+    cJSON_AddNumberToObject(bo, "sequences", (double)b->n);
+    cJSON_AddNumberToObject(bo, "tokens", (double)b->n_tokens);
+    cJSON_AddNumberToObject(bo, "context", (double)a->context);
+    cJSON_AddNumberToObject(root, "ranks", a->ranks);
+    cJSON_AddNumberToObject(root, "pp", a->pp);
+    cJSON_AddNumberToObject(root, "capacity", (double)a->capacity);
+    cJSON_AddBoolToObject(root, "offload", a->offload);
+    cJSON *plans = cJSON_AddArrayToObject(root, "plans");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(plans, result_json(&rs[i]));
+    char *text = cJSON_Print(root);
+    if (text) puts(text);
+    free(text);
+    cJSON_Delete(root);
+}
+
+int cmd_plan(int argc, char **argv) {
+    PlanArgs a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc == 1) return 0;
+    if (rc != 0) {
+        fprintf(stderr, "bytescale: error: plan: %s\n", bs_errmsg());
+        return 2;
+    }
+    CostModel cm;
+    if (load_cost_model(&a, &cm) != 0) bs_die_errmsg();
+    GlobalBatch b;
+    if (load_batch(&a, &b) != 0) bs_die_errmsg();
+    if (!a.json) {
+        int64_t longest = 0;
+        for (int64_t i = 0; i < b.n; i++) longest = b.seqs[i].len > longest ? b.seqs[i].len : longest;
+        printf("batch: %s, %lld tokens in %lld sequences (longest %lld), context %lld\n",
+               a.dataset ? a.dataset : a.dist, (long long)b.n_tokens, (long long)b.n, (long long)longest,
+               (long long)a.context);
+        if (a.cost_file) printf("cost model: %s\n", a.cost_file);
+        else printf("cost model: %s on %s, tp %d, pp %d\n", a.model, a.hardware_file ? a.hardware_file : a.hardware,
+                    a.tp, a.pp);
+    }
+    fflush(stdout);  // the batch line comes before any planning error
+    PlanConfig cfg = {.n_ranks = a.ranks, .capacity = a.capacity, .context = a.context, .pp = a.pp,
+                      .offload = a.offload};
+    int all = !strcmp(a.policy, "all");
+    int n = all ? policy_count() : 1;
+    Result rs[8];
+    for (int i = 0; i < n; i++) {
+        rs[i].policy = all ? policy_at(i)->name : a.policy;
+        double t0 = now_seconds();
+        if (policy_plan(&rs[i].plan, rs[i].policy, &b, &cfg, &cm) != 0) bs_die_errmsg();
+        rs[i].seconds = now_seconds() - t0;
+        if (plan_stats(&rs[i].plan, &cm, &rs[i].st) != 0) bs_die_errmsg();
+    }
+    if (a.json) print_json(&a, &b, rs, n);
+    else if (all) print_table(rs, n);
+    else print_summary(&a, &b, &rs[0]);
+    if (a.out) {
+        if (plan_write_json(&rs[0].plan, a.out) != 0) bs_die_errmsg();
+        if (!a.json) printf("plan written to %s\n", a.out);
+    }
+    for (int i = 0; i < n; i++) plan_free(&rs[i].plan);
+    batch_free(&b);
+    return 0;
+}

@@ -1,0 +1,268 @@
+// plan_check.c: plan_validate, everything the executor relies on (plan.h, docs/plan-format.md):
+//   1. the plan's header and its batch;
+//   2. every item: segments in range, token count, distinct ranks in range, offload in [0, 1],
+//      capacity (r = 0: at most D * C tokens; r > 0: Eq. 3's memory rule with that r);
+//   3. every token of every sequence covered exactly once;
+//   4. the per-rank schedules: exactly the items each rank is a member of, in increasing global
+//      order (then no two ranks can wait on each other in a cycle).
+// Errors name the first problem found: item, segment, rank, sequence.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/plan.h"
+
+static int check_header(const Plan *p) {
+    if (p->n_ranks < 1) return bs_fail("n_ranks must be >= 1 (got %d)", p->n_ranks);
+    if (p->capacity < 1) return bs_fail("capacity must be >= 1 (got %lld)", (long long)p->capacity);
+    if (p->pp < 1) return bs_fail("pp must be >= 1 (got %d)", p->pp);
+    if (p->batch.n < 0 || p->batch.n > INT32_MAX)
+        return bs_fail("%lld sequences is out of range", (long long)p->batch.n);
+    int64_t sum = 0;
+    for (int64_t i = 0; i < p->batch.n; i++) {
+        const Sequence *s = &p->batch.seqs[i];
+        if (s->len < 1)
+            return bs_fail("sequence %lld (id %lld): length %lld must be >= 1", (long long)i, (long long)s->id,
+                           (long long)s->len);
+        sum += s->len;
+    }
+    if (sum != p->batch.n_tokens)
+        return bs_fail("the batch says %lld tokens but its sequences hold %lld", (long long)p->batch.n_tokens,
+                       (long long)sum);
+    return 0;
+}
+
+// Does a ring of D ranks hold `tokens` with offload ratio r > 0? Eq. 3 of the paper in the per-rank
+// form cost_min_ranks uses: two layers keep all their activations, the other l-2 keep (1-r) of them,
+// against a budget of l Act(C) per rank: (2 + (1-r)(l-2)) Act(tokens / D) <= l Act(C). The relative
+// slack absorbs the float rounding of r as stored in the plan.
+static int offload_fits(const CostModel *cm, int64_t tokens, int D, double r, int64_t capacity, double *need,
+                        double *budget) {
+    int l = cm->n_layers;
+    *need = (2.0 + (1.0 - r) * (l - 2)) * (cm->act_token * (double)tokens / D + cm->act_const);
+    *budget = l * cost_layer_act(cm, capacity);
+    return *need <= *budget * (1 + 1e-6);
+}
+
+static int check_items(const Plan *p, const CostModel *cm) {
+    int32_t *stamp = bs_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
+    if (!stamp) return bs_fail_ctx("plan_validate");
+    int rc = -1;
+    int64_t seg_at = 0, ref_at = 0;
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        if (it->n_segs < 1) {
+            bs_fail("item %d has %d segments (needs at least one)", k, it->n_segs);
+            goto out;
+        }
+        if (it->seg_begin != seg_at || seg_at + it->n_segs > p->n_segs) {
+            bs_fail("item %d: segments [%d, +%d) should start at %lld and lie within the %d segments "
+                    "(items list their segments in order)",
+                    k, it->seg_begin, it->n_segs, (long long)seg_at, p->n_segs);
+            goto out;
+        }
+        if (it->n_ranks < 1) {
+            bs_fail("item %d has %d ranks (needs at least one)", k, it->n_ranks);
+            goto out;
+        }
+        if (it->rank_begin != ref_at || ref_at + it->n_ranks > p->n_refs) {
+            bs_fail("item %d: ranks [%d, +%d) should start at %lld and lie within the %d rank refs "
+                    "(items list their ranks in order)",
+                    k, it->rank_begin, it->n_ranks, (long long)ref_at, p->n_refs);
+            goto out;
+        }
+        seg_at += it->n_segs;
+        ref_at += it->n_ranks;
+
+        int64_t tokens = 0;
+        for (int32_t j = 0; j < it->n_segs; j++) {
+            const Segment *s = &p->segs[it->seg_begin + j];
+            if (s->seq < 0 || s->seq >= p->batch.n) {
+                bs_fail("item %d: segment %d: sequence %d out of range [0, %lld)", k, j, s->seq,
+                        (long long)p->batch.n);
+                goto out;
+            }
+            int64_t len = p->batch.seqs[s->seq].len;
+            if (s->start < 0 || s->len < 1 || s->start + s->len > len) {
+                bs_fail("item %d: segment %d: tokens [%lld, +%lld) outside sequence %d (length %lld)", k, j,
+                        (long long)s->start, (long long)s->len, s->seq, (long long)len);
+                goto out;
+            }
+            tokens += s->len;
+        }
+        if (tokens != it->tokens) {
+            bs_fail("item %d: says %lld tokens but its segments hold %lld", k, (long long)it->tokens,
+                    (long long)tokens);
+            goto out;
+        }
+        for (int32_t j = 0; j < it->n_ranks; j++) {
+            int32_t r = p->ranks[it->rank_begin + j];
+            if (r < 0 || r >= p->n_ranks) {
+                bs_fail("item %d: rank %d out of range [0, %d)", k, r, p->n_ranks);
+                goto out;
+            }
+            if (stamp[r] == k + 1) {
+                bs_fail("item %d: rank %d appears twice in its ring", k, r);
+                goto out;
+            }
+            stamp[r] = k + 1;
+        }
+        double off = it->offload;
+        if (!(off >= 0 && off <= 1)) {
+            bs_fail("item %d: offload ratio %g outside [0, 1]", k, off);
+            goto out;
+        }
+        if (off == 0 && tokens > (int64_t)it->n_ranks * p->capacity) {
+            bs_fail("item %d: %lld tokens on %d rank%s exceed the capacity of %lld tokens per rank "
+                    "(and it does not offload)",
+                    k, (long long)tokens, it->n_ranks, it->n_ranks > 1 ? "s" : "", (long long)p->capacity);
+            goto out;
+        }
+        double need, budget;
+        if (off > 0 && cm && !offload_fits(cm, tokens, it->n_ranks, off, p->capacity, &need, &budget)) {
+            bs_fail("item %d: %lld tokens on %d rank%s with offload ratio %.4f need %.4g activation bytes per rank, "
+                    "more than the budget of %.4g (Eq. 3)",
+                    k, (long long)tokens, it->n_ranks, it->n_ranks > 1 ? "s" : "", off, need, budget);
+            goto out;
+        }
+    }
+    if (seg_at != p->n_segs) {
+        bs_fail("the items use %lld of the %d segments", (long long)seg_at, p->n_segs);
+        goto out;
+    }
+    if (ref_at != p->n_refs) {
+        bs_fail("the items use %lld of the %d rank refs", (long long)ref_at, p->n_refs);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(stamp);
+    return rc;
+}
+
+typedef struct {
+    int64_t start, len;
+    int32_t item;
+} Piece;
+
+static int piece_by_start(const void *a, const void *b) {
+    const Piece *x = a, *y = b;
+    return (x->start > y->start) - (x->start < y->start);
+}
+
+// Every token exactly once: group the segments by sequence (counting sort), order each group by
+// start (nearly always a group of one) and walk it.
+static int check_coverage(const Plan *p) {
+    int64_t n = p->batch.n;
+    int32_t *begin = bs_calloc((size_t)n + 1, sizeof(int32_t));
+    Piece *pieces = bs_malloc((size_t)(p->n_segs > 0 ? p->n_segs : 1) * sizeof(Piece));
+    int32_t *fill = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int rc = -1;
+    if (!begin || !pieces || !fill) {
+        bs_fail_ctx("plan_validate");
+        goto out;
+    }
+    for (int32_t i = 0; i < p->n_segs; i++) begin[p->segs[i].seq + 1]++;
+    for (int64_t s = 0; s < n; s++) begin[s + 1] += begin[s];
+    memcpy(fill, begin, (size_t)n * sizeof(int32_t));
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        for (int32_t j = 0; j < it->n_segs; j++) {
+            const Segment *sg = &p->segs[it->seg_begin + j];
+            pieces[fill[sg->seq]++] = (Piece){sg->start, sg->len, k};
+        }
+    }
+    for (int64_t s = 0; s < n; s++) {
+        Piece *ps = pieces + begin[s];
+        int32_t m = begin[s + 1] - begin[s];
+        const Sequence *q = &p->batch.seqs[s];
+        if (m > 1) qsort(ps, (size_t)m, sizeof(Piece), piece_by_start);
+        int64_t at = 0;
+        for (int32_t i = 0; i < m; i++) {
+            if (ps[i].start > at) {
+                bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s,
+                        (long long)q->id, (long long)at, (long long)ps[i].start);
+                goto out;
+            }
+            if (ps[i].start < at) {
+                bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in two items (%d and %d)", (long long)s,
+                        (long long)q->id, (long long)ps[i].start, (long long)at, ps[i - 1].item, ps[i].item);
+                goto out;
+            }
+            at = ps[i].start + ps[i].len;
+        }
+        if (at != q->len) {
+            bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s, (long long)q->id,
+                    (long long)at, (long long)q->len);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    free(begin);
+    free(pieces);
+    free(fill);
+    return rc;
+}
+
+// The per-rank schedules must list exactly the items each rank is a member of, increasing.
+static int check_schedule(const Plan *p) {
+    if (!p->rank_begin || !p->rank_items) return bs_fail("no per-rank schedule (call plan_finalize first)");
+    const int32_t *rb = p->rank_begin;
+    if (rb[0] != 0 || rb[p->n_ranks] != p->n_refs)
+        return bs_fail("the per-rank schedules hold %d entries, the items have %d members", rb[p->n_ranks] - rb[0],
+                       p->n_refs);
+    int32_t *expect_begin = bs_calloc((size_t)p->n_ranks + 1, sizeof(int32_t));
+    int32_t *expect = bs_malloc((size_t)(p->n_refs > 0 ? p->n_refs : 1) * sizeof(int32_t));
+    int rc = -1;
+    if (!expect_begin || !expect) {
+        bs_fail_ctx("plan_validate");
+        goto out;
+    }
+    for (int32_t i = 0; i < p->n_refs; i++) expect_begin[p->ranks[i] + 1]++;
+    for (int32_t r = 0; r < p->n_ranks; r++) expect_begin[r + 1] += expect_begin[r];
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        for (int32_t j = 0; j < it->n_ranks; j++) expect[expect_begin[p->ranks[it->rank_begin + j]]++] = k;
+    }
+    // expect_begin[r] now holds the end of rank r's list; its start is expect_begin[r-1]
+    for (int32_t r = 0; r < p->n_ranks; r++) {
+        int32_t e0 = r ? expect_begin[r - 1] : 0, e1 = expect_begin[r];
+        if (rb[r + 1] < rb[r] || rb[r + 1] - rb[r] != e1 - e0) {
+            bs_fail("rank %d: its schedule lists %d items but it is a member of %d", r, rb[r + 1] - rb[r],
+                    e1 - e0);
+            goto out;
+        }
+        for (int32_t i = rb[r] + 1; i < rb[r + 1]; i++) {
+            if (p->rank_items[i] <= p->rank_items[i - 1]) {
+                bs_fail("rank %d: runs item %d after item %d; ranks must run their items in increasing "
+                        "global order",
+                        r, p->rank_items[i], p->rank_items[i - 1]);
+                goto out;
+            }
+        }
+        for (int32_t i = rb[r], e = e0; i < rb[r + 1]; i++, e++) {
+            int32_t k = p->rank_items[i];
+            if (k < expect[e]) {
+                bs_fail("rank %d: its schedule lists item %d but it is not a member of that item", r, k);
+                goto out;
+            }
+            if (k > expect[e]) {
+                bs_fail("rank %d: its schedule misses item %d", r, expect[e]);
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    free(expect_begin);
+    free(expect);
+    return rc;
+}
+
+int plan_validate(const Plan *p, const CostModel *cm) {
+    if (check_header(p) != 0 || check_items(p, cm) != 0 || check_coverage(p) != 0 || check_schedule(p) != 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,64 @@
+// plan_stats.c: the numbers a person reads about a plan (plan.h PlanStats).
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/plan.h"
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// Histogram bin of a ring size: 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ... (the last bin takes the rest).
+static int size_bin(int32_t d) {
+    int k = 0;
+    while (k < PLAN_HIST_BINS - 1 && (1ll << k) < d) k++;
+    return k;
+}
+
+// K/V bytes a ring of D ranks moves per layer for T tokens. Forward: D-1 steps in which every member
+// passes a K/V block of T/D tokens, (D-1) * T * kv in all. Backward: the K/V blocks go round again
+// (D-1 steps) and the partial dK/dV travel with them and take one more step home (D steps).
+static double ring_layer_bytes(double kv_token, int64_t tokens, int32_t d) {
+    return kv_token * (double)tokens * (double)((d - 1) + (d - 1) + d);
+}
+
+int plan_stats(const Plan *p, const CostModel *cm, PlanStats *out) {
+    memset(out, 0, sizeof *out);
+    if (!p->rank_begin || !p->rank_busy) return bs_fail("plan_stats: the plan is not finalized");
+    double off_sum = 0;
+    out->offload_min = 1;
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        out->ring_hist[size_bin(it->n_ranks)]++;
+        if (it->n_ranks == 1 && it->offload == 0) {
+            out->n_packs++;
+            continue;
+        }
+        if (it->n_ranks >= 2) {
+            out->n_rings++;
+            if (cm) out->ring_bytes += (double)p->pp * cm->n_layers * ring_layer_bytes(cm->kv_token, it->tokens, it->n_ranks);
+        }
+        out->n_long++;
+        if (it->offload > 0) out->n_offload++;
+        off_sum += it->offload;
+        if (it->offload < out->offload_min) out->offload_min = it->offload;
+        if (it->offload > out->offload_max) out->offload_max = it->offload;
+    }
+    if (out->n_long > 0) out->offload_mean = off_sum / out->n_long;
+    else out->offload_min = 0;
+
+    double *busy = bs_malloc((size_t)p->n_ranks * sizeof(double));
+    if (!busy) return bs_fail_ctx("plan_stats");
+    memcpy(busy, p->rank_busy, (size_t)p->n_ranks * sizeof(double));
+    qsort(busy, (size_t)p->n_ranks, sizeof(double), by_value);
+    int32_t n = p->n_ranks;
+    out->busy_min = busy[0];
+    out->busy_max = busy[n - 1];
+    out->busy_median = n % 2 ? busy[n / 2] : 0.5 * (busy[n / 2 - 1] + busy[n / 2]);
+    free(busy);
+    for (int32_t r = 0; r < n; r++)
+        if (p->rank_begin[r + 1] == p->rank_begin[r]) out->idle_ranks++;
+    return 0;
+}

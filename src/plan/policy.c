@@ -1,0 +1,63 @@
+// policy.c: the table of policies and the one entry point that runs and validates them (policy.h).
+#include "bytescale/policy.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "plan/policy_util.h"
+
+static const Policy policies[] = {
+    {"static", "Megatron-style static DP x CP mesh: d_cp fixed by the context, packed micro-batches on CP rings",
+     policy_static},
+    {"naive", "ByteScale Algorithm 1: long sequences on the fewest ranks (offloading), best-fit packs, tokens balanced",
+     policy_naive},
+    {"balance", "ByteScale Algorithm 2: as naive, but assigned by estimated time (DP-Balance; PP-Balance when pp > 1)",
+     policy_balance},
+};
+enum { N_POLICIES = sizeof policies / sizeof policies[0] };
+
+int policy_count(void) { return N_POLICIES; }
+
+const Policy *policy_at(int i) { return i >= 0 && i < N_POLICIES ? &policies[i] : NULL; }
+
+const Policy *policy_find(const char *name) {
+    for (int i = 0; i < N_POLICIES; i++)
+        if (name && !strcmp(name, policies[i].name)) return &policies[i];
+    char names[256] = "";
+    for (int i = 0; i < N_POLICIES; i++) {
+        strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+        strncat(names, policies[i].name, sizeof names - strlen(names) - 1);
+    }
+    bs_fail("unknown policy '%s' (policies: %s)", name ? name : "(null)", names);
+    return NULL;
+}
+
+static int check_config(const PlanConfig *cfg, const CostModel *cm) {
+    if (!cm) return bs_fail("planning needs a cost model");
+    if (cfg->n_ranks < 1) return bs_fail("ranks must be >= 1 (got %d)", cfg->n_ranks);
+    if (cfg->capacity < 1 || cfg->capacity > POLICY_MAX_CAPACITY)
+        return bs_fail("capacity must be in [1, %lld] tokens (got %lld)", (long long)POLICY_MAX_CAPACITY,
+                       (long long)cfg->capacity);
+    if (cfg->context < 0) return bs_fail("context must be >= 0 (got %lld)", (long long)cfg->context);
+    if (cfg->pp < 1) return bs_fail("pp must be >= 1 (got %d)", cfg->pp);
+    if (!(cfg->delta >= 0 && cfg->delta < 1)) return bs_fail("delta must be in [0, 1) (got %g)", cfg->delta);
+    if (cfg->n_buckets < 0) return bs_fail("n_buckets must be >= 0 (got %d)", cfg->n_buckets);
+    return 0;
+}
+
+int policy_plan(Plan *out, const char *name, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    memset(out, 0, sizeof *out);
+    const Policy *pol = policy_find(name);
+    if (!pol) return -1;
+    if (check_config(cfg, cm) != 0) return bs_fail_ctx("%s", pol->name);
+    if (pol->fn(out, b, cfg, cm) != 0) {
+        plan_free(out);
+        return bs_fail_ctx("%s", pol->name);
+    }
+    if (plan_finalize(out, cm) != 0 || plan_validate(out, cm) != 0) {
+        plan_free(out);
+        return bs_fail_ctx("policy %s produced an invalid plan", pol->name);
+    }
+    return 0;
+}

@@ -1,0 +1,385 @@
+// policy_balance.c: ByteScale's Algorithm 2, balanced HDP (docs/planner.md has the full story).
+//
+// Sharding follows Algorithm 1 (policy_shard): packs of <= C tokens for the short sequences, a ring
+// for every s > C. The assignment balances estimated TIME (the cost model) with a list scheduler
+// over a heap of ranks keyed by the time each rank is next free:
+//   1. Rings, the longest first (the first buckets of the length-sorted batch): each takes the D
+//      most-lagging ranks (least accumulated time) and starts when the last of them is free. That
+//      start is recorded and the global order is by start time, so the members of every ring line
+//      up: none has anything else to do first. Selective offloading: D may be anything from Eq. 3's
+//      fewest ranks D_off(s) to ceil(s/C) (only ceil(s/C) without offloading); the ring takes the D
+//      that finishes it earliest on the ranks as they are, offloading just enough for that D.
+//   2. DP-Balance (pp == 1): the members that wait for a ring's start lag it; every such hole longer
+//      than delta x the ring's start is filled with packs of the largest short sequences that fit
+//      both its time and C tokens per pack, run before the ring.
+//   3. The short sequences left, longest first, each to the most-lagging rank: appended to that
+//      rank's open micro-batch while it holds <= C tokens, else a new micro-batch is opened. Ranks
+//      end within about one short sequence's time of each other.
+// PP-Balance (pp > 1): consecutive micro-batches of a pipeline should cost about the same (a change
+// of level adds a pipeline bubble), so holes are not back-filled with small micro-batches (each
+// pipeline's micro-batches then come in non-increasing cost) and no micro-batch mixes sequences
+// from two of the n_buckets buckets of equal compute that the length-sorted batch is cut into.
+// Cost: O((refs + shorts) log ranks) for the heap, O(n log n) for the sorts.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "plan/policy_util.h"
+
+#define BALANCE_DEFAULT_DELTA 0.001
+#define BALANCE_DEFAULT_BUCKETS 16
+
+typedef struct {
+    int32_t rank;
+    double from, to;  // the rank idles in [from, to) waiting for a ring
+} Hole;
+
+typedef struct {
+    const GlobalBatch *b;
+    const PlanConfig *cfg;
+    const CostModel *cm;
+    Plan tmp;          // items in the order they are made; re-emitted in start order at the end
+    double *start;     // (cap_start,) planned start of each item of tmp
+    int32_t cap_start;
+    double open_cost;  // what opening a micro-batch adds: one layer_const per layer
+    // short sequences, longest first
+    int32_t n_short;
+    int32_t *sidx;     // (n_short,) sequence index
+    int64_t *slen;     // (n_short,) length, non-increasing
+    double *scost;     // (n_short,) time it adds to a micro-batch, non-increasing
+    int32_t *sbucket;  // (n_short,) bucket of equal compute
+    int32_t *unused;   // (n_short + 1,) union-find "next unused short at or after i"
+    Segment *segs;     // (n_short or more,) scratch for one micro-batch
+} Balance;
+
+static int record(Balance *bl, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
+                  double start) {
+    int32_t k = plan_add_item(&bl->tmp, segs, n_segs, ranks, n_ranks, offload);
+    if (k < 0) return -1;
+    if (k >= bl->cap_start) {
+        int32_t c = bl->cap_start ? bl->cap_start * 2 : 1024;
+        double *s = bs_realloc(bl->start, (size_t)c * sizeof(double));
+        if (!s) return bs_fail_ctx("balance");
+        bl->start = s;
+        bl->cap_start = c;
+    }
+    bl->start[k] = start;
+    return 0;
+}
+
+// ---- the shorts: sorted, with "largest unused that fits" queries -----------------------------------
+
+static int32_t next_unused(Balance *bl, int32_t i) {
+    int32_t *u = bl->unused;
+    while (u[i] != i) {
+        u[i] = u[u[i]];  // path halving
+        i = u[i];
+    }
+    return i;
+}
+
+static void take(Balance *bl, int32_t i) { bl->unused[i] = i + 1; }
+
+// The first index whose length is <= max_len and whose cost is <= max_cost (both non-increasing).
+static int32_t first_fitting(const Balance *bl, int64_t max_len, double max_cost) {
+    int32_t lo = 0, hi = bl->n_short;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (bl->slen[mid] <= max_len && bl->scost[mid] <= max_cost) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+static int by_len_desc(const void *a, const void *b, void *ctx) {
+    const GlobalBatch *bt = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    int64_t lx = bt->seqs[x].len, ly = bt->seqs[y].len;
+    if (lx != ly) return lx > ly ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    double t;
+    int32_t seq;
+} Ring;
+
+static int by_time_desc(const void *a, const void *b) {
+    const Ring *x = a, *y = b;
+    if (x->t != y->t) return x->t > y->t ? -1 : 1;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+// ---- phase 2: fill the holes before rings -----------------------------------------------------------
+
+static int by_hole_len_desc(const void *a, const void *b) {
+    const Hole *x = a, *y = b;
+    double lx = x->to - x->from, ly = y->to - y->from;
+    if (lx != ly) return lx > ly ? -1 : 1;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+static int fill_hole(Balance *bl, const Hole *h) {
+    double at = h->from, pack_start = 0;
+    int n_segs = 0;
+    int64_t tokens = 0;
+    for (;;) {
+        double left = h->to - at;
+        int32_t i = -1;
+        if (n_segs > 0) {  // the open micro-batch: room in tokens and in time
+            i = next_unused(bl, first_fitting(bl, bl->cfg->capacity - tokens, left));
+            if (i >= bl->n_short) i = -1;
+        }
+        if (i < 0) {  // a new micro-batch: pays open_cost first
+            int32_t j = next_unused(bl, first_fitting(bl, bl->cfg->capacity, left - bl->open_cost));
+            if (j >= bl->n_short) break;
+            if (n_segs > 0 && record(bl, bl->segs, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
+            n_segs = 0;
+            tokens = 0;
+            pack_start = at;
+            at += bl->open_cost;
+            i = j;
+        }
+        take(bl, i);
+        bl->segs[n_segs++] = (Segment){bl->sidx[i], 0, bl->slen[i]};
+        tokens += bl->slen[i];
+        at += bl->scost[i];
+    }
+    if (n_segs > 0 && record(bl, bl->segs, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
+    return 0;
+}
+
+// ---- phase 3: the rest, longest first, to the most-lagging rank ----------------------------------------
+
+typedef struct {
+    int32_t first, last;  // linked list of shorts through next[]; -1 = no open micro-batch
+    int64_t tokens;
+    int32_t bucket;
+    double start;
+} OpenPack;
+
+static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t rank) {
+    if (op->first < 0) return 0;
+    int n_segs = 0;
+    for (int32_t i = op->first; i >= 0; i = next[i]) bl->segs[n_segs++] = (Segment){bl->sidx[i], 0, bl->slen[i]};
+    op->first = op->last = -1;
+    return record(bl, bl->segs, n_segs, &rank, 1, 0.0, op->start);
+}
+
+static int assign_rest(Balance *bl, RankHeap *heap) {
+    int32_t R = bl->cfg->n_ranks;
+    int pp_balance = bl->cfg->pp > 1;
+    OpenPack *open = bs_malloc((size_t)R * sizeof(OpenPack));
+    int32_t *next = bs_malloc((size_t)(bl->n_short > 0 ? bl->n_short : 1) * sizeof(int32_t));
+    int rc = -1;
+    if (!open || !next) {
+        bs_fail_ctx("balance");
+        goto out;
+    }
+    for (int32_t r = 0; r < R; r++) open[r].first = open[r].last = -1;
+    for (int32_t i = next_unused(bl, 0); i < bl->n_short; i = next_unused(bl, i)) {
+        take(bl, i);
+        int32_t r = rankheap_pop(heap);
+        OpenPack *op = &open[r];
+        double f = heap->key[r];
+        int fits = op->first >= 0 && op->tokens + bl->slen[i] <= bl->cfg->capacity &&
+                   (!pp_balance || op->bucket == bl->sbucket[i]);
+        if (!fits) {
+            if (close_pack(bl, op, next, r) != 0) goto out;
+            *op = (OpenPack){i, -1, 0, bl->sbucket[i], f};
+            f += bl->open_cost;
+        } else {
+            next[op->last] = i;
+        }
+        next[i] = -1;
+        op->last = i;
+        op->tokens += bl->slen[i];
+        rankheap_push(heap, r, f + bl->scost[i]);
+    }
+    for (int32_t r = 0; r < R; r++)
+        if (close_pack(bl, &open[r], next, r) != 0) goto out;
+    rc = 0;
+out:
+    free(open);
+    free(next);
+    return rc;
+}
+
+// ---- phase 1: rings ------------------------------------------------------------------------------------
+
+// Selective offloading: Eq. 3's fewest ranks D_off(s) cut ring traffic, but a ring on few ranks
+// takes long. So a ring may use any D in [D_off(s), ceil(s/C)] (just D = ceil(s/C) without
+// offloading), offloading just enough for that D, and takes the D that finishes it earliest on
+// the currently least-loaded ranks: the D-th least-loaded rank's free time + the ring's time on D
+// ranks; ties go to fewer ranks. With every rank free this is ceil(s/C) (no offload); offloading
+// wins when only a few ranks are free soon. Pops d_hi ranks into members (least-loaded first);
+// the caller takes the first *d and pushes the rest back.
+static int place_ring(RankHeap *heap, const CostModel *cm, int64_t len, int64_t C, int d_lo, int32_t *members, int *d,
+                      int *d_hi, double *t, double *r) {
+    int64_t plain = len / C + (len % C != 0);
+    *d_hi = plain < heap->n ? (int)plain : heap->n;
+    if (d_lo > *d_hi) d_lo = *d_hi;
+    for (int j = 0; j < *d_hi; j++) members[j] = rankheap_pop(heap);
+    double best = INFINITY;
+    *d = -1;
+    for (int dd = d_lo; dd <= *d_hi; dd++) {
+        double rd;
+        if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
+        double td = cost_item_time(cm, &len, 1, dd, rd);
+        double end = heap->key[members[dd - 1]] + td;
+        if (end < best) {
+            best = end;
+            *d = dd;
+            *t = td;
+            *r = rd;
+        }
+    }
+    if (*d < 0) return bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks", (long long)len, d_lo, *d_hi);
+    return 0;
+}
+
+// ---- the whole policy ------------------------------------------------------------------------------------
+
+static int by_start(const void *a, const void *b, void *ctx) {
+    const double *start = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (start[x] != start[y]) return start[x] < start[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    int64_t n = b->n;
+    int32_t R = cfg->n_ranks;
+    double delta = cfg->delta > 0 ? cfg->delta : BALANCE_DEFAULT_DELTA;
+    int n_buckets = cfg->n_buckets > 0 ? cfg->n_buckets : BALANCE_DEFAULT_BUCKETS;
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    Balance bl = {.b = b, .cfg = cfg, .cm = cm, .open_cost = cm->n_layers * cm->layer_const};
+    int32_t *D = bs_malloc(nn * sizeof(int32_t)), *members = NULL, *sorted = NULL;
+    double *r = bs_malloc(nn * sizeof(double));
+    Ring *rings = bs_malloc(nn * sizeof(Ring));
+    Hole *holes = NULL;
+    int64_t n_holes = 0, cap_holes = 0;
+    RankHeap heap = {0};
+    int rc = -1;
+    bl.sidx = bs_malloc(nn * sizeof(int32_t));
+    bl.slen = bs_malloc(nn * sizeof(int64_t));
+    bl.scost = bs_malloc(nn * sizeof(double));
+    bl.sbucket = bs_malloc(nn * sizeof(int32_t));
+    bl.unused = bs_malloc((nn + 1) * sizeof(int32_t));
+    bl.segs = bs_malloc(nn * sizeof(Segment));
+    members = bs_malloc((size_t)R * sizeof(int32_t));
+    if (!D || !r || !rings || !bl.sidx || !bl.slen || !bl.scost || !bl.sbucket || !bl.unused || !bl.segs || !members)
+        goto fail_mem;
+    if (policy_shard(b, cfg, cm, D, r) != 0) goto out;
+    if (plan_init(&bl.tmp, b, R, cfg->capacity, cfg->pp, "balance") != 0) goto out;
+
+    // split the batch: rings with their estimated time, shorts sorted longest first
+    int32_t n_rings = 0;
+    double total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = b->seqs[i].len;
+        if (s > cfg->capacity) {
+            // ordered by the time on ceil(s / C) ranks (no offload), where every ring's choice starts
+            int64_t plain = s / cfg->capacity + (s % cfg->capacity != 0);
+            int d = plain < R ? (int)plain : D[i];
+            double t = cost_item_time(cm, &s, 1, d, d == D[i] ? r[i] : 0.0);
+            rings[n_rings++] = (Ring){t, (int32_t)i};
+            total += t * d;
+        } else {
+            bl.sidx[bl.n_short++] = (int32_t)i;
+        }
+    }
+    qsort(rings, (size_t)n_rings, sizeof(Ring), by_time_desc);
+    qsort_r(bl.sidx, (size_t)bl.n_short, sizeof(int32_t), by_len_desc, (void *)b);
+    for (int32_t i = 0; i < bl.n_short; i++) {
+        int64_t s = b->seqs[bl.sidx[i]].len;
+        bl.slen[i] = s;
+        bl.scost[i] = cost_item_time(cm, &s, 1, 1, 0.0) - bl.open_cost;  // a pack's time is additive
+        total += bl.scost[i] + bl.open_cost * (double)s / (double)cfg->capacity;
+        bl.unused[i] = i;
+    }
+    bl.unused[bl.n_short] = bl.n_short;
+    // buckets of about equal compute over the length-sorted batch (rings first: they are the longest)
+    double acc = 0;
+    for (int32_t k = 0; k < n_rings; k++) {
+        int64_t s = b->seqs[rings[k].seq].len, plain = s / cfg->capacity + (s % cfg->capacity != 0);
+        acc += rings[k].t * (double)(plain < R ? plain : D[rings[k].seq]);
+    }
+    for (int32_t i = 0; i < bl.n_short; i++) {
+        int32_t bk = total > 0 ? (int32_t)(acc / total * n_buckets) : 0;
+        bl.sbucket[i] = bk < n_buckets ? bk : n_buckets - 1;
+        acc += bl.scost[i] + bl.open_cost * (double)bl.slen[i] / (double)cfg->capacity;
+    }
+
+    // 1. rings on the most-lagging ranks, lined up at the last member's free time
+    if (rankheap_init(&heap, R) != 0) goto out;
+    for (int32_t k = 0; k < n_rings; k++) {
+        int32_t s = rings[k].seq;
+        int64_t len = b->seqs[s].len;
+        int d, d_hi;
+        double t = 0, rr = 0;
+        if (place_ring(&heap, cm, len, cfg->capacity, D[s], members, &d, &d_hi, &t, &rr) != 0) goto out;
+        double start = heap.key[members[d - 1]];  // members come out least-loaded first
+        for (int32_t j = 0; j < d; j++) {
+            double f = heap.key[members[j]];
+            if (cfg->pp == 1 && start - f > delta * start) {
+                if (n_holes == cap_holes) {
+                    int64_t c = cap_holes ? 2 * cap_holes : 1024;
+                    Hole *hs = bs_realloc(holes, (size_t)c * sizeof(Hole));
+                    if (!hs) goto fail_mem;
+                    holes = hs;
+                    cap_holes = c;
+                }
+                holes[n_holes++] = (Hole){members[j], f, start};
+            }
+            rankheap_push(&heap, members[j], start + t);
+        }
+        for (int32_t j = d; j < d_hi; j++) rankheap_push(&heap, members[j], heap.key[members[j]]);  // not taken
+        policy_sort_ranks(members, d);
+        Segment seg = {s, 0, len};
+        if (record(&bl, &seg, 1, members, d, rr, start) != 0) goto out;
+    }
+    // 2. DP-Balance: the lagging members of rings get short work before the ring starts
+    if (n_holes > 0) qsort(holes, (size_t)n_holes, sizeof(Hole), by_hole_len_desc);
+    for (int64_t h = 0; h < n_holes; h++)
+        if (fill_hole(&bl, &holes[h]) != 0) goto out;
+    // 3. the rest, longest first, to the most-lagging rank
+    if (assign_rest(&bl, &heap) != 0) goto out;
+
+    // the global order: by planned start, so every rank meets its items in time order and the
+    // members of a ring all reach it at its start
+    int32_t m = bl.tmp.n_items;
+    sorted = bs_malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+    if (!sorted) goto fail_mem;
+    for (int32_t k = 0; k < m; k++) sorted[k] = k;
+    qsort_r(sorted, (size_t)m, sizeof(int32_t), by_start, bl.start);
+    if (plan_init(out, b, R, cfg->capacity, cfg->pp, "balance") != 0) goto out;
+    for (int32_t k = 0; k < m; k++) {
+        const Item *it = &bl.tmp.items[sorted[k]];
+        if (plan_add_item(out, bl.tmp.segs + it->seg_begin, it->n_segs, bl.tmp.ranks + it->rank_begin, it->n_ranks,
+                          it->offload) < 0)
+            goto out;
+    }
+    rc = 0;
+    goto out;
+fail_mem:
+    bs_fail_ctx("balance");
+out:
+    free(D);
+    free(r);
+    free(rings);
+    free(holes);
+    free(members);
+    free(sorted);
+    free(bl.start);
+    free(bl.sidx);
+    free(bl.slen);
+    free(bl.scost);
+    free(bl.sbucket);
+    free(bl.unused);
+    free(bl.segs);
+    plan_free(&bl.tmp);
+    rankheap_free(&heap);
+    return rc;
+}

@@ -1,0 +1,227 @@
+// policy_util.c: sharding, best-fit packing and the rank heap the policies share (policy_util.h).
+#include "plan/policy_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+
+int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int32_t *D, double *r) {
+    int64_t C = cfg->capacity;
+    for (int64_t i = 0; i < b->n; i++) {
+        int64_t s = b->seqs[i].len;
+        D[i] = 1;
+        r[i] = 0;
+        if (s <= C) continue;
+        int d = cost_min_ranks(cm, s, C, cfg->offload, cfg->n_ranks, &r[i]);
+        if (d < 1) {
+            // say how many it would need: without offloading ceil(s / C), with it Eq. 3's minimum
+            int64_t plain = s / C + (s % C != 0), need = plain;
+            double rr;
+            if (cfg->offload && plain <= INT32_MAX) {
+                int dd = cost_min_ranks(cm, s, C, 1, (int)plain, &rr);
+                if (dd >= 1) need = dd;
+            }
+            return bs_fail("sequence %lld (id %lld): a sequence of %lld tokens needs %lld ranks of capacity %lld%s; "
+                           "only %d given",
+                           (long long)i, (long long)b->seqs[i].id, (long long)s, (long long)need, (long long)C,
+                           cfg->offload ? " (with offloading)" : "", cfg->n_ranks);
+        }
+        D[i] = d;
+        r[i] = policy_offload_ratio(r[i]);
+    }
+    return 0;
+}
+
+int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double *r) {
+    *r = 0;
+    if (s <= (int64_t)D * C) return 1;
+    int l = cm->n_layers;
+    if (l <= 2 || !(cm->act_token > 0)) return 0;
+    double act_rank = cm->act_token * (double)s / D + cm->act_const;
+    double budget = l * cost_layer_act(cm, C);
+    double need = 1.0 - (budget / act_rank - 2.0) / (l - 2);
+    if (need > 1.0) return 0;
+    if (need < 0.0) need = 0.0;
+    double t_rank = (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) / D + cm->layer_const;
+    double r_max = cm->offload_bw > 0 ? t_rank * cm->offload_bw / act_rank : 0.0;
+    if (need > r_max * (1.0 + 1e-12)) return 0;
+    *r = policy_offload_ratio(need);
+    return 1;
+}
+
+double policy_offload_ratio(double r) {
+    if (!(r > 0)) return 0;
+    if (r >= 1) return 1;
+    float f = (float)r;
+    if ((double)f < r) f = nextafterf(f, 2.0f);
+    return f > 1.0f ? 1.0 : (double)f;
+}
+
+// ---- best fit -----------------------------------------------------------------------------------
+
+static void bits_set(BestFit *bf, int64_t v) {
+    for (int k = 0; k < bf->levels; k++) {
+        uint64_t *w = &bf->bits[k][v >> 6];
+        int was_empty = *w == 0;
+        *w |= 1ull << (v & 63);
+        if (!was_empty) return;
+        v >>= 6;
+    }
+}
+
+static void bits_clear(BestFit *bf, int64_t v) {
+    for (int k = 0; k < bf->levels; k++) {
+        uint64_t *w = &bf->bits[k][v >> 6];
+        *w &= ~(1ull << (v & 63));
+        if (*w != 0) return;
+        v >>= 6;
+    }
+}
+
+// The smallest set value >= v, or -1.
+static int64_t bits_next(const BestFit *bf, int64_t v) {
+    int k = 0;
+    for (;;) {
+        int64_t w = v >> 6;
+        if (w >= bf->n_words[k]) return -1;
+        uint64_t word = bf->bits[k][w] & (~0ull << (v & 63));
+        if (word) {
+            v = (w << 6) + __builtin_ctzll(word);
+            break;
+        }
+        // nothing left in this word: look for the next non-empty word one level up
+        if (++k == bf->levels) return -1;
+        v = w + 1;
+    }
+    while (k > 0) {  // descend to the first set bit under the word found
+        k--;
+        v = (v << 6) + __builtin_ctzll(bf->bits[k][v]);
+    }
+    return v;
+}
+
+int bestfit_init(BestFit *bf, int64_t capacity) {
+    memset(bf, 0, sizeof *bf);
+    if (capacity < 1 || capacity > POLICY_MAX_CAPACITY)
+        return bs_fail("capacity %lld is outside [1, %lld] tokens", (long long)capacity, (long long)POLICY_MAX_CAPACITY);
+    bf->capacity = capacity;
+    bf->head = bs_malloc((size_t)(capacity + 1) * sizeof(int32_t));
+    if (!bf->head) return bs_fail_ctx("best-fit packing");
+    for (int64_t v = 0; v <= capacity; v++) bf->head[v] = -1;
+    int64_t n = capacity + 1;
+    do {
+        int64_t words = (n + 63) / 64;
+        bf->bits[bf->levels] = bs_calloc((size_t)words, sizeof(uint64_t));
+        if (!bf->bits[bf->levels]) {
+            bestfit_free(bf);
+            return bs_fail_ctx("best-fit packing");
+        }
+        bf->n_words[bf->levels++] = words;
+        n = words;
+    } while (n > 1);
+    return 0;
+}
+
+static void stack_push(BestFit *bf, int32_t bin) {
+    int64_t v = bf->room[bin];
+    if (v == 0) return;  // a full bin takes nothing more: forget it
+    bf->below[bin] = bf->head[v];
+    if (bf->head[v] < 0) bits_set(bf, v);
+    bf->head[v] = bin;
+}
+
+int32_t bestfit_add(BestFit *bf, int64_t len) {
+    if (len < 1 || len > bf->capacity)
+        return bs_fail("best-fit packing: length %lld outside [1, %lld]", (long long)len, (long long)bf->capacity);
+    int64_t v = bits_next(bf, len);
+    int32_t bin;
+    if (v >= 0) {
+        bin = bf->head[v];
+        bf->head[v] = bf->below[bin];
+        if (bf->head[v] < 0) bits_clear(bf, v);
+    } else {
+        if (bf->n_bins == bf->cap_bins) {
+            int32_t c = bf->cap_bins ? bf->cap_bins * 2 : 256;
+            int32_t *below = bs_realloc(bf->below, (size_t)c * sizeof(int32_t));
+            if (!below) return bs_fail_ctx("best-fit packing");
+            bf->below = below;
+            int64_t *room = bs_realloc(bf->room, (size_t)c * sizeof(int64_t));
+            if (!room) return bs_fail_ctx("best-fit packing");
+            bf->room = room;
+            bf->cap_bins = c;
+        }
+        bin = bf->n_bins++;
+        bf->room[bin] = bf->capacity;
+    }
+    bf->room[bin] -= len;
+    stack_push(bf, bin);
+    return bin;
+}
+
+void bestfit_free(BestFit *bf) {
+    free(bf->head);
+    free(bf->below);
+    free(bf->room);
+    for (int k = 0; k < bf->levels; k++) free(bf->bits[k]);
+    memset(bf, 0, sizeof *bf);
+}
+
+// ---- rank heap -------------------------------------------------------------------------------------
+
+static int before(const RankHeap *h, int32_t a, int32_t b) {
+    return h->key[a] < h->key[b] || (h->key[a] == h->key[b] && a < b);
+}
+
+int rankheap_init(RankHeap *h, int32_t n_ranks) {
+    h->key = bs_calloc((size_t)n_ranks, sizeof(double));
+    h->heap = bs_malloc((size_t)n_ranks * sizeof(int32_t));
+    if (!h->key || !h->heap) {
+        rankheap_free(h);
+        return bs_fail_ctx("rank heap of %d ranks", n_ranks);
+    }
+    for (int32_t r = 0; r < n_ranks; r++) h->heap[r] = r;  // equal keys: rank order is a heap
+    h->n = n_ranks;
+    return 0;
+}
+
+int32_t rankheap_pop(RankHeap *h) {
+    int32_t top = h->heap[0], last = h->heap[--h->n];
+    int32_t i = 0;
+    for (;;) {  // sift `last` down from the root
+        int32_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && before(h, h->heap[c + 1], h->heap[c])) c++;
+        if (!before(h, h->heap[c], last)) break;
+        h->heap[i] = h->heap[c];
+        i = c;
+    }
+    if (h->n > 0) h->heap[i] = last;
+    return top;
+}
+
+void rankheap_push(RankHeap *h, int32_t rank, double key) {
+    h->key[rank] = key;
+    int32_t i = h->n++;
+    while (i > 0) {  // sift up
+        int32_t parent = (i - 1) / 2;
+        if (!before(h, rank, h->heap[parent])) break;
+        h->heap[i] = h->heap[parent];
+        i = parent;
+    }
+    h->heap[i] = rank;
+}
+
+void rankheap_free(RankHeap *h) {
+    free(h->key);
+    free(h->heap);
+    memset(h, 0, sizeof *h);
+}
+
+static int by_rank(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void policy_sort_ranks(int32_t *ranks, int n) { qsort(ranks, (size_t)n, sizeof(int32_t), by_rank); }

@@ -1,0 +1,158 @@
+// test_cli_plan.c: `bytescale plan` as a user runs it: the built binary (BS_BINARY), exit codes,
+// the plan file it writes (loads and validates), --json, and a clear message for every bad flag or
+// file.
+#include "test_util.h"
+
+#include <sys/wait.h>
+
+#include <cJSON.h>
+
+#include "bytescale/cost.h"
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/hw.h"
+#include "bytescale/model.h"
+#include "bytescale/plan.h"
+
+static char out[1 << 16];
+
+// Run `$BS_BINARY plan <args>` with stderr merged into stdout; returns the exit code.
+static int run(const char *args) {
+    const char *bin = getenv("BS_BINARY");
+    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "BS_QUIET=1 '%s' plan %s 2>&1", bin, args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    int status = pclose(f);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void expect_fail(const char *args, const char *needle) {
+    int rc = run(args);
+    if (rc == 0) fail_msg("plan %s: expected a failure, got exit 0:\n%s", args, out);
+    if (!strstr(out, needle)) fail_msg("plan %s: expected \"%s\" in:\n%s", args, needle, out);
+}
+
+static void test_help(void **state) {
+    (void)state;
+    assert_int_equal(run("--help"), 0);
+    assert_non_null(strstr(out, "usage: bytescale plan"));
+    const char *flags[] = {"--ranks", "--capacity", "--context", "--model", "--hardware", "--hardware-file",
+                           "--cost-file", "--tp", "--pp", "--policy", "--dataset", "--dist", "--tokens", "--seed",
+                           "--offload", "--no-offload", "--out", "--json", "--help"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (!strstr(out, flags[i])) fail_msg("--help does not mention %s", flags[i]);
+    assert_int_equal(run("-h"), 0);
+}
+
+static void test_writes_a_valid_plan(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("cli_plan");
+    char args[1024], path[600];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    snprintf(args, sizeof args, "--ranks 64 --tokens 4M --context 512K --dist github --seed 5 --out %s", path);
+    int rc = run(args);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "makespan / bound"));
+    assert_non_null(strstr(out, "items by ring size"));
+    // the file loads and validates against the cost model the command derived
+    CostModel cm;
+    assert_int_equal(cost_derive(&cm, model_find("llama-7b"), hw_find("h800-sxm"), 2, 1, 64, 8192), 0);
+    Plan p;
+    if (plan_read_json_cm(&p, path, &cm) != 0) fail_msg("%s", bs_errmsg());
+    assert_int_equal(p.n_ranks, 64);
+    assert_int_equal(p.capacity, 8192);
+    assert_string_equal(p.policy, "balance");
+    assert_int_equal(p.batch.n_tokens, 4 << 20);
+    assert_true(p.makespan >= p.lower_bound);
+    plan_free(&p);
+}
+
+static void test_all_policies_json(void **state) {
+    (void)state;
+    int rc = run("--ranks 32 --tokens 1M --context 256K --policy all --json --no-offload");
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    cJSON *root = cJSON_Parse(out);
+    if (!root) fail_msg("not JSON:\n%s", out);
+    const cJSON *plans = cJSON_GetObjectItem(root, "plans");
+    assert_int_equal(cJSON_GetArraySize(plans), 3);
+    const char *names[] = {"static", "naive", "balance"};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *p = cJSON_GetArrayItem(plans, i);
+        assert_string_equal(cJSON_GetObjectItem(p, "policy")->valuestring, names[i]);
+        double ratio = cJSON_GetObjectItem(p, "ratio")->valuedouble;
+        assert_true(ratio >= 1.0);
+        assert_true(cJSON_GetObjectItem(p, "offload_items")->valueint == 0);  // --no-offload
+    }
+    assert_int_equal((int64_t)cJSON_GetObjectItem(cJSON_GetObjectItem(root, "batch"), "tokens")->valuedouble, 1 << 20);
+    cJSON_Delete(root);
+}
+
+static void test_dataset_and_cost_file(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("cli_plan_files");
+    char lens[600], cost[600], args[2048];
+    snprintf(lens, sizeof lens, "%s/lengths.txt", dir);
+    snprintf(cost, sizeof cost, "%s/cost.json", dir);
+    const char *text = "# lengths\n100\n20000\n3000\n\n8192\n";
+    assert_int_equal(file_write_atomic(lens, text, strlen(text)), 0);
+    CostModel cm;
+    assert_int_equal(cost_derive(&cm, model_find("llama-13b"), hw_find("h100-sxm"), 8, 1, 8, 4096), 0);
+    assert_int_equal(cost_save(&cm, cost), 0);
+    snprintf(args, sizeof args, "--ranks 8 --capacity 4K --dataset %s --cost-file %s --policy naive", lens, cost);
+    int rc = run(args);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "31292 tokens in 4 sequences"));
+    assert_non_null(strstr(out, cost));
+}
+
+static void test_bad_flags_and_files(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("cli_plan_bad");
+    char bad_lens[600], bad_cost[600], args[2048];
+    snprintf(bad_lens, sizeof bad_lens, "%s/lengths.txt", dir);
+    snprintf(bad_cost, sizeof bad_cost, "%s/cost.json", dir);
+    const char *lens = "100\nseven\n";
+    assert_int_equal(file_write_atomic(bad_lens, lens, strlen(lens)), 0);
+    const char *cost = "{\"version\": 1, \"n_layers\": 4}\n";
+    assert_int_equal(file_write_atomic(bad_cost, cost, strlen(cost)), 0);
+
+    expect_fail("--ranks abc", "--ranks: 'abc' is not an integer");
+    expect_fail("--ranks 0", "--ranks: 0 is out of range");
+    expect_fail("--capacity -5", "--capacity: -5 is out of range");
+    expect_fail("--bogus", "unknown flag '--bogus'");
+    expect_fail("--ranks", "--ranks needs a value");
+    expect_fail("stray", "unexpected argument 'stray'");
+    expect_fail("--policy fancy", "unknown policy 'fancy'");
+    expect_fail("--model gpt-9", "gpt-9");
+    expect_fail("--hardware abacus", "abacus");
+    expect_fail("--hardware h100-sxm --hardware-file x.json", "not both");
+    expect_fail("--hardware-file /nonexistent/hw.json", "/nonexistent/hw.json");
+    expect_fail("--dist zipf:3", "zipf");
+    expect_fail("--dataset /nonexistent/lengths.txt", "/nonexistent/lengths.txt");
+    snprintf(args, sizeof args, "--dataset %s", bad_lens);
+    expect_fail(args, "lengths.txt:2");
+    snprintf(args, sizeof args, "--cost-file %s", bad_cost);
+    expect_fail(args, "cost.json");
+    expect_fail("--policy all --out x.json", "--out writes one plan");
+    expect_fail("--ranks 8 --tokens 64K --out /nonexistent/dir/plan.json", "/nonexistent/dir/plan.json");
+    // a sequence that cannot fit even on all ranks
+    expect_fail("--ranks 4 --tokens 1M --context 1M --dist fixed:1M --no-offload",
+                "a sequence of 1048576 tokens needs 128 ranks of capacity 8192; only 4 given");
+    expect_fail("--ranks 4 --tokens 1M --context 1M --dist fixed:1M --policy static",
+                "a sequence of 1048576 tokens needs 128 ranks of capacity 8192; only 4 given");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_writes_a_valid_plan),
+        cmocka_unit_test(test_all_policies_json),
+        cmocka_unit_test(test_dataset_and_cost_file),
+        cmocka_unit_test(test_bad_flags_and_files),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,435 @@
+// test_policies.c: the policies static / naive / balance.
+//   - helpers against brute force: best-fit packing, the rank heap;
+//   - property tests over random batches x policies x rank counts (1 .. 16,384) x offload x pp: every
+//     plan validates, makespan >= lower bound, and each policy's own structure (static's mesh,
+//     naive's and balance's sharding, naive's token-balanced assignment replayed by brute force);
+//   - balance beats naive over many seeds on paper-like settings; balance within 5% of the bound at
+//     the paper's settings (512 ranks, 32M tokens, C = 8K);
+//   - errors: a sequence that fits nowhere, unknown policies, bad configurations.
+#include "test_util.h"
+
+#include <math.h>
+
+#include "bytescale/error.h"
+#include "bytescale/hw.h"
+#include "bytescale/model.h"
+#include "bytescale/policy.h"
+#include "bytescale/rng.h"
+#include "plan/policy_util.h"
+
+static const char *POLICIES[] = {"static", "naive", "balance"};
+
+static void derive(CostModel *cm, const char *model, int tp, int pp, int ranks, int64_t C) {
+    if (cost_derive(cm, model_find(model), hw_find("h800-sxm"), tp, pp, ranks, C) != 0) fail_msg("%s", bs_errmsg());
+}
+
+// ---- helpers against brute force -------------------------------------------------------------------
+
+static void test_bestfit_matches_brute_force(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 11);
+    for (int trial = 0; trial < 200; trial++) {
+        int64_t C = 1 + (int64_t)rng_below(&rng, trial % 2 ? 5000 : 100);
+        int n = 1 + (int)rng_below(&rng, 400);
+        BestFit bf;
+        assert_int_equal(bestfit_init(&bf, C), 0);
+        int64_t room[400];  // brute force: scan every bin for the least room that fits
+        int n_bins = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t len = 1 + (int64_t)rng_below(&rng, (uint64_t)C);
+            int best = -1;
+            for (int k = 0; k < n_bins; k++)
+                if (room[k] >= len && (best < 0 || room[k] < room[best])) best = k;
+            if (best < 0) room[best = n_bins++] = C;
+            room[best] -= len;
+            int32_t got = bestfit_add(&bf, len);
+            assert_true(got >= 0);
+            // bins of equal room are interchangeable, so the chosen bin must have had the same room
+            assert_int_equal(bf.room[got], room[best]);
+            assert_int_equal(bf.n_bins, n_bins);
+        }
+        bestfit_free(&bf);
+    }
+}
+
+static void test_rankheap_matches_brute_force(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 12);
+    for (int trial = 0; trial < 50; trial++) {
+        int32_t n = 1 + (int32_t)rng_below(&rng, 70);
+        RankHeap h;
+        assert_int_equal(rankheap_init(&h, n), 0);
+        double key[70] = {0};
+        for (int step = 0; step < 500; step++) {
+            int d = 1 + (int)rng_below(&rng, (uint64_t)n);
+            int32_t got[70];
+            for (int j = 0; j < d; j++) {
+                got[j] = rankheap_pop(&h);
+                int32_t want = -1;  // brute force: least key among those not yet popped, ties lowest rank
+                for (int32_t r = 0; r < n; r++) {
+                    int taken = 0;
+                    for (int i = 0; i < j; i++) taken |= got[i] == r;
+                    if (!taken && (want < 0 || key[r] < key[want])) want = r;
+                }
+                assert_int_equal(got[j], want);
+            }
+            for (int j = 0; j < d; j++) {
+                key[got[j]] += (double)rng_below(&rng, 4);  // small integers: many ties
+                rankheap_push(&h, got[j], key[got[j]]);
+            }
+        }
+        rankheap_free(&h);
+    }
+}
+
+// ---- per-policy structure ------------------------------------------------------------------------------
+
+// Which item holds each sequence (every sequence sits whole in one item under these policies).
+static int32_t *item_of_seq(const Plan *p) {
+    int32_t *of = malloc((size_t)(p->batch.n > 0 ? p->batch.n : 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < p->batch.n; i++) of[i] = -1;
+    for (int32_t k = 0; k < p->n_items; k++)
+        for (int32_t j = 0; j < p->items[k].n_segs; j++) {
+            const Segment *s = &p->segs[p->items[k].seg_begin + j];
+            assert_int_equal(s->start, 0);
+            assert_int_equal(s->len, p->batch.seqs[s->seq].len);
+            assert_int_equal(of[s->seq], -1);
+            of[s->seq] = k;
+        }
+    return of;
+}
+
+static void check_static(const Plan *p, const PlanConfig *cfg) {
+    int64_t C = cfg->capacity, longest = 0;
+    for (int64_t i = 0; i < p->batch.n; i++) longest = p->batch.seqs[i].len > longest ? p->batch.seqs[i].len : longest;
+    int64_t ctx = cfg->context > 0 ? cfg->context : longest;
+    int32_t d_cp = (int32_t)((ctx + C - 1) / C), d_dp = cfg->n_ranks / d_cp;
+    int32_t *count = calloc((size_t)d_dp, sizeof(int32_t));
+    int32_t *last_item = malloc((size_t)d_dp * sizeof(int32_t));
+    int32_t prev_round = 0, prev_group = -1;
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        assert_int_equal(it->n_ranks, d_cp);  // every ring is a whole CP group
+        assert_true(it->offload == 0);
+        int32_t g = p->ranks[it->rank_begin] / d_cp;
+        assert_true(g < d_dp);
+        for (int32_t j = 0; j < d_cp; j++) assert_int_equal(p->ranks[it->rank_begin + j], g * d_cp + j);
+        assert_true(it->tokens <= C * d_cp);
+        // global order: round k of every group (groups increasing), then round k+1
+        int32_t round = count[g]++;
+        assert_true(round > prev_round || (round == prev_round && g > prev_group));
+        prev_round = round, prev_group = g;
+    }
+    // contiguous blocks of equal count, the first groups taking the remainder
+    for (int32_t g = 1; g < d_dp; g++) assert_true(count[g] <= count[g - 1] && count[g - 1] - count[g] <= 1);
+    // group 0's micro-batches, then group 1's, ... are the sequences in arrival order, next-fit
+    int32_t *begin = calloc((size_t)d_dp + 1, sizeof(int32_t)), *by_group = malloc((size_t)(p->n_items + 1) * 4);
+    for (int32_t g = 0; g < d_dp; g++) begin[g + 1] = begin[g] + count[g];
+    memcpy(last_item, begin, (size_t)d_dp * sizeof(int32_t));
+    for (int32_t k = 0; k < p->n_items; k++) by_group[last_item[p->ranks[p->items[k].rank_begin] / d_cp]++] = k;
+    int64_t next_seq = 0, prev_tokens = -1;
+    for (int32_t i = 0; i < p->n_items; i++) {
+        const Item *it = &p->items[by_group[i]];
+        const Segment *s0 = &p->segs[it->seg_begin];
+        if (prev_tokens >= 0) assert_true(prev_tokens + s0->len > C * d_cp);  // did not fit the last one
+        for (int32_t j = 0; j < it->n_segs; j++) assert_int_equal(s0[j].seq, next_seq++);
+        prev_tokens = it->tokens;
+    }
+    free(begin);
+    free(by_group);
+    assert_int_equal(next_seq, p->batch.n);
+    free(count);
+    free(last_item);
+}
+
+// naive and balance: s <= C in a pack; s > C alone in a ring whose size Eq. 3 decides.
+static void check_sharding(const Plan *p, const PlanConfig *cfg, const CostModel *cm, int exact_min) {
+    int32_t *of = item_of_seq(p);
+    int64_t C = cfg->capacity;
+    for (int64_t i = 0; i < p->batch.n; i++) {
+        const Item *it = &p->items[of[i]];
+        int64_t s = p->batch.seqs[i].len;
+        if (s <= C) {
+            assert_int_equal(it->n_ranks, 1);
+            assert_true(it->offload == 0);
+            continue;
+        }
+        assert_int_equal(it->n_segs, 1);
+        double r;
+        int d_min = cost_min_ranks(cm, s, C, cfg->offload, cfg->n_ranks, &r);
+        assert_true(d_min >= 1);
+        int64_t plain = (s + C - 1) / C;
+        if (exact_min) {  // naive: exactly Eq. 3's fewest ranks and its ratio
+            assert_int_equal(it->n_ranks, d_min);
+            assert_true(it->offload == (float)policy_offload_ratio(r));
+        } else {  // balance: between Eq. 3's fewest and ceil(s / C); no offloading at ceil(s / C)
+            assert_true(it->n_ranks >= d_min && it->n_ranks <= plain);
+            if (it->n_ranks == plain || !cfg->offload) assert_true(it->offload == 0);
+        }
+        if (!cfg->offload) assert_int_equal(it->n_ranks, plain);
+    }
+    free(of);
+}
+
+// naive's assignment replayed by brute force: items in arrival order of their first sequence, each
+// to the D ranks with the fewest tokens so far (ties: lowest rank).
+static void check_naive_assignment(const Plan *p) {
+    int32_t R = p->n_ranks;
+    double *tokens = calloc((size_t)R, sizeof(double));
+    char *chosen = calloc((size_t)R, 1);
+    int32_t prev_first = -1;
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        int32_t first = p->segs[it->seg_begin].seq;
+        assert_true(first > prev_first);
+        prev_first = first;
+        memset(chosen, 0, (size_t)R);
+        for (int32_t j = 0; j < it->n_ranks; j++) {
+            int32_t want = -1;
+            for (int32_t r = 0; r < R; r++)
+                if (!chosen[r] && (want < 0 || tokens[r] < tokens[want])) want = r;
+            chosen[want] = 1;
+        }
+        for (int32_t j = 0; j < it->n_ranks; j++) assert_true(chosen[p->ranks[it->rank_begin + j]]);
+        for (int32_t j = 0; j < it->n_ranks; j++)
+            tokens[p->ranks[it->rank_begin + j]] += (double)it->tokens / it->n_ranks;
+    }
+    free(tokens);
+    free(chosen);
+}
+
+// naive's packs: best fit in arrival order, replayed by brute force: the same multiset of pack sizes.
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+static void check_naive_packs(const Plan *p) {
+    int64_t C = p->capacity, n = p->batch.n;
+    int64_t *room = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t)), *got = malloc((size_t)(n > 0 ? n : 1) * 8);
+    int n_bins = 0, n_got = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t len = p->batch.seqs[i].len;
+        if (len > C) continue;
+        int best = -1;
+        for (int k = 0; k < n_bins; k++)
+            if (room[k] >= len && (best < 0 || room[k] < room[best])) best = k;
+        if (best < 0) room[best = n_bins++] = C;
+        room[best] -= len;
+    }
+    for (int32_t k = 0; k < p->n_items; k++)
+        if (p->items[k].n_ranks == 1 && p->items[k].offload == 0 && p->batch.seqs[p->segs[p->items[k].seg_begin].seq].len <= C)
+            got[n_got++] = p->items[k].tokens;
+    assert_int_equal(n_got, n_bins);
+    for (int k = 0; k < n_bins; k++) room[k] = C - room[k];
+    qsort(room, (size_t)n_bins, 8, cmp_i64);
+    qsort(got, (size_t)n_got, 8, cmp_i64);
+    for (int k = 0; k < n_bins; k++) assert_int_equal(got[k], room[k]);
+    free(room);
+    free(got);
+}
+
+static void check_common(const Plan *p, const CostModel *cm) {
+    if (plan_validate(p, cm) != 0) fail_msg("%s: %s", p->policy, bs_errmsg());
+    assert_true(p->makespan >= p->lower_bound * (1 - 1e-9));
+    for (int32_t r = 0; r < p->n_ranks; r++) assert_true(p->makespan >= p->rank_busy[r] * (1 - 1e-12));
+}
+
+// ---- property test -----------------------------------------------------------------------------------------
+
+static void test_random_batches_all_policies(void **state) {
+    (void)state;
+    static const int32_t RANKS[] = {1, 2, 3, 7, 13, 64, 100, 509, 1024, 4099, 16384};
+    static const char *DISTS[] = {"uniform:1:3000", "lognormal:6:1.5", "github", "byted", "fixed:700", "uniform:1:40"};
+    enum { N_RANKS = sizeof RANKS / sizeof RANKS[0], N_DISTS = sizeof DISTS / sizeof DISTS[0] };
+    Rng rng;
+    rng_seed(&rng, 2025);
+    int plans = 0, with_rings = 0, with_offload = 0;
+    for (int trial = 0; trial < 1200; trial++) {
+        int32_t R = RANKS[trial % N_RANKS];
+        int64_t C = (int64_t)exp(log(32) + rng_uniform(&rng) * (log(8192) - log(32)));  // log-uniform 32 .. 8K
+        int pp = rng_below(&rng, 2) ? 4 : 1;
+        int offload = (int)rng_below(&rng, 2);
+        const char *model = pp == 4 || rng_below(&rng, 2) ? "llama-7b" : "tiny";
+        int tp = !strcmp(model, "tiny") ? 1 : (int)(1u << rng_below(&rng, 4));  // 1, 2, 4, 8
+        // a small budget keeps large rank counts fast; the context keeps every sequence on <= R ranks
+        int64_t per_rank = 1 + (int64_t)(rng_uniform(&rng) * 2.0 * (double)C);
+        int64_t budget = R * per_rank < 300000 ? R * per_rank : 300000;
+        int64_t max_ctx = C * (R < 64 ? R : 64);
+        int64_t ctx = 1 + (int64_t)rng_below(&rng, (uint64_t)max_ctx);
+        const char *dist = DISTS[rng_below(&rng, N_DISTS)];
+        GlobalBatch b;
+        if (batch_generate(&b, dist, (uint64_t)trial, budget, ctx) != 0) fail_msg("%s", bs_errmsg());
+        CostModel cm;
+        derive(&cm, model, tp, pp, R, C);
+        // static takes the context half the time, the batch's longest sequence otherwise
+        PlanConfig cfg = {.n_ranks = R, .capacity = C, .context = rng_below(&rng, 2) ? ctx : 0, .pp = pp,
+                          .offload = offload};
+        for (int k = 0; k < 3; k++) {
+            Plan p;
+            if (policy_plan(&p, POLICIES[k], &b, &cfg, &cm) != 0)
+                fail_msg("trial %d %s R=%d C=%lld %s ctx=%lld pp=%d offload=%d: %s", trial, POLICIES[k], R,
+                         (long long)C, dist, (long long)ctx, pp, offload, bs_errmsg());
+            check_common(&p, &cm);
+            if (k == 0) check_static(&p, &cfg);
+            if (k == 1) check_sharding(&p, &cfg, &cm, 1);
+            if (k == 2) check_sharding(&p, &cfg, &cm, 0);
+            if (k == 1 && R <= 128) check_naive_assignment(&p);
+            if (k == 1 && b.n <= 2000) check_naive_packs(&p);
+            for (int32_t i = 0; i < p.n_items; i++) {
+                with_rings += p.items[i].n_ranks > 1;
+                with_offload += p.items[i].offload > 0;
+            }
+            plans++;
+            plan_free(&p);
+        }
+        batch_free(&b);
+    }
+    // the random settings did exercise rings and offloading
+    assert_int_equal(plans, 3600);
+    assert_true(with_rings > 1000);
+    assert_true(with_offload > 100);
+}
+
+// ---- balance against naive, and against the bound ----------------------------------------------------------
+
+// Paper-like per-rank load (32M tokens over 512 ranks = 64K tokens per rank, C = 8K) at 64 ranks:
+// over many seeds balance's makespan is at most naive's in nearly every case and well below it on
+// average (both with and without offloading).
+static void test_balance_beats_naive(void **state) {
+    (void)state;
+    static const char *DISTS[] = {"github", "byted"};
+    static const int64_t CTX[] = {128 << 10, 256 << 10, 512 << 10};  // at most 64 ranks x 8K
+    int wins = 0, cases = 0;
+    double log_ratio = 0;
+    CostModel cm;
+    derive(&cm, "llama-7b", 2, 1, 64, 8192);
+    for (int seed = 0; seed < 8; seed++)
+        for (int d = 0; d < 2; d++)
+            for (int c = 0; c < 3; c++)
+                for (int off = 0; off < 2; off++) {
+                    GlobalBatch b;
+                    assert_int_equal(batch_generate(&b, DISTS[d], 100 + seed, 64 * 65536, CTX[c]), 0);
+                    PlanConfig cfg = {.n_ranks = 64, .capacity = 8192, .pp = 1, .offload = off};
+                    Plan pn, pb;
+                    if (policy_plan(&pn, "naive", &b, &cfg, &cm) != 0 || policy_plan(&pb, "balance", &b, &cfg, &cm) != 0)
+                        fail_msg("%s seed %d ctx %lld offload %d: %s", DISTS[d], seed, (long long)CTX[c], off, bs_errmsg());
+                    wins += pb.makespan <= pn.makespan;
+                    log_ratio += log(pb.makespan / pn.makespan);
+                    cases++;
+                    plan_free(&pn);
+                    plan_free(&pb);
+                    batch_free(&b);
+                }
+    double geo = exp(log_ratio / cases);
+    print_message("balance <= naive in %d of %d cases; geometric mean of balance / naive %.3f\n", wins, cases, geo);
+    if (wins < cases * 95 / 100 || geo > 0.9) fail_msg("balance <= naive in %d of %d cases; geometric mean ratio %.3f", wins, cases, geo);
+}
+
+// The target: at the paper's settings (512 ranks, 32M tokens, C = 8K, LLaMA-7B) balance's
+// estimated makespan is within 5% of the lower bound, for both datasets and every context length.
+static void test_balance_near_bound_at_paper_settings(void **state) {
+    (void)state;
+    static const char *DISTS[] = {"github", "byted"};
+    static const int64_t CTX[] = {256 << 10, 512 << 10, 1 << 20, 2 << 20};
+    CostModel cm;
+    derive(&cm, "llama-7b", 2, 1, 512, 8192);
+    for (int d = 0; d < 2; d++)
+        for (int c = 0; c < 4; c++)
+            for (int off = 0; off < 2; off++) {
+                GlobalBatch b;
+                assert_int_equal(batch_generate(&b, DISTS[d], 1, 32 << 20, CTX[c]), 0);
+                PlanConfig cfg = {.n_ranks = 512, .capacity = 8192, .pp = 1, .offload = off};
+                Plan p;
+                assert_int_equal(policy_plan(&p, "balance", &b, &cfg, &cm), 0);
+                double ratio = p.makespan / p.lower_bound;
+                if (ratio > 1.05)
+                    fail_msg("%s ctx %lld offload %d: makespan / bound = %.4f", DISTS[d], (long long)CTX[c], off, ratio);
+                check_sharding(&p, &cfg, &cm, 0);
+                plan_free(&p);
+                batch_free(&b);
+            }
+}
+
+// ---- errors ------------------------------------------------------------------------------------------------
+
+static void expect_plan_error(const char *policy, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm,
+                              const char *needle) {
+    Plan p;
+    bs_error_clear();
+    assert_int_equal(policy_plan(&p, policy, b, cfg, cm), -1);
+    if (!strstr(bs_errmsg(), needle)) fail_msg("expected \"%s\" in: %s", needle, bs_errmsg());
+    assert_null(p.items);  // nothing half-built is left behind
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    GlobalBatch b;
+    assert_int_equal(batch_init(&b, 4), 0);
+    assert_int_equal(batch_push(&b, 0, 300, -1), 0);
+    assert_int_equal(batch_push(&b, 1, 100000, -1), 0);
+    CostModel tiny, big;
+    derive(&tiny, "tiny", 1, 1, 4, 1000);  // 2 layers: offloading cannot shrink a ring
+    derive(&big, "llama-7b", 2, 1, 4, 1000);
+    PlanConfig cfg = {.n_ranks = 4, .capacity = 1000, .pp = 1, .offload = 0};
+    expect_plan_error("static", &b, &cfg, &tiny, "a sequence of 100000 tokens needs 100 ranks of capacity 1000; only 4 given");
+    expect_plan_error("naive", &b, &cfg, &tiny,
+                      "sequence 1 (id 1): a sequence of 100000 tokens needs 100 ranks of capacity 1000; only 4 given");
+    expect_plan_error("balance", &b, &cfg, &tiny, "needs 100 ranks of capacity 1000; only 4 given");
+    cfg.offload = 1;
+    expect_plan_error("naive", &b, &cfg, &tiny, "needs 100 ranks of capacity 1000 (with offloading); only 4 given");
+    // with 32 layers offloading fits it on fewer ranks: Eq. 3 says how many
+    double r;
+    int need = cost_min_ranks(&big, 100000, 1000, 1, 1000, &r);
+    assert_true(need >= 2 && need < 100);
+    cfg.n_ranks = need - 1;
+    char msg[200];
+    snprintf(msg, sizeof msg, "needs %d ranks of capacity 1000 (with offloading); only %d given", need, need - 1);
+    expect_plan_error("balance", &b, &cfg, &big, msg);
+    cfg.n_ranks = need;
+    Plan p;
+    assert_int_equal(policy_plan(&p, "naive", &b, &cfg, &big), 0);
+    plan_free(&p);
+    cfg.n_ranks = 4;
+    cfg.context = 5000;
+    expect_plan_error("static", &b, &cfg, &tiny, "sequence 1 (id 1) has 100000 tokens, more than the context of 5000");
+    cfg.context = 0;
+    expect_plan_error("fancy", &b, &cfg, &tiny, "unknown policy 'fancy' (policies: static, naive, balance)");
+    assert_null(policy_find("fancy"));
+    assert_non_null(policy_find("balance"));
+    assert_int_equal(policy_count(), 3);
+    PlanConfig bad = cfg;
+    bad.capacity = 0;
+    expect_plan_error("naive", &b, &bad, &tiny, "capacity must be in [1,");
+    bad = cfg, bad.n_ranks = 0;
+    expect_plan_error("naive", &b, &bad, &tiny, "ranks must be >= 1");
+    bad = cfg, bad.pp = 0;
+    expect_plan_error("balance", &b, &bad, &tiny, "pp must be >= 1");
+    bad = cfg, bad.delta = -1;
+    expect_plan_error("balance", &b, &bad, &tiny, "delta must be in [0, 1)");
+    expect_plan_error("balance", &b, &cfg, NULL, "planning needs a cost model");
+    batch_free(&b);
+    // an empty batch is a valid, empty plan
+    GlobalBatch e;
+    assert_int_equal(batch_init(&e, 1), 0);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(policy_plan(&p, POLICIES[k], &e, &cfg, &tiny), 0);
+        assert_int_equal(p.n_items, 0);
+        assert_true(p.makespan == 0);
+        plan_free(&p);
+    }
+    batch_free(&e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bestfit_matches_brute_force),
+        cmocka_unit_test(test_rankheap_matches_brute_force),
+        cmocka_unit_test(test_random_batches_all_policies),
+        cmocka_unit_test(test_balance_beats_naive),
+        cmocka_unit_test(test_balance_near_bound_at_paper_settings),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
