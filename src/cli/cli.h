@@ -5,6 +5,9 @@
 #include <stdint.h>
 
 int cmd_plan(int argc, char **argv);
+int cmd_simulate(int argc, char **argv);
+int cmd_prepare(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 // Integers with an optional binary suffix: 8K = 8192, 2M = 2097152, 1G. Names the flag on error.
 int arg_int64(const char *flag, const char *text, int64_t *out);

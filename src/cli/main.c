@@ -12,6 +12,9 @@ typedef struct {
 
 static const Command commands[] = {
     {"plan", cmd_plan, "plan a global batch with an HDP policy (static, naive, balance)"},
+    {"simulate", cmd_simulate, "simulate a training step of each policy on a modelled GPU cluster"},
+    {"prepare", cmd_prepare, "turn text files into token shards plus a document index"},
+    {"train", cmd_train, "train a model on a prepared dataset (one process; checkpoints, resume, metrics)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

@@ -1,0 +1,169 @@
+// train.h: the training loop on one process (`bytescale train`), docs/training.md.
+//
+// Every step is the single-process form of the HDP executor (DESIGN.md):
+//   sample a global batch -> plan it (policy_plan, n_ranks = 1) -> run this rank's items in global
+//   order, one packed micro-batch each, accumulating gradients -> reduce (the identity on one
+//   process) -> clip -> AdamW on this rank's shard of the parameters (the whole vector here).
+// The loss is token-level over the GLOBAL batch: every micro-batch's gradient is scaled by
+// 1 / (target tokens in the whole batch), so the accumulated gradient is that of the batch's mean
+// token loss whatever the plan was.
+//
+// Checkpoints hold everything a step depends on (parameters, Adam moments and step count, the step,
+// the sampler position, the settings and the LR schedule), so a resumed run continues bit for bit.
+#ifndef BYTESCALE_TRAIN_H
+#define BYTESCALE_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "bytescale/batch.h"
+#include "bytescale/cost.h"
+#include "bytescale/llama.h"
+#include "bytescale/model.h"
+#include "bytescale/optim.h"
+#include "bytescale/plan.h"
+#include "bytescale/sampler.h"
+#include "bytescale/shard.h"
+
+enum { TRAIN_PATH_MAX = 1024 };
+
+typedef struct {
+    // settings: a resumed run must keep them (trainer_load refuses a checkpoint made with others)
+    char model[32];           // catalogue name (model.h)
+    char policy[24];          // planner (policy.h)
+    int64_t tokens;           // global batch: tokens per step
+    int64_t context;          // longest sequence: longer documents are cut into pieces this long
+    int64_t capacity;         // C: most tokens in one micro-batch; 0 = context
+    double lr, min_lr;        // peak and final learning rate
+    int64_t warmup;           // linear warmup steps
+    int64_t schedule_steps;   // length of the cosine schedule; 0 = steps
+    double weight_decay;      // AdamW, matrices only
+    double clip;              // global gradient norm limit; <= 0 disables clipping
+    uint64_t seed;            // initial weights and the data order
+    // the run: where the data is, how far to go, what to write (free to change on resume)
+    char data[TRAIN_PATH_MAX];      // a prepared dataset (`bytescale prepare`)
+    int64_t steps;                  // stop when this many steps are done in all
+    char ckpt_dir[TRAIN_PATH_MAX];  // "" = no checkpoints
+    int64_t ckpt_every;             // a checkpoint every N steps (and at the end); 0 = at the end only
+    int ckpt_keep;                  // keep the newest N checkpoints this run wrote; 0 = keep all
+    char metrics[TRAIN_PATH_MAX];   // JSONL metrics file; "" = none
+    int quiet;                      // no progress line
+} TrainConfig;
+
+// data/go-byte, model small, 300 steps of 32K tokens, context 4K, capacity = context, balance,
+// lr 1e-3 -> 1e-4 after 20 warmup steps, weight decay 0.1, clip 1.0, seed 1337, checkpoints kept 2.
+TrainConfig train_defaults(void);
+// -1 + error naming the setting that is out of range.
+int train_config_check(const TrainConfig *c);
+
+// What one step did; also one line of the metrics file.
+typedef struct {
+    int64_t step;         // steps done after this one (1 for the first)
+    double loss;          // token-level mean cross-entropy over the global batch
+    double lr;            // learning rate this step used
+    double grad_norm;     // global gradient norm before clipping
+    double clip_scale;    // factor the gradient was multiplied by (1 = not clipped)
+    int64_t tokens;       // tokens in the global batch
+    int64_t targets;      // of them, tokens with a next token: the loss's denominator
+    int64_t seqs;         // sequences in the batch after the context cut
+    int64_t longest;      // tokens of its longest sequence
+    int32_t items;        // micro-batches this rank ran
+    int64_t epoch;        // the sampler's epoch after the step
+    double est_seconds;   // the plan's makespan under the cost model ("cpu" profile)
+    double seconds;       // wall time of the step
+    double tokens_per_s;  // tokens / seconds
+} StepStats;
+
+// A trainer points into itself (the sampler reads its dataset's index): do not copy or move one
+// after trainer_init.
+typedef struct {
+    TrainConfig cfg;
+    ModelConfig model;
+    Dataset data;
+    uint32_t data_fingerprint;  // identifies the dataset in checkpoints (train_data_fingerprint)
+    Sampler sampler;
+    Llama llama;
+    AdamW opt;                  // on this rank's shard [opt.begin, opt.end) of the parameters
+    LrSchedule sched;
+    CostModel cost;             // for the planner: cost_derive(model, hw "cpu", 1, 1, 1, C)
+    int rank, n_ranks;          // this process in the HDP group: 0 of 1
+    int64_t capacity;           // C, resolved (cfg.capacity or cfg.context)
+    int64_t step;               // steps done
+    GlobalBatch batch;          // the current step's batch
+    Plan plan;                  // its plan (freed and remade every step)
+    int plan_live;
+    // one packed micro-batch, allocated once for C tokens
+    int32_t *mb_tokens;         // (C,)
+    int32_t *mb_targets;        // (C,) next token, -1 at a document's end
+    int32_t *mb_pos;            // (C,) position in the sequence
+    int32_t *mb_seg;            // (C,) segment id within the micro-batch
+    uint32_t *span;             // (C + 1,) tokens read from the dataset, one past the segment for its label
+} Trainer;
+
+// Check the settings, open the dataset (a missing one says to run `bytescale prepare`), refuse a
+// dataset whose vocabulary is not the model's and a context that would need a ring (context > C
+// needs >= 2 ranks: mpirun), make the model for C tokens with weights from the seed, the optimizer
+// and the sampler. Step 0. -1 + error; nothing is left allocated then.
+int trainer_init(Trainer *t, const TrainConfig *cfg);
+void trainer_free(Trainer *t);
+
+// One step as above; fills *st (may be NULL). -1 + error (a bad plan, an unreadable token range).
+int trainer_step(Trainer *t, StepStats *st);
+
+// The gradient half of a step on a given batch: zero the gradients, plan b, run this rank's items,
+// reduce. Leaves the accumulated gradient of the batch's token-level mean loss in t->llama.grads and
+// fills loss, tokens, targets, seqs, longest, items and est_seconds of *st (may be NULL). Parameters,
+// optimizer and sampler are untouched. Sequences are (document, length, global offset) as the
+// sampler makes them.
+int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st);
+
+// Target tokens of a batch: every token but a sequence's last has one; the last has one iff its
+// document continues past it (the next piece's first token is its label). -1 + error when a
+// sequence does not lie inside its document.
+int64_t train_count_targets(const DocIndex *ix, const GlobalBatch *b);
+
+// A CRC-32 over what identifies a dataset's contents: tokenizer, vocabulary, every shard's size
+// and checksum, every document's place and length.
+uint32_t train_data_fingerprint(const DocIndex *ix);
+
+// ---- checkpoints ------------------------------------------------------------------------------------
+// Sections (checkpoint.h): "config" (JSON: model shape, settings, dataset identity, the run),
+// "state" (step, Adam step count, sampler position, dataset fingerprint: little-endian 64-bit
+// words), "params", "adam.m", "adam.v" (fp32 arrays). docs/training.md lists every field.
+
+// Write atomically (temp file + rename).
+int trainer_save(const Trainer *t, const char *path);
+// Restore a checkpoint into a trainer made with trainer_init: refuses, with a message naming the
+// file and the difference, a corrupt or truncated file, another model shape, another dataset or
+// other settings; on any refusal the trainer is left exactly as it was.
+int trainer_load(Trainer *t, const char *path);
+// The TrainConfig a checkpoint was made with (settings and run), to resume it.
+int train_read_config(const char *path, TrainConfig *out);
+
+// ---- the whole run ----------------------------------------------------------------------------------
+typedef struct {
+    int64_t first_step, last_step;  // steps done before and after this run
+    double first_loss, last_loss;   // loss of this run's first and last step (0 when none ran)
+    double mean_last_loss;          // mean loss of this run's last (up to) 10 steps
+    int64_t tokens;                 // trained this run
+    double seconds;                 // wall time of this run's steps
+    char last_ckpt[TRAIN_PATH_MAX]; // newest checkpoint written ("" if none)
+} TrainSummary;
+
+// Steps until cfg.steps are done: metrics lines, a progress line with loss, tokens/s and ETA,
+// checkpoints every cfg.ckpt_every steps and at the end. A loss that is not finite stops the run
+// with an error (the last checkpoint stays). With t->step > 0 (a loaded checkpoint) the metrics
+// file keeps its lines up to that step and is appended to; otherwise it is started afresh.
+int trainer_run(Trainer *t, TrainSummary *sum);
+
+// ---- metrics (JSONL, one object per step) -------------------------------------------------------------
+// Open path for appending. keep_through < 0: start an empty file. Otherwise keep the lines whose
+// "step" is <= keep_through (dropping later ones and any broken line a crash left), rewritten
+// atomically, then append. Line-buffered, so every finished step is on disk.
+int train_metrics_open(FILE **out, const char *path, int64_t keep_through);
+int train_metrics_write(FILE *f, const StepStats *s);
+
+// The checkpoint file name of a step inside dir: <dir>/ckpt-<step, 6 digits>.bin
+void train_ckpt_path(char *out, size_t cap, const char *dir, int64_t step);
+
+#endif

@@ -1,0 +1,321 @@
+// train.c: `bytescale train` - train a model on a prepared dataset on one process (train.h).
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bytescale/error.h"
+#include "bytescale/train.h"
+#include "cli/cli.h"
+
+static void usage(FILE *f) {
+    TrainConfig d = train_defaults();
+    fprintf(f,
+            "usage: bytescale train [flags]\n"
+            "\n"
+            "Train a LLaMA-style model on a prepared dataset (`bytescale prepare`) on one process: every step\n"
+            "samples a global batch, plans it with an HDP policy, runs the plan's packed micro-batches and\n"
+            "takes an AdamW step on the token-level mean loss (docs/training.md).\n"
+            "\n"
+            "settings (kept by a resumed run):\n"
+            "  --model NAME         tiny, small or base (default %s)\n"
+            "  --tokens N           tokens per step, the global batch (default %lld; suffixes K M G)\n"
+            "  --context N          longest sequence: longer documents are cut (default %lld)\n"
+            "  --capacity N         most tokens in one micro-batch, >= context (default: the context)\n"
+            "  --policy NAME        planner: static, naive or balance (default %s)\n"
+            "  --lr X               peak learning rate (default %g)\n"
+            "  --min-lr X           final learning rate of the cosine decay (default: lr / 10)\n"
+            "  --warmup N           linear warmup steps (default %lld)\n"
+            "  --weight-decay X     AdamW weight decay on matrices (default %g)\n"
+            "  --clip X             global gradient norm limit, 0 = none (default %g)\n"
+            "  --seed N             initial weights and data order (default %llu)\n"
+            "\n"
+            "the run:\n"
+            "  --data DIR           prepared dataset (default %s)\n"
+            "  --steps N            train until N steps are done; the LR schedule spans the first run's N\n"
+            "                       (default %lld)\n"
+            "  --ckpt-dir DIR       write checkpoints DIR/ckpt-<step>.bin (default: none)\n"
+            "  --ckpt-every N       a checkpoint every N steps and at the end (default: at the end only)\n"
+            "  --ckpt-keep N        keep the newest N checkpoints this run wrote, 0 = all (default %d)\n"
+            "  --metrics PATH       one JSON line per step (default: none, or PREFIX.jsonl with --plot)\n"
+            "  --plot PREFIX        at the end, plot the loss to PREFIX.png and PREFIX.svg (gnuplot)\n"
+            "  --resume PATH        continue from a checkpoint: its settings, weights, optimizer and data\n"
+            "                       position; its run's data, steps, checkpoint and metrics paths unless\n"
+            "                       given again. The metrics file drops lines past the checkpoint's step.\n"
+            "  --help               this text\n"
+            "\n"
+            "One process runs packs only: a context above the capacity needs ring attention over >= 2 ranks\n"
+            "(mpirun). Set OPENBLAS_NUM_THREADS=1 for bit-exact resumes, BS_QUIET=1 to hide the progress line.\n",
+            d.model, (long long)d.tokens, (long long)d.context, d.policy, d.lr, (long long)d.warmup, d.weight_decay,
+            d.clip, (unsigned long long)d.seed, d.data, (long long)d.steps, d.ckpt_keep);
+}
+
+static int bad_usage(const char *fmt, const char *arg) {
+    fprintf(stderr, "bytescale train: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(bytescale train --help lists the flags)\n");
+    return 2;
+}
+
+enum {
+    OPT_MODEL = 1000, OPT_TOKENS, OPT_CONTEXT, OPT_CAPACITY, OPT_POLICY, OPT_LR, OPT_MIN_LR, OPT_WARMUP, OPT_WD,
+    OPT_CLIP, OPT_SEED,  // the settings, up to here
+    OPT_DATA, OPT_STEPS, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_CKPT_KEEP, OPT_METRICS, OPT_PLOT, OPT_RESUME, OPT_END
+};
+
+static const struct option options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"tokens", required_argument, NULL, OPT_TOKENS},
+    {"context", required_argument, NULL, OPT_CONTEXT},
+    {"capacity", required_argument, NULL, OPT_CAPACITY},
+    {"policy", required_argument, NULL, OPT_POLICY},
+    {"lr", required_argument, NULL, OPT_LR},
+    {"min-lr", required_argument, NULL, OPT_MIN_LR},
+    {"warmup", required_argument, NULL, OPT_WARMUP},
+    {"weight-decay", required_argument, NULL, OPT_WD},
+    {"clip", required_argument, NULL, OPT_CLIP},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"data", required_argument, NULL, OPT_DATA},
+    {"steps", required_argument, NULL, OPT_STEPS},
+    {"ckpt-dir", required_argument, NULL, OPT_CKPT_DIR},
+    {"ckpt-every", required_argument, NULL, OPT_CKPT_EVERY},
+    {"ckpt-keep", required_argument, NULL, OPT_CKPT_KEEP},
+    {"metrics", required_argument, NULL, OPT_METRICS},
+    {"plot", required_argument, NULL, OPT_PLOT},
+    {"resume", required_argument, NULL, OPT_RESUME},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+static const char *flag_name(int opt) {
+    for (const struct option *o = options; o->name; o++)
+        if (o->val == opt) return o->name;
+    return "?";
+}
+
+static int copy_path(char *dst, size_t cap, const char *flag, const char *value) {
+    if (strlen(value) >= cap) return bs_fail("--%s: path is too long (at most %zu bytes)", flag, cap - 1);
+    memcpy(dst, value, strlen(value) + 1);
+    return 0;
+}
+
+// Apply one flag's value to c. -1 + error naming the flag.
+static int apply(TrainConfig *c, int opt, const char *v) {
+    char flag[32];
+    snprintf(flag, sizeof flag, "--%s", flag_name(opt));
+    int64_t seed;
+    switch (opt) {
+    case OPT_MODEL: return copy_path(c->model, sizeof c->model, "model", v);
+    case OPT_TOKENS: return arg_int64(flag, v, &c->tokens);
+    case OPT_CONTEXT: return arg_int64(flag, v, &c->context);
+    case OPT_CAPACITY: return arg_int64(flag, v, &c->capacity);
+    case OPT_POLICY: return copy_path(c->policy, sizeof c->policy, "policy", v);
+    case OPT_LR: return arg_double(flag, v, &c->lr);
+    case OPT_MIN_LR: return arg_double(flag, v, &c->min_lr);
+    case OPT_WARMUP: return arg_int64(flag, v, &c->warmup);
+    case OPT_WD: return arg_double(flag, v, &c->weight_decay);
+    case OPT_CLIP: return arg_double(flag, v, &c->clip);
+    case OPT_SEED:
+        if (arg_int64(flag, v, &seed) != 0) return -1;
+        if (seed < 0) return bs_fail("%s: '%s' must be >= 0", flag, v);
+        c->seed = (uint64_t)seed;
+        return 0;
+    case OPT_DATA: return copy_path(c->data, sizeof c->data, "data", v);
+    case OPT_STEPS: return arg_int64(flag, v, &c->steps);
+    case OPT_CKPT_DIR: return copy_path(c->ckpt_dir, sizeof c->ckpt_dir, "ckpt-dir", v);
+    case OPT_CKPT_EVERY: return arg_int64(flag, v, &c->ckpt_every);
+    case OPT_CKPT_KEEP: return arg_int(flag, v, &c->ckpt_keep);
+    case OPT_METRICS: return copy_path(c->metrics, sizeof c->metrics, "metrics", v);
+    default: return bs_fail("%s: not a setting", flag);
+    }
+}
+
+// On resume a settings flag may only repeat the checkpoint's value.
+static int same_setting(const TrainConfig *ck, int opt, const char *v, const char *resume) {
+    TrainConfig mine = *ck;
+    if (apply(&mine, opt, v) != 0) return -1;
+    if (opt == OPT_CAPACITY && mine.capacity == 0) mine.capacity = mine.context;  // 0 means the context
+    int same = !strcmp(mine.model, ck->model) && !strcmp(mine.policy, ck->policy) && mine.tokens == ck->tokens &&
+           mine.context == ck->context && mine.capacity == ck->capacity && mine.lr == ck->lr &&
+           mine.min_lr == ck->min_lr && mine.warmup == ck->warmup && mine.weight_decay == ck->weight_decay &&
+           mine.clip == ck->clip && mine.seed == ck->seed;
+    if (!same)
+        return bs_fail("--%s %s differs from checkpoint %s: a resumed run keeps the settings it was started with "
+                       "(drop the flag, or start a new run without --resume)",
+                       flag_name(opt), v, resume);
+    return 0;
+}
+
+// The plotting script: $BS_SOURCE_DIR/scripts, next to the binary's parent directory, ./scripts.
+static int find_plot_script(char *out, size_t cap) {
+    const char *rel = "scripts/plot_loss.sh";
+    const char *src = getenv("BS_SOURCE_DIR");
+    if (src) {
+        snprintf(out, cap, "%s/%s", src, rel);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        for (int up = 0; up < 2; up++) {  // drop "/bytescale", then the build directory
+            char *slash = strrchr(exe, '/');
+            if (slash) *slash = '\0';
+        }
+        snprintf(out, cap, "%s/%s", exe, rel);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    snprintf(out, cap, "%s", rel);
+    if (access(out, R_OK) == 0) return 0;
+    return bs_fail("--plot: cannot find %s (in $BS_SOURCE_DIR, the source tree or the current directory)", rel);
+}
+
+// gnuplot on the PATH, checked before training so a missing one is not found out hours later.
+static int have_gnuplot(void) {
+    const char *path = getenv("PATH");
+    if (!path) return 0;
+    char dir[4096];
+    for (const char *p = path; *p;) {
+        const char *colon = strchr(p, ':');
+        size_t len = colon ? (size_t)(colon - p) : strlen(p);
+        if (len > 0 && len < sizeof dir - 16) {
+            snprintf(dir, sizeof dir, "%.*s/gnuplot", (int)len, p);
+            if (access(dir, X_OK) == 0) return 1;
+        }
+        p += len + (colon != NULL);
+    }
+    return 0;
+}
+
+static int run_plot(const char *script, const char *metrics, const char *prefix) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return bs_fail("--plot: cannot start %s", script);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", script, metrics, prefix, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return bs_fail("--plot: %s %s %s failed (its message is above)", script, metrics, prefix);
+    return 0;
+}
+
+static void fmt_time(char *buf, size_t cap, double s) {
+    if (s < 60) snprintf(buf, cap, "%.1fs", s);
+    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+int cmd_train(int argc, char **argv) {
+    const char *given[OPT_END - OPT_MODEL] = {0};  // the value of each flag given, NULL if not
+    const char *plot = NULL, *resume = NULL;
+    opterr = 0;  // our own messages
+    optind = 1;
+    for (;;) {
+        int opt = getopt_long(argc, argv, ":h", options, NULL);
+        if (opt == -1) break;
+        if (opt == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        if (opt == ':') return bad_usage("%s needs a value", argv[optind - 1]);
+        if (opt == '?') return bad_usage("unknown flag '%s'", argv[optind - 1]);
+        given[opt - OPT_MODEL] = optarg;
+        if (opt == OPT_PLOT) plot = optarg;
+        if (opt == OPT_RESUME) resume = optarg;
+    }
+    if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+#define GIVEN(opt) (given[(opt) - OPT_MODEL])
+
+    // start from the defaults, or from what the checkpoint was made with
+    TrainConfig cfg = train_defaults();
+    if (resume) {
+        if (train_read_config(resume, &cfg) != 0) bs_die_errmsg();
+        // a resumed run writes its checkpoints where it was resumed from, unless told otherwise
+        char dir[TRAIN_PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", resume);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        else snprintf(dir, sizeof dir, ".");
+        if (!GIVEN(OPT_CKPT_DIR)) snprintf(cfg.ckpt_dir, sizeof cfg.ckpt_dir, "%s", dir);
+    } else if (GIVEN(OPT_LR) && !GIVEN(OPT_MIN_LR)) {
+        if (arg_double("--lr", GIVEN(OPT_LR), &cfg.lr) != 0) return bad_usage("%s", bs_errmsg());
+        cfg.min_lr = cfg.lr / 10;
+    }
+    for (int opt = OPT_MODEL; opt < OPT_END; opt++) {
+        const char *v = GIVEN(opt);
+        if (!v || opt == OPT_PLOT || opt == OPT_RESUME) continue;
+        int rc = resume && opt <= OPT_SEED ? same_setting(&cfg, opt, v, resume) : apply(&cfg, opt, v);
+        if (rc != 0) return bad_usage("%s", bs_errmsg());
+    }
+    if (!resume) cfg.schedule_steps = 0;  // the schedule spans this run's steps
+    if (plot && !cfg.metrics[0]) {
+        if (strlen(plot) + 7 > sizeof cfg.metrics) return bad_usage("--plot: '%s' is too long", plot);
+        snprintf(cfg.metrics, sizeof cfg.metrics, "%s.jsonl", plot);
+    }
+    if (train_config_check(&cfg) != 0) return bad_usage("%s", bs_errmsg());
+    char script[4200];
+    if (plot) {
+        if (find_plot_script(script, sizeof script) != 0) bs_die_errmsg();
+        if (!have_gnuplot())
+            bs_die("--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or drop --plot");
+    }
+
+    Trainer *t = malloc(sizeof *t);  // large, and it must not move: not on the stack
+    if (!t) bs_die("out of memory");
+    if (trainer_init(t, &cfg) != 0) {
+        free(t);
+        bs_die_errmsg();
+    }
+    if (resume && trainer_load(t, resume) != 0) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", bs_errmsg());
+        trainer_free(t);
+        free(t);
+        bs_die("cannot resume: %s", msg);
+    }
+    const DocIndex *ix = &t->data.index;
+    printf("train: model %s (%.2fM parameters), data %s (%lld documents, %lld tokens)\n", t->model.name,
+           (double)t->llama.n_params / 1e6, cfg.data, (long long)ix->n_docs, (long long)ix->n_tokens);
+    printf("train: %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, schedule %lld "
+           "steps), steps %lld -> %lld%s%s\n",
+           (long long)cfg.tokens, (long long)cfg.context, (long long)t->capacity, cfg.policy, cfg.lr, cfg.min_lr,
+           (long long)cfg.warmup, (long long)t->sched.total_steps, (long long)t->step, (long long)cfg.steps,
+           resume ? ", resumed from " : "", resume ? resume : "");
+    fflush(stdout);
+
+    TrainSummary sum;
+    int rc = trainer_run(t, &sum);
+    int64_t done = sum.last_step - sum.first_step;
+    if (rc != 0) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", bs_errmsg());
+        trainer_free(t);
+        free(t);
+        if (sum.last_ckpt[0]) fprintf(stderr, "bytescale train: the newest checkpoint is %s\n", sum.last_ckpt);
+        bs_die("%s", msg);
+    }
+    char took[32];
+    fmt_time(took, sizeof took, sum.seconds);
+    if (done > 0)
+        printf("trained steps %lld..%lld: loss %.4f -> %.4f (mean of the last %d: %.4f), %.0f tokens/s, %s\n",
+               (long long)sum.first_step + 1, (long long)sum.last_step, sum.first_loss, sum.last_loss,
+               done < 10 ? (int)done : 10, sum.mean_last_loss, sum.seconds > 0 ? (double)sum.tokens / sum.seconds : 0,
+               took);
+    else
+        printf("nothing to do: %lld steps are already done (--steps %lld)\n", (long long)t->step, (long long)cfg.steps);
+    if (cfg.metrics[0]) printf("metrics: %s\n", cfg.metrics);
+    if (sum.last_ckpt[0]) printf("checkpoint: %s\n", sum.last_ckpt);
+    trainer_free(t);
+    free(t);
+    if (plot) {
+        if (run_plot(script, cfg.metrics, plot) != 0) bs_die_errmsg();
+        printf("plot: %s.png %s.svg\n", plot, plot);
+    }
+    return 0;
+#undef GIVEN
+}

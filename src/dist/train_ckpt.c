@@ -1,0 +1,372 @@
+// train_ckpt.c: a trainer's checkpoint - what it holds, how it is checked against the trainer it is
+// loaded into, and how a run is resumed from it (see train.h, docs/training.md).
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/checkpoint.h"
+#include "bytescale/error.h"
+#include "bytescale/json.h"
+#include "bytescale/train.h"
+
+#define CONFIG_FORMAT "bytescale-train"
+#define CONFIG_VERSION 1
+
+// The "state" section: little-endian 64-bit words in this order.
+enum { ST_STEP, ST_ADAM_T, ST_SAMPLER_SEED, ST_SAMPLER_EPOCH, ST_SAMPLER_POS, ST_SAMPLER_TAKEN, ST_SAMPLER_NDOCS,
+       ST_DATA_FINGERPRINT, ST_WORDS };
+
+static const char *const required_sections[] = {"config", "state", "params", "adam.m", "adam.v"};
+enum { N_REQUIRED = sizeof required_sections / sizeof required_sections[0] };
+
+// What identifies the dataset a checkpoint was trained on.
+typedef struct {
+    int64_t n_docs, n_tokens, vocab;
+    uint32_t fingerprint;
+} DataId;
+
+static DataId data_id(const Trainer *t) {
+    const DocIndex *ix = &t->data.index;
+    return (DataId){.n_docs = ix->n_docs, .n_tokens = ix->n_tokens, .vocab = ix->vocab,
+                    .fingerprint = t->data_fingerprint};
+}
+
+// ---- the config section: JSON, readable with `strings` -----------------------------------------------
+
+static char *config_json(const Trainer *t) {
+    const TrainConfig *c = &t->cfg;
+    const ModelConfig *m = &t->model;
+    const AdamWConfig *a = &t->opt.cfg;
+    DataId d = data_id(t);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", CONFIG_FORMAT);
+    cJSON_AddNumberToObject(root, "version", CONFIG_VERSION);
+    cJSON_AddNumberToObject(root, "step", (double)t->step);
+
+    cJSON *mo = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(mo, "name", m->name);
+    cJSON_AddNumberToObject(mo, "n_layers", m->n_layers);
+    cJSON_AddNumberToObject(mo, "n_heads", m->n_heads);
+    cJSON_AddNumberToObject(mo, "n_kv_heads", m->n_kv_heads);
+    cJSON_AddNumberToObject(mo, "d_model", m->d_model);
+    cJSON_AddNumberToObject(mo, "head_dim", m->head_dim);
+    cJSON_AddNumberToObject(mo, "d_ff", m->d_ff);
+    cJSON_AddNumberToObject(mo, "vocab_size", m->vocab_size);
+    cJSON_AddNumberToObject(mo, "n_experts", m->n_experts);
+    cJSON_AddNumberToObject(mo, "top_k", m->top_k);
+    cJSON_AddNumberToObject(mo, "rope_theta", m->rope_theta);
+    cJSON_AddNumberToObject(mo, "norm_eps", m->norm_eps);
+    cJSON_AddNumberToObject(mo, "n_params", (double)t->llama.n_params);
+
+    cJSON *so = cJSON_AddObjectToObject(root, "settings");
+    cJSON_AddStringToObject(so, "policy", c->policy);
+    cJSON_AddNumberToObject(so, "tokens", (double)c->tokens);
+    cJSON_AddNumberToObject(so, "context", (double)c->context);
+    cJSON_AddNumberToObject(so, "capacity", (double)t->capacity);
+    cJSON_AddNumberToObject(so, "lr", c->lr);
+    cJSON_AddNumberToObject(so, "min_lr", c->min_lr);
+    cJSON_AddNumberToObject(so, "warmup", (double)c->warmup);
+    cJSON_AddNumberToObject(so, "schedule_steps", (double)t->sched.total_steps);
+    cJSON_AddNumberToObject(so, "weight_decay", c->weight_decay);
+    cJSON_AddNumberToObject(so, "clip", c->clip);
+    cJSON_AddNumberToObject(so, "seed", (double)c->seed);  // < 2^53 (train_config_check): exact
+    cJSON_AddNumberToObject(so, "beta1", a->beta1);
+    cJSON_AddNumberToObject(so, "beta2", a->beta2);
+    cJSON_AddNumberToObject(so, "eps", a->eps);
+
+    cJSON *dob = cJSON_AddObjectToObject(root, "dataset");
+    cJSON_AddStringToObject(dob, "dir", c->data);
+    cJSON_AddNumberToObject(dob, "n_docs", (double)d.n_docs);
+    cJSON_AddNumberToObject(dob, "n_tokens", (double)d.n_tokens);
+    cJSON_AddNumberToObject(dob, "vocab", (double)d.vocab);
+    cJSON_AddNumberToObject(dob, "fingerprint", (double)d.fingerprint);
+
+    cJSON *ro = cJSON_AddObjectToObject(root, "run");
+    cJSON_AddNumberToObject(ro, "steps", (double)c->steps);
+    cJSON_AddStringToObject(ro, "ckpt_dir", c->ckpt_dir);
+    cJSON_AddNumberToObject(ro, "ckpt_every", (double)c->ckpt_every);
+    cJSON_AddNumberToObject(ro, "ckpt_keep", c->ckpt_keep);
+    cJSON_AddStringToObject(ro, "metrics", c->metrics);
+
+    char *text = cJSON_Print(root);  // NULL when any of the above ran out of memory
+    cJSON_Delete(root);
+    if (!text) bs_fail("out of memory printing the checkpoint config");
+    return text;
+}
+
+static const cJSON *get_object(const cJSON *obj, const char *key, const char *where) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsObject(v)) bs_fail("%s: missing object \"%s\"", where, key);
+    return cJSON_IsObject(v) ? v : NULL;
+}
+
+static int get_int(const cJSON *o, const char *key, int *out, const char *where) {
+    int64_t v;
+    if (json_get_int(o, key, &v, where) != 0) return -1;
+    if (v < -2147483647 - 1 || v > 2147483647) return bs_fail("%s: \"%s\" is out of range", where, key);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_str(const cJSON *o, const char *key, char *out, size_t cap, const char *where) {
+    const char *s;
+    if (json_get_string(o, key, &s, where) != 0) return -1;
+    if (strlen(s) >= cap) return bs_fail("%s: \"%s\" is too long", where, key);
+    memcpy(out, s, strlen(s) + 1);
+    return 0;
+}
+
+// Parse the config section into the settings and run of a TrainConfig, the model shape and the
+// dataset identity.
+static int parse_config(const Checkpoint *ck, TrainConfig *c, ModelConfig *m, DataId *d) {
+    const void *data;
+    uint64_t size;
+    if (ckpt_find(ck, "config", &data, &size) != 0) return -1;
+    char where[1100];
+    snprintf(where, sizeof where, "%s: config", ck->path);
+    cJSON *root = cJSON_ParseWithLength(data, (size_t)size);
+    if (!root) return bs_fail("%s: not valid JSON", where);
+    *c = train_defaults();
+    memset(m, 0, sizeof *m);
+    memset(d, 0, sizeof *d);
+    const char *format;
+    int64_t version, x;
+    const cJSON *mo = NULL, *so = NULL, *dob = NULL, *ro = NULL;
+    int rc = json_get_string(root, "format", &format, where);
+    if (rc == 0 && strcmp(format, CONFIG_FORMAT) != 0) rc = bs_fail("%s: format \"%s\" is not a trainer's", where, format);
+    if (rc == 0) rc = json_get_int(root, "version", &version, where);
+    if (rc == 0 && version != CONFIG_VERSION)
+        rc = bs_fail("%s: version %lld (this build reads %d)", where, (long long)version, CONFIG_VERSION);
+    if (rc == 0 && !((mo = get_object(root, "model", where)) && (so = get_object(root, "settings", where)) &&
+                     (dob = get_object(root, "dataset", where)) && (ro = get_object(root, "run", where))))
+        rc = -1;
+    // the model shape
+    if (rc == 0) rc = get_str(mo, "name", m->name, sizeof m->name, where);
+    if (rc == 0) rc = get_int(mo, "n_layers", &m->n_layers, where);
+    if (rc == 0) rc = get_int(mo, "n_heads", &m->n_heads, where);
+    if (rc == 0) rc = get_int(mo, "n_kv_heads", &m->n_kv_heads, where);
+    if (rc == 0) rc = get_int(mo, "d_model", &m->d_model, where);
+    if (rc == 0) rc = get_int(mo, "head_dim", &m->head_dim, where);
+    if (rc == 0) rc = get_int(mo, "d_ff", &m->d_ff, where);
+    if (rc == 0) rc = get_int(mo, "vocab_size", &m->vocab_size, where);
+    if (rc == 0) rc = get_int(mo, "n_experts", &m->n_experts, where);
+    if (rc == 0) rc = get_int(mo, "top_k", &m->top_k, where);
+    if (rc == 0) rc = json_get_double(mo, "rope_theta", &m->rope_theta, where);
+    if (rc == 0) rc = json_get_double(mo, "norm_eps", &m->norm_eps, where);
+    // the settings
+    if (rc == 0) snprintf(c->model, sizeof c->model, "%s", m->name);
+    if (rc == 0) rc = get_str(so, "policy", c->policy, sizeof c->policy, where);
+    if (rc == 0) rc = json_get_int(so, "tokens", &c->tokens, where);
+    if (rc == 0) rc = json_get_int(so, "context", &c->context, where);
+    if (rc == 0) rc = json_get_int(so, "capacity", &c->capacity, where);
+    if (rc == 0) rc = json_get_double(so, "lr", &c->lr, where);
+    if (rc == 0) rc = json_get_double(so, "min_lr", &c->min_lr, where);
+    if (rc == 0) rc = json_get_int(so, "warmup", &c->warmup, where);
+    if (rc == 0) rc = json_get_int(so, "schedule_steps", &c->schedule_steps, where);
+    if (rc == 0) rc = json_get_double(so, "weight_decay", &c->weight_decay, where);
+    if (rc == 0) rc = json_get_double(so, "clip", &c->clip, where);
+    if (rc == 0) rc = json_get_int(so, "seed", &x, where);
+    if (rc == 0 && x < 0) rc = bs_fail("%s: \"seed\" is negative", where);
+    if (rc == 0) c->seed = (uint64_t)x;
+    // the dataset
+    if (rc == 0) rc = get_str(dob, "dir", c->data, sizeof c->data, where);
+    if (rc == 0) rc = json_get_int(dob, "n_docs", &d->n_docs, where);
+    if (rc == 0) rc = json_get_int(dob, "n_tokens", &d->n_tokens, where);
+    if (rc == 0) rc = json_get_int(dob, "vocab", &d->vocab, where);
+    if (rc == 0) rc = json_get_int(dob, "fingerprint", &x, where);
+    if (rc == 0) d->fingerprint = (uint32_t)x;
+    // the run
+    if (rc == 0) rc = json_get_int(ro, "steps", &c->steps, where);
+    if (rc == 0) rc = get_str(ro, "ckpt_dir", c->ckpt_dir, sizeof c->ckpt_dir, where);
+    if (rc == 0) rc = json_get_int(ro, "ckpt_every", &c->ckpt_every, where);
+    if (rc == 0) rc = get_int(ro, "ckpt_keep", &c->ckpt_keep, where);
+    if (rc == 0) rc = get_str(ro, "metrics", c->metrics, sizeof c->metrics, where);
+    cJSON_Delete(root);
+    return rc;
+}
+
+// ---- the state section ------------------------------------------------------------------------------
+
+static void put_u64(uint8_t *p, uint64_t x) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(x >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t x = 0;
+    for (int i = 0; i < 8; i++) x |= (uint64_t)p[i] << (8 * i);
+    return x;
+}
+
+int trainer_save(const Trainer *t, const char *path) {
+    char *config = config_json(t);
+    if (!config) return bs_fail_ctx("%s", path);
+    SamplerState ss = sampler_state(&t->sampler);
+    uint64_t w[ST_WORDS];
+    w[ST_STEP] = (uint64_t)t->step;
+    w[ST_ADAM_T] = (uint64_t)t->opt.t;
+    w[ST_SAMPLER_SEED] = ss.seed;
+    w[ST_SAMPLER_EPOCH] = (uint64_t)ss.epoch;
+    w[ST_SAMPLER_POS] = (uint64_t)ss.pos;
+    w[ST_SAMPLER_TAKEN] = (uint64_t)ss.taken;
+    w[ST_SAMPLER_NDOCS] = (uint64_t)ss.n_docs;
+    w[ST_DATA_FINGERPRINT] = t->data_fingerprint;
+    uint8_t state[ST_WORDS * 8];
+    for (int i = 0; i < ST_WORDS; i++) put_u64(state + 8 * i, w[i]);
+
+    // the fp32 arrays are written in memory order: little-endian IEEE on every machine we run on
+    size_t shard = t->opt.end - t->opt.begin;
+    CkptBlob blobs[] = {
+        {"config", config, strlen(config)},
+        {"state", state, sizeof state},
+        {"params", t->llama.params, (uint64_t)t->llama.n_params * sizeof(float)},
+        {"adam.m", t->opt.m, (uint64_t)shard * sizeof(float)},
+        {"adam.v", t->opt.v, (uint64_t)shard * sizeof(float)},
+    };
+    int rc = ckpt_save(path, blobs, (int)(sizeof blobs / sizeof blobs[0]));
+    free(config);
+    return rc;
+}
+
+// ---- loading: check everything first, then change the trainer ---------------------------------------
+
+static int compare_model(const char *path, const ModelConfig *ck, const ModelConfig *now) {
+    struct {
+        const char *field;
+        int a, b;
+    } f[] = {{"n_layers", ck->n_layers, now->n_layers},       {"n_heads", ck->n_heads, now->n_heads},
+             {"n_kv_heads", ck->n_kv_heads, now->n_kv_heads}, {"d_model", ck->d_model, now->d_model},
+             {"head_dim", ck->head_dim, now->head_dim},       {"d_ff", ck->d_ff, now->d_ff},
+             {"vocab_size", ck->vocab_size, now->vocab_size}, {"n_experts", ck->n_experts, now->n_experts},
+             {"top_k", ck->top_k, now->top_k}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].a != f[i].b)
+            return bs_fail("%s: model mismatch: the checkpoint holds model %s with %s %d, this run's model %s has %d",
+                           path, ck->name, f[i].field, f[i].a, now->name, f[i].b);
+    if (ck->rope_theta != now->rope_theta || ck->norm_eps != now->norm_eps)
+        return bs_fail("%s: model mismatch: the checkpoint's model %s has rope_theta %g, norm_eps %g; this run's %s has "
+                       "%g, %g",
+                       path, ck->name, ck->rope_theta, ck->norm_eps, now->name, now->rope_theta, now->norm_eps);
+    return 0;
+}
+
+static int compare_data(const char *path, const char *dir_ck, const DataId *ck, const char *dir_now,
+                        const DataId *now) {
+    if (ck->n_docs != now->n_docs || ck->n_tokens != now->n_tokens || ck->vocab != now->vocab ||
+        ck->fingerprint != now->fingerprint)
+        return bs_fail("%s: dataset mismatch: the checkpoint was trained on %s (%lld documents, %lld tokens, vocab %lld, "
+                       "fingerprint %08x), this run's dataset %s has %lld documents, %lld tokens, vocab %lld, "
+                       "fingerprint %08x",
+                       path, dir_ck, (long long)ck->n_docs, (long long)ck->n_tokens, (long long)ck->vocab,
+                       ck->fingerprint, dir_now, (long long)now->n_docs, (long long)now->n_tokens,
+                       (long long)now->vocab, now->fingerprint);
+    return 0;
+}
+
+static int compare_settings(const char *path, const TrainConfig *ck, const Trainer *t) {
+    const TrainConfig *c = &t->cfg;
+    const char *why = "a resumed run keeps the settings it was started with";
+    if (strcmp(ck->policy, c->policy) != 0)
+        return bs_fail("%s: made with policy %s, this run has %s (%s)", path, ck->policy, c->policy, why);
+    struct {
+        const char *name;
+        int64_t a, b;
+    } i64[] = {{"tokens", ck->tokens, c->tokens},
+               {"context", ck->context, c->context},
+               {"capacity", ck->capacity, t->capacity},
+               {"warmup", ck->warmup, c->warmup},
+               {"schedule steps", ck->schedule_steps, t->sched.total_steps},
+               {"seed", (int64_t)ck->seed, (int64_t)c->seed}};
+    for (size_t i = 0; i < sizeof i64 / sizeof i64[0]; i++)
+        if (i64[i].a != i64[i].b)
+            return bs_fail("%s: made with %s %lld, this run has %lld (%s)", path, i64[i].name, (long long)i64[i].a,
+                           (long long)i64[i].b, why);
+    struct {
+        const char *name;
+        double a, b;
+    } dbl[] = {{"lr", ck->lr, c->lr},
+               {"min lr", ck->min_lr, c->min_lr},
+               {"weight decay", ck->weight_decay, c->weight_decay},
+               {"clip", ck->clip, c->clip}};
+    for (size_t i = 0; i < sizeof dbl / sizeof dbl[0]; i++)
+        if (dbl[i].a != dbl[i].b)
+            return bs_fail("%s: made with %s %.17g, this run has %.17g (%s)", path, dbl[i].name, dbl[i].a, dbl[i].b, why);
+    return 0;
+}
+
+static int load_checked(Trainer *t, const Checkpoint *ck) {
+    const char *path = ck->path;
+    TrainConfig cc;
+    ModelConfig cm;
+    DataId cd;
+    if (parse_config(ck, &cc, &cm, &cd) != 0) return -1;
+    if (compare_model(path, &cm, &t->model) != 0) return -1;
+    DataId now = data_id(t);
+    if (compare_data(path, cc.data, &cd, t->cfg.data, &now) != 0) return -1;
+    if (compare_settings(path, &cc, t) != 0) return -1;
+
+    uint8_t state[ST_WORDS * 8];
+    size_t shard = t->opt.end - t->opt.begin;
+    if (ckpt_read(ck, "state", state, sizeof state) != 0) return -1;
+    // read the arrays' sizes now, so nothing can fail after the trainer starts changing
+    const void *params, *m, *v;
+    uint64_t np, nm, nv;
+    if (ckpt_find(ck, "params", &params, &np) != 0 || ckpt_find(ck, "adam.m", &m, &nm) != 0 ||
+        ckpt_find(ck, "adam.v", &v, &nv) != 0)
+        return -1;
+    uint64_t want_p = (uint64_t)t->llama.n_params * sizeof(float), want_s = (uint64_t)shard * sizeof(float);
+    if (np != want_p || nm != want_s || nv != want_s)
+        return bs_fail("%s: sections params / adam.m / adam.v hold %llu / %llu / %llu bytes, the model needs %llu / "
+                       "%llu / %llu",
+                       path, (unsigned long long)np, (unsigned long long)nm, (unsigned long long)nv,
+                       (unsigned long long)want_p, (unsigned long long)want_s, (unsigned long long)want_s);
+    uint64_t w[ST_WORDS];
+    for (int i = 0; i < ST_WORDS; i++) w[i] = get_u64(state + 8 * i);
+    if (w[ST_DATA_FINGERPRINT] != t->data_fingerprint)
+        return bs_fail("%s: dataset mismatch: state fingerprint %08llx, this run's dataset %s has %08x", path,
+                       (unsigned long long)w[ST_DATA_FINGERPRINT], t->cfg.data, t->data_fingerprint);
+    if (w[ST_STEP] > (uint64_t)INT64_MAX / 2 || w[ST_ADAM_T] > (uint64_t)INT64_MAX / 2)
+        return bs_fail("%s: invalid step %llu / optimizer step %llu", path, (unsigned long long)w[ST_STEP],
+                       (unsigned long long)w[ST_ADAM_T]);
+    SamplerState ss = {.seed = w[ST_SAMPLER_SEED],
+                       .epoch = (int64_t)w[ST_SAMPLER_EPOCH],
+                       .pos = (int64_t)w[ST_SAMPLER_POS],
+                       .taken = (int64_t)w[ST_SAMPLER_TAKEN],
+                       .n_docs = (int64_t)w[ST_SAMPLER_NDOCS]};
+    if (ss.seed != t->cfg.seed)
+        return bs_fail("%s: the data position was saved for seed %llu, this run has %llu", path,
+                       (unsigned long long)ss.seed, (unsigned long long)t->cfg.seed);
+    // the last check; on failure sampler_restore keeps the old position
+    if (sampler_restore(&t->sampler, &ss) != 0) return bs_fail_ctx("%s", path);
+
+    // nothing can fail from here on
+    memcpy(t->llama.params, params, np);
+    memcpy(t->opt.m, m, nm);
+    memcpy(t->opt.v, v, nv);
+    t->opt.t = (int64_t)w[ST_ADAM_T];
+    t->step = (int64_t)w[ST_STEP];
+    llama_zero_grad(&t->llama);
+    return 0;
+}
+
+int trainer_load(Trainer *t, const char *path) {
+    Checkpoint ck;
+    if (ckpt_load(&ck, path, required_sections, N_REQUIRED) != 0) return -1;
+    int rc = load_checked(t, &ck);
+    ckpt_free(&ck);
+    return rc;
+}
+
+int train_read_config(const char *path, TrainConfig *out) {
+    Checkpoint ck;
+    if (ckpt_load(&ck, path, required_sections, N_REQUIRED) != 0) return -1;
+    ModelConfig m;
+    DataId d;
+    TrainConfig c;
+    int rc = parse_config(&ck, &c, &m, &d);
+    ckpt_free(&ck);
+    if (rc == 0) *out = c;
+    return rc;
+}
+
+void train_ckpt_path(char *out, size_t cap, const char *dir, int64_t step) {
+    snprintf(out, cap, "%s/ckpt-%06lld.bin", dir, (long long)step);
+}

@@ -1,0 +1,87 @@
+// train_metrics.c: the metrics file, one JSON object per step (JSONL), kept clean across a resume.
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/train.h"
+
+// The step of one metrics line, or -1 when the line is not a complete step object (a crash in the
+// middle of a write leaves such a line at the end).
+static int64_t line_step(const char *line, size_t n) {
+    cJSON *o = cJSON_ParseWithLength(line, n);
+    if (!o) return -1;
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
+    int64_t step = cJSON_IsNumber(s) && s->valuedouble >= 0 ? (int64_t)s->valuedouble : -1;
+    cJSON_Delete(o);
+    return step;
+}
+
+// Rewrite path with only its lines up to step keep_through (atomically: a crash now loses nothing).
+static int keep_lines(const char *path, int64_t keep_through) {
+    char *text;
+    size_t size;
+    FILE *probe = fopen(path, "rb");
+    if (!probe) return errno == ENOENT ? 0 : bs_fail("%s: cannot open: %s", path, strerror(errno));
+    fclose(probe);
+    if (file_read_all(path, &text, &size) != 0) return -1;
+    size_t kept = 0;
+    for (size_t at = 0; at < size;) {
+        char *nl = memchr(text + at, '\n', size - at);
+        if (!nl) break;  // an unfinished last line
+        size_t len = (size_t)(nl - (text + at)) + 1;
+        int64_t step = line_step(text + at, len - 1);
+        if (step < 0 || step > keep_through) break;  // everything from here on is past the checkpoint
+        at += len;
+        kept = at;
+    }
+    int rc = kept == size ? 0 : file_write_atomic(path, text, kept);
+    free(text);
+    return rc;
+}
+
+int train_metrics_open(FILE **out, const char *path, int64_t keep_through) {
+    *out = NULL;
+    char dir[TRAIN_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {  // the file's directory, made if needed
+        *slash = '\0';
+        if (make_dirs(dir) != 0) return bs_fail_ctx("metrics");
+    }
+    if (keep_through < 0) {
+        if (file_write_atomic(path, "", 0) != 0) return bs_fail_ctx("metrics");
+    } else if (keep_lines(path, keep_through) != 0) {
+        return bs_fail_ctx("metrics");
+    }
+    FILE *f = fopen(path, "a");
+    if (!f) return bs_fail("metrics: cannot open %s for appending: %s", path, strerror(errno));
+    setvbuf(f, NULL, _IOLBF, 0);  // each step's line reaches the file when it is written
+    *out = f;
+    return 0;
+}
+
+// JSON has no NaN or infinity: a diverged value is written as null.
+static const char *num(char *buf, size_t cap, double x) {
+    if (!isfinite(x)) snprintf(buf, cap, "null");
+    else snprintf(buf, cap, "%.9g", x);
+    return buf;
+}
+
+int train_metrics_write(FILE *f, const StepStats *s) {
+    char loss[32], lr[32], norm[32], clip[32];
+    int n = fprintf(f,
+                    "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"clip_scale\":%s,\"tokens\":%lld,"
+                    "\"targets\":%lld,\"seqs\":%lld,\"longest\":%lld,\"items\":%d,\"epoch\":%lld,"
+                    "\"est_seconds\":%.6g,\"seconds\":%.6g,\"tokens_per_s\":%.6g}\n",
+                    (long long)s->step, num(loss, sizeof loss, s->loss), num(lr, sizeof lr, s->lr),
+                    num(norm, sizeof norm, s->grad_norm), num(clip, sizeof clip, s->clip_scale), (long long)s->tokens,
+                    (long long)s->targets, (long long)s->seqs, (long long)s->longest, s->items, (long long)s->epoch,
+                    s->est_seconds, s->seconds, s->tokens_per_s);
+    if (n < 0 || ferror(f)) return bs_fail("metrics: write failed: %s", strerror(errno));
+    return 0;
+}

@@ -1,0 +1,98 @@
+// train_run.c: the whole run - steps, metrics lines, progress line, periodic checkpoints (train.h).
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/progress.h"
+#include "bytescale/train.h"
+
+enum { RECENT = 10 };  // the summary's loss is the mean of the last RECENT steps
+
+// Checkpoints this run wrote, oldest first, so all but the newest ckpt_keep can be removed.
+typedef struct {
+    int64_t *steps;  // (keep,) a ring
+    int keep, n, head;
+} Kept;
+
+static int save_checkpoint(Trainer *t, Kept *k, TrainSummary *sum) {
+    const TrainConfig *c = &t->cfg;
+    char path[TRAIN_PATH_MAX + 32];
+    train_ckpt_path(path, sizeof path, c->ckpt_dir, t->step);
+    if (trainer_save(t, path) != 0) return bs_fail_ctx("checkpoint at step %lld", (long long)t->step);
+    snprintf(sum->last_ckpt, sizeof sum->last_ckpt, "%s", path);
+    if (k->keep <= 0) return 0;
+    if (k->n == k->keep) {  // drop the oldest; the new one is safely on disk
+        char old[TRAIN_PATH_MAX + 32];
+        train_ckpt_path(old, sizeof old, c->ckpt_dir, k->steps[k->head]);
+        if (unlink(old) != 0 && errno != ENOENT)
+            return bs_fail("cannot remove old checkpoint %s: %s", old, strerror(errno));
+        k->head = (k->head + 1) % k->keep;
+        k->n--;
+    }
+    k->steps[(k->head + k->n) % k->keep] = t->step;
+    k->n++;
+    return 0;
+}
+
+int trainer_run(Trainer *t, TrainSummary *sum) {
+    const TrainConfig *c = &t->cfg;
+    memset(sum, 0, sizeof *sum);
+    sum->first_step = sum->last_step = t->step;
+    FILE *metrics = NULL;
+    Kept kept = {.keep = c->ckpt_keep};
+    if (c->ckpt_dir[0] && make_dirs(c->ckpt_dir) != 0) return bs_fail_ctx("checkpoint directory");
+    if (kept.keep > 0 && !(kept.steps = bs_calloc((size_t)kept.keep, sizeof *kept.steps))) return -1;
+    if (c->metrics[0] && train_metrics_open(&metrics, c->metrics, t->step > 0 ? t->step : -1) != 0) {
+        free(kept.steps);
+        return -1;
+    }
+
+    Progress pr;
+    progress_start(&pr, "train", c->steps > t->step ? c->steps - t->step : 0);
+    if (c->quiet) pr.quiet = 1;
+    double recent[RECENT];
+    int64_t saved = -1;
+    int rc = 0;
+    while (rc == 0 && t->step < c->steps) {
+        StepStats st;
+        if (trainer_step(t, &st) != 0) {
+            rc = -1;
+            break;
+        }
+        if (!isfinite(st.loss)) {
+            rc = bs_fail("step %lld: the loss is %g: training diverged (try a lower --lr)", (long long)st.step, st.loss);
+            break;
+        }
+        if (metrics && train_metrics_write(metrics, &st) != 0) rc = bs_fail_ctx("%s", c->metrics);
+        int64_t done = t->step - sum->first_step;
+        if (done == 1) sum->first_loss = st.loss;
+        sum->last_loss = st.loss;
+        recent[(done - 1) % RECENT] = st.loss;
+        sum->tokens += st.tokens;
+        sum->seconds += st.seconds;
+        sum->last_step = t->step;
+        char note[128];
+        snprintf(note, sizeof note, "loss %.4f  lr %.2e  %.0f tok/s", st.loss, st.lr,
+                 sum->seconds > 0 ? (double)sum->tokens / sum->seconds : 0.0);
+        progress_update(&pr, done, note);
+        if (rc == 0 && c->ckpt_dir[0] && c->ckpt_every > 0 && t->step % c->ckpt_every == 0) {
+            rc = save_checkpoint(t, &kept, sum);
+            saved = t->step;
+        }
+    }
+    int64_t done = sum->last_step - sum->first_step;
+    if (rc == 0 && c->ckpt_dir[0] && done > 0 && saved != t->step) rc = save_checkpoint(t, &kept, sum);
+    int n_recent = done < RECENT ? (int)done : RECENT;
+    for (int i = 0; i < n_recent; i++) sum->mean_last_loss += recent[i] / n_recent;
+    char note[128];
+    snprintf(note, sizeof note, "loss %.4f  %.0f tok/s", sum->last_loss,
+             sum->seconds > 0 ? (double)sum->tokens / sum->seconds : 0.0);
+    progress_finish(&pr, done, note);
+    if (metrics && fclose(metrics) != 0 && rc == 0) rc = bs_fail("%s: closing: %s", c->metrics, strerror(errno));
+    free(kept.steps);
+    return rc;
+}
