@@ -2,7 +2,10 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "bytescale/error.h"
 #include "cli/cli.h"
@@ -42,4 +45,26 @@ int arg_double(const char *flag, const char *text, double *out) {
     if (errno || end == text || *end || !isfinite(v)) return bs_fail("%s: '%s' is not a number", flag, text);
     *out = v;
     return 0;
+}
+
+int cli_find_source_file(const char *rel, char *out, size_t cap) {
+    snprintf(out, cap, "%s", rel);
+    if (access(out, R_OK) == 0) return 0;
+    const char *src = getenv("BS_SOURCE_DIR");
+    if (src) {
+        snprintf(out, cap, "%s/%s", src, rel);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        for (int up = 0; up < 2; up++) {  // drop "/bytescale", then the build directory
+            char *slash = strrchr(exe, '/');
+            if (slash) *slash = '\0';
+        }
+        snprintf(out, cap, "%s/%s", exe, rel);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    return bs_fail("cannot find %s in the current directory, $BS_SOURCE_DIR or the source tree", rel);
 }

@@ -2,6 +2,7 @@
 #ifndef BYTESCALE_CLI_H
 #define BYTESCALE_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 int cmd_plan(int argc, char **argv);
@@ -13,5 +14,10 @@ int cmd_train(int argc, char **argv);
 int arg_int64(const char *flag, const char *text, int64_t *out);
 int arg_int(const char *flag, const char *text, int *out);
 int arg_double(const char *flag, const char *text, double *out);
+
+// Find a file of the source tree (tokenizer data, scripts) given its path relative to the tree:
+// in the current directory, then under $BS_SOURCE_DIR, then two levels above the running binary
+// (build/bytescale -> the tree). -1 + error listing where it looked.
+int cli_find_source_file(const char *rel, char *out, size_t cap);
 
 #endif

@@ -2,7 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "bytescale/error.h"
 #include "bytescale/prepare.h"
@@ -43,26 +42,9 @@ static int bad_usage(const char *fmt, const char *arg) {
     return 2;
 }
 
-// The default rank file: ./data/..., then $BS_SOURCE_DIR/data/..., then <binary dir>/../data/...
+// The default rank file, looked up in the source tree (cli_find_source_file).
 static int find_ranks(char *out, size_t cap) {
-    snprintf(out, cap, "%s", RANKS_REL);
-    if (access(out, R_OK) == 0) return 0;
-    const char *src = getenv("BS_SOURCE_DIR");
-    if (src) {
-        snprintf(out, cap, "%s/%s", src, RANKS_REL);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        for (int up = 0; up < 2; up++) {  // drop "/bytescale", then the build directory
-            char *slash = strrchr(exe, '/');
-            if (slash) *slash = '\0';
-        }
-        snprintf(out, cap, "%s/%s", exe, RANKS_REL);
-        if (access(out, R_OK) == 0) return 0;
-    }
+    if (cli_find_source_file(RANKS_REL, out, cap) == 0) return 0;
     return bs_fail("gpt2: no rank file %s in the current directory, $BS_SOURCE_DIR or the source tree: run "
                    "`make tokenizer` or pass --bpe-ranks PATH",
                    RANKS_REL);

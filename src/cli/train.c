@@ -149,28 +149,10 @@ static int same_setting(const TrainConfig *ck, int opt, const char *v, const cha
     return 0;
 }
 
-// The plotting script: $BS_SOURCE_DIR/scripts, next to the binary's parent directory, ./scripts.
+// The plotting script, looked up in the source tree (cli_find_source_file).
 static int find_plot_script(char *out, size_t cap) {
-    const char *rel = "scripts/plot_loss.sh";
-    const char *src = getenv("BS_SOURCE_DIR");
-    if (src) {
-        snprintf(out, cap, "%s/%s", src, rel);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        for (int up = 0; up < 2; up++) {  // drop "/bytescale", then the build directory
-            char *slash = strrchr(exe, '/');
-            if (slash) *slash = '\0';
-        }
-        snprintf(out, cap, "%s/%s", exe, rel);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    snprintf(out, cap, "%s", rel);
-    if (access(out, R_OK) == 0) return 0;
-    return bs_fail("--plot: cannot find %s (in $BS_SOURCE_DIR, the source tree or the current directory)", rel);
+    if (cli_find_source_file("scripts/plot_loss.sh", out, cap) == 0) return 0;
+    return bs_fail_ctx("--plot");
 }
 
 // gnuplot on the PATH, checked before training so a missing one is not found out hours later.
