@@ -249,13 +249,6 @@ static int build_microbatch(Trainer *t, const Item *it, MicroBatch *mb) {
     return 0;
 }
 
-// Sum the ranks' gradients. One process holds the only copy: nothing to do. Under MPI this becomes
-// the reduce-scatter that leaves each rank the summed gradient of its ZeRO-1 shard.
-static int reduce_grads(Trainer *t) {
-    (void)t;
-    return 0;
-}
-
 int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st) {
     llama_zero_grad(&t->llama);
     // the loss's denominator comes from the whole batch, before any item runs
@@ -283,7 +276,8 @@ int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st) {
     if (seen != targets)
         return bs_fail("the micro-batches held %lld labelled tokens but the batch has %lld", (long long)seen,
                        (long long)targets);
-    if (reduce_grads(t) != 0) return -1;
+    // One process holds the only copy of the gradients, so there is nothing to sum; under MPI this is
+    // where the reduce-scatter leaves each rank the summed gradient of its ZeRO-1 shard.
 
     if (st) {
         int64_t longest = 0;
