@@ -5,12 +5,9 @@
 // usage: bench_sim [repeats]   (default 9; the median is reported)
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "bytescale/error.h"
-#include "bytescale/policy.h"
 #include "bytescale/scenario.h"
-#include "bytescale/timer.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -36,38 +33,24 @@ int main(int argc, char **argv) {
         Scenario sc;
         SimSetup s;
         if (scenario_find(scenarios[i], &sc) != 0 || sim_setup_init(&s, &sc, 1) != 0) bs_die_errmsg();
-        SimConfig cfg = sim_setup_config(&s);
         for (int j = 0; j < sim_variant_count(); j++) {
             const SimVariant *v = sim_variant_at(j);
-            PlanConfig pc;
-            memset(&pc, 0, sizeof pc);
-            pc.n_ranks = s.cluster.n_ranks;
-            pc.capacity = sc.capacity;
-            pc.context = sc.context;
-            pc.pp = sc.pp;
-            pc.offload = v->offload;
-            Plan p;
-            int n_ops = 0;
+            int n_items = 0, n_ops = 0;
             double worst = 0;
             for (int k = 0; k < repeats; k++) {
-                double t0 = now_seconds();
-                if (policy_plan(&p, v->policy, &s.batch, &pc, &s.cm) != 0) bs_die_errmsg();
-                double t1 = now_seconds();
-                SimResult r;
-                if (sim_run(&r, &p, &cfg) != 0) bs_die_errmsg();
-                double t2 = now_seconds();
-                tp[k] = t1 - t0;
-                t[k] = t2 - t1;
+                SimOutcome o;  // the runner times the planner and the simulation apart
+                if (sim_setup_run(&s, v, &o, NULL) != 0) bs_die_errmsg();
+                tp[k] = o.plan_seconds;
+                t[k] = o.sim_seconds;
                 if (t[k] > worst) worst = t[k];
-                n_ops = r.n_ops;
-                sim_result_free(&r);
-                if (k + 1 < repeats) plan_free(&p);
+                n_items = o.n_items;
+                n_ops = o.res.n_ops;
+                sim_outcome_free(&o);
             }
             double sim_med = median(t, repeats);
             printf("%-24s %-12s %6d %5d %6d %7d %9.2f %9.2f %9.2f  %s\n", sc.name, v->label, sc.gpus,
-                   s.cluster.n_ranks, p.n_items, n_ops, 1e3 * median(tp, repeats), 1e3 * sim_med, 1e3 * worst,
+                   s.cluster.n_ranks, n_items, n_ops, 1e3 * median(tp, repeats), 1e3 * sim_med, 1e3 * worst,
                    sim_med < 3.0 ? "ok (< 3 s)" : "SLOW (> 3 s)");
-            plan_free(&p);
         }
         sim_setup_free(&s);
     }

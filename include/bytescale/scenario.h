@@ -56,6 +56,13 @@ const SimVariant *sim_variant_at(int i);
 // A label from the table, or any registered policy's name (run with offloading on).
 int sim_variant_find(const char *label, SimVariant *out);
 
+// Scenario.hardware resolved: a profile JSON file when the name has a '/' or ends in .json, else a
+// built-in profile (hw_find). -1 + error naming the file or listing the profiles.
+int sim_hardware_load(const char *name, HardwareProfile *out);
+
+// 8192 -> "8K", 2097152 -> "2M", 1000 -> "1000": token counts for tables, titles and names. Returns buf.
+const char *sim_tokens_text(char *buf, size_t n, int64_t tokens);
+
 // A scenario made concrete: model, hardware, cluster, cost model and the sampled global batch.
 typedef struct {
     Scenario sc;

@@ -116,7 +116,7 @@ double sim_model_flops(const ModelConfig *m, const Plan *p);
 
 // Chrome trace (JSON array of "X" events in microseconds, viewable in Perfetto): one process per
 // HDP rank, one thread per stage, categories compute / comm / offload / wait / sync. At most
-// max_ranks ranks are written, evenly spaced, the first and last included (0 = 64).
+// max_ranks ranks are written, evenly spaced, the first and last included (1: the first alone; 0 = 64).
 // Written atomically.
 int sim_trace_write(const SimResult *r, const Plan *p, const char *path, int max_ranks);
 

@@ -69,14 +69,6 @@ static int fail(void) {
     return 1;
 }
 
-// 8192 -> "8K", 2097152 -> "2M"
-static const char *tokens_text(char *buf, size_t n, int64_t t) {
-    if (t >= (1 << 20) && t % (1 << 20) == 0) snprintf(buf, n, "%lldM", (long long)(t >> 20));
-    else if (t >= (1 << 10) && t % (1 << 10) == 0) snprintf(buf, n, "%lldK", (long long)(t >> 10));
-    else snprintf(buf, n, "%lld", (long long)t);
-    return buf;
-}
-
 static void list_scenarios(void) {
     printf("%-26s %-14s %6s %3s %3s %8s %5s %7s %-8s\n", "name", "model", "gpus", "tp", "pp", "context", "C", "tokens",
            "dataset");
@@ -85,8 +77,8 @@ static void list_scenarios(void) {
         if (scenario_get(i, &s) != 0) continue;
         char a[24], b[24], c[24];
         printf("%-26s %-14s %6d %3d %3d %8s %5s %7s %-8s\n", s.name, s.model, s.gpus, s.tp, s.pp,
-               tokens_text(a, sizeof a, s.context), tokens_text(b, sizeof b, s.capacity),
-               tokens_text(c, sizeof c, s.tokens), s.dataset);
+               sim_tokens_text(a, sizeof a, s.context), sim_tokens_text(b, sizeof b, s.capacity),
+               sim_tokens_text(c, sizeof c, s.tokens), s.dataset);
     }
 }
 
@@ -158,13 +150,7 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
     int rc = -1;
     if (!m) goto done;
     s.model = *m;
-    if (strchr(sc->hardware, '/') || strstr(sc->hardware, ".json")) {
-        if (hw_load_file(sc->hardware, &s.hw) != 0) goto done;
-    } else {
-        const HardwareProfile *hw = hw_find(sc->hardware);
-        if (!hw) goto done;
-        s.hw = *hw;
-    }
+    if (sim_hardware_load(sc->hardware, &s.hw) != 0) goto done;
     if (cluster_init(&s.cluster, &s.hw, gpus, tp, pp) != 0) goto done;
     if (fl->cost ? cost_load(&s.cm, fl->cost) != 0
                  : cost_derive(&s.cm, &s.model, &s.hw, tp, pp, s.cluster.n_ranks, p.capacity) != 0)
@@ -180,7 +166,7 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
     o.planner_makespan = p.makespan;
     o.lower_bound = p.lower_bound;
     o.n_items = p.n_items;
-    SimConfig cfg = {&s.cm, &s.cluster, &s.model, &s.hw, 0};
+    SimConfig cfg = sim_setup_config(&s);
     if (sim_run(&o.res, &p, &cfg) != 0) goto done;
     if (fl->trace && sim_trace_write(&o.res, &p, fl->trace, fl->trace_ranks) != 0) {
         sim_outcome_free(&o);
@@ -189,9 +175,15 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
     if (fl->json) {
         cJSON *j = sim_outcome_json(&o);
         char *text = j ? cJSON_Print(j) : NULL;
-        if (text) printf("%s\n", text);
+        int printed = text != NULL;
+        if (printed) printf("%s\n", text);
         free(text);
         cJSON_Delete(j);
+        if (!printed) {
+            bs_fail("out of memory printing JSON");
+            sim_outcome_free(&o);
+            goto done;
+        }
     } else {
         printf("%s: %d items on %d HDP ranks (%d GPUs, tp %d, pp %d, %s, %s)\n", fl->plan, p.n_items, p.n_ranks, gpus,
                tp, pp, s.model.name, s.hw.name);

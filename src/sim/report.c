@@ -6,11 +6,11 @@
 #include "bytescale/scenario.h"
 #include "bytescale/sim.h"
 
-// 8192 -> "8K", 2097152 -> "2M", 1000 -> "1000"
-static void fmt_tokens(char *buf, size_t n, int64_t t) {
+const char *sim_tokens_text(char *buf, size_t n, int64_t t) {
     if (t >= (1 << 20) && t % (1 << 20) == 0) snprintf(buf, n, "%lldM", (long long)(t >> 20));
     else if (t >= (1 << 10) && t % (1 << 10) == 0) snprintf(buf, n, "%lldK", (long long)(t >> 10));
     else snprintf(buf, n, "%lld", (long long)t);
+    return buf;
 }
 
 void sim_result_print(FILE *f, const SimResult *r) {
@@ -33,12 +33,11 @@ void sim_result_print(FILE *f, const SimResult *r) {
 void sim_setup_describe(FILE *f, const SimSetup *s) {
     const Scenario *sc = &s->sc;
     char cap[24], ctx[24], tok[24];
-    fmt_tokens(cap, sizeof cap, sc->capacity);
-    fmt_tokens(ctx, sizeof ctx, sc->context);
-    fmt_tokens(tok, sizeof tok, sc->tokens);
     fprintf(f, "%s: %s on %d x %s (tp %d, pp %d: %d HDP ranks), C %s, context %s, %s, %s tokens (%lld sequences), "
                "seed %llu\n",
-            sc->name, sc->model, sc->gpus, s->hw.name, sc->tp, sc->pp, s->cluster.n_ranks, cap, ctx, sc->dataset, tok,
+            sc->name, sc->model, sc->gpus, s->hw.name, sc->tp, sc->pp, s->cluster.n_ranks,
+            sim_tokens_text(cap, sizeof cap, sc->capacity), sim_tokens_text(ctx, sizeof ctx, sc->context), sc->dataset,
+            sim_tokens_text(tok, sizeof tok, sc->tokens),
             (long long)s->batch.n, (unsigned long long)s->seed);
 }
 

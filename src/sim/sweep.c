@@ -121,14 +121,6 @@ static void free_point(SimOutcome *o, const int *ok, int n) {
         if (ok[j]) sim_outcome_free(&o[j]);
 }
 
-// 262144 -> "256K", 2097152 -> "2M"
-static const char *pretty_context(int64_t c, char *buf, size_t n) {
-    if (c >= 1 << 20 && c % (1 << 20) == 0) snprintf(buf, n, "%lldM", (long long)(c >> 20));
-    else if (c % (1 << 10) == 0) snprintf(buf, n, "%lldK", (long long)(c >> 10));
-    else snprintf(buf, n, "%lld", (long long)c);
-    return buf;
-}
-
 // ---- sweeps -----------------------------------------------------------------------------------------
 
 typedef struct {
@@ -201,7 +193,10 @@ int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int 
             sc.context = xs[i];
             snprintf(sc.name, sizeof sc.name, "%s@ctx%lldk", base->name, (long long)(xs[i] >> 10));
         } else {
-            if (xs[i] < 1 || xs[i] > 1 << 30) continue;
+            if (xs[i] < 1 || xs[i] > 1 << 30) {  // fewer than 4 GPUs: no quarter of them
+                done += n_v;
+                continue;
+            }
             sc.gpus = (int)xs[i];
             snprintf(sc.name, sizeof sc.name, "%s@%lldgpus", base->name, (long long)xs[i]);
         }
@@ -225,12 +220,12 @@ int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int 
     if (n_pts == 0) return bs_fail("sweep %s: no point could be simulated (see the messages above)", stem);
     if (log) fprintf(log, "wrote %s\n", csv);
     if (!plot) return 0;
-    char title[160];
-    snprintf(title, sizeof title, "%s: %s, %s, %d GPUs", stem, base->model, base->dataset, base->gpus);
-    char ctx[16];
-    if (kind == SIM_SWEEP_GPUS)
+    char title[160], ctx[24];
+    if (kind == SIM_SWEEP_CONTEXTS)
+        snprintf(title, sizeof title, "%s: %s, %s, %d GPUs", stem, base->model, base->dataset, base->gpus);
+    else
         snprintf(title, sizeof title, "%s: %s, %s, context %s", stem, base->model, base->dataset,
-                 pretty_context(base->context, ctx, sizeof ctx));
+                 sim_tokens_text(ctx, sizeof ctx, base->context));
     if (write_sweep_plot(dir, stem, kind, v, n_v, pts, n_pts, title) != 0) return -1;
     if (log) fprintf(log, "wrote %s/%s.png and %s/%s.svg\n", dir, stem, dir, stem);
     return 0;
@@ -241,7 +236,6 @@ int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int 
 typedef struct {
     Scenario sc;
     int hdp_ranks;
-    int64_t sequences;
     double tps[16];   // NAN: did not run
     char why[16][96]; // why not
 } GridRow;
@@ -304,8 +298,8 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
             fprintf(f, "\n");
         }
         prev = &row->sc;
-        char c[16];
-        fprintf(f, "| %s | %s |", row->sc.dataset, pretty_context(row->sc.context, c, sizeof c));
+        char c[24];
+        fprintf(f, "| %s | %s |", row->sc.dataset, sim_tokens_text(c, sizeof c, row->sc.context));
         for (int j = 0; j < n_v; j++) {
             if (isnan(row->tps[j])) fprintf(f, " failed |");
             else fprintf(f, " %.3f |", row->tps[j] / 1e6);

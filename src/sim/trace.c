@@ -68,8 +68,8 @@ int sim_trace_write(const SimResult *r, const Plan *p, const char *path, int max
     Writer w = {af.f, 1};
     fputc('[', af.f);
     for (int j = 0; j < n; j++) {
-        // evenly spaced sample, first and last rank included
-        int rank = n == r->n_ranks ? j : (int)((double)j * (r->n_ranks - 1) / (n - 1) + 0.5);
+        // evenly spaced sample, first and last rank included (one rank: the first)
+        int rank = n == r->n_ranks || n == 1 ? j : (int)((double)j * (r->n_ranks - 1) / (n - 1) + 0.5);
         char name[48];
         snprintf(name, sizeof name, "rank %d", rank);
         meta(&w, "process_name", rank, 0, name);

@@ -137,6 +137,15 @@ static void test_trace_is_json_and_tracks_add_up(void **state) {
             if (seen_rank[i]) assert_close(track_sum[i][s], r.step_time * 1e6, 1e-9, 2e-3);
     assert_true(n_events > 64 * 2 * 3);
     cJSON_Delete(root);
+    // one rank asked for: rank 0 alone (the spacing once divided by zero and read far out of bounds)
+    if (sim_trace_write(&r, &p, path, 1) != 0) fail_msg("%s", bs_errmsg());
+    if (json_read_file(path, &root) != 0) fail_msg("%s", bs_errmsg());
+    cJSON_ArrayForEach(ev, root) {
+        int64_t pid;
+        assert_int_equal(json_get_int(ev, "pid", &pid, "event"), 0);
+        assert_int_equal(pid, 0);
+    }
+    cJSON_Delete(root);
     sim_result_free(&r);
     plan_free(&p);
     batch_free(&b);
