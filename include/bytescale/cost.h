@@ -60,7 +60,7 @@ double cost_train_flops(const ModelConfig *m, const int64_t *segs, int n_segs);
 // Visible (query, key) pairs of a causal segment of s tokens: s(s+1)/2.
 double cost_causal_area(int64_t s);
 
-// T(s) and Act(s) of one layer, and the whole-rank (all l layers) time of a pack of segments.
+// T(s) and Act(s) of one layer.
 double cost_layer_time(const CostModel *cm, int64_t s);
 double cost_layer_act(const CostModel *cm, int64_t s);
 
@@ -75,6 +75,10 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
 // tokens with capacity C, and the offload ratio r that achieves it (0 without offloading).
 // Returns D >= 1, or -1 + error when s does not fit even on max_ranks ranks.
 int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out);
+// Eq. 3 for one ring size: can D ranks of capacity C hold s tokens? 1 with *r = 0 when s <= D * C;
+// else (offloading, l > 2) 1 with *r the least ratio in [0, 1] with (2 + (1-r)(l-2)) Act(s/D) <=
+// l Act(C) whose copies the layer's compute hides (T(s)/D >= r Act(s/D) / offload_bw); else 0.
+int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double *r);
 
 // Device memory with ZeRO-1 (PAPER.md section 2), bytes per device of the most loaded pipeline stage:
 // parameters and gradients in elem_bytes replicated over HDP ranks and sharded by TP; fp32 master

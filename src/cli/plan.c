@@ -309,8 +309,10 @@ int cmd_plan(int argc, char **argv) {
     PlanConfig cfg = {.n_ranks = a.ranks, .capacity = a.capacity, .context = a.context, .pp = a.pp,
                       .offload = a.offload};
     int all = !strcmp(a.policy, "all");
-    int n = all ? policy_count() : 1;
     Result rs[8];
+    int n = all ? policy_count() : 1;
+    if (n > (int)(sizeof rs / sizeof rs[0]))
+        bs_die("plan: --policy all compares at most %zu policies", sizeof rs / sizeof rs[0]);
     for (int i = 0; i < n; i++) {
         rs[i].policy = all ? policy_at(i)->name : a.policy;
         double t0 = now_seconds();

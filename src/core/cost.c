@@ -7,7 +7,6 @@
 
 #include <math.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "bytescale/error.h"
@@ -51,13 +50,19 @@ double cost_causal_area(int64_t s) {
     return (double)s * ((double)s + 1.0) / 2.0;
 }
 
-double cost_train_flops(const ModelConfig *m, const int64_t *segs, int n_segs) {
-    double tokens = 0, area = 0;
+// Tokens and visible (query, key) pairs of a pack of causal segments (lengths <= 0 are skipped).
+static void pack_size(const int64_t *segs, int n_segs, double *tokens, double *area) {
+    *tokens = *area = 0;
     for (int i = 0; i < n_segs; i++) {
         if (segs[i] <= 0) continue;
-        tokens += (double)segs[i];
-        area += cost_causal_area(segs[i]);
+        *tokens += (double)segs[i];
+        *area += cost_causal_area(segs[i]);
     }
+}
+
+double cost_train_flops(const ModelConfig *m, const int64_t *segs, int n_segs) {
+    double tokens, area;
+    pack_size(segs, n_segs, &tokens, &area);
     double per_layer = cost_linear_flops_per_token(m) * tokens + cost_attn_flops_per_pair(m) * area;
     return 3.0 * (m->n_layers * per_layer + cost_head_flops_per_token(m) * tokens);
 }
@@ -190,12 +195,8 @@ static void ring_link(const CostModel *cm, int D, double *bw, double *lat) {
 static double transfer_time(double bytes, double bw, double lat) { return (bw > 0 ? bytes / bw : 0.0) + lat; }
 
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
-    double tokens = 0, area = 0;
-    for (int i = 0; i < n_segs; i++) {
-        if (segs[i] <= 0) continue;
-        tokens += (double)segs[i];
-        area += cost_causal_area(segs[i]);
-    }
+    double tokens, area;
+    pack_size(segs, n_segs, &tokens, &area);
     if (tokens <= 0) return 0.0;
     if (D < 1) D = 1;
     if (!(r > 0)) r = 0;  // also NaN
@@ -239,6 +240,25 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
 
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------
 
+int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double *r) {
+    *r = 0.0;
+    if (s <= (int64_t)D * C) return 1;  // fits without copying
+    int l = cm->n_layers;
+    if (l <= 2 || !(cm->act_token > 0)) return 0;
+    // memory per rank: (2 + (1 - r)(l - 2)) * Act(s/D) <= l * Act(C), solved for the least r
+    double act_rank = cm->act_token * (double)s / (double)D + cm->act_const;
+    double budget = l * cost_layer_act(cm, C);
+    double r_need = 1.0 - (budget / act_rank - 2.0) / (l - 2);
+    if (r_need > 1.0) return 0;
+    if (r_need < 0.0) r_need = 0.0;
+    // overlap: the rank's layer compute must cover the copy, T >= r * Act / B
+    double t_rank = (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) / (double)D + cm->layer_const;
+    double r_max = cm->offload_bw > 0 ? t_rank * cm->offload_bw / act_rank : 0.0;
+    if (!(r_need <= r_max * (1.0 + 1e-12))) return 0;
+    *r = r_need;
+    return 1;
+}
+
 int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out) {
     if (r_out) *r_out = 0.0;
     if (s < 1 || C < 1 || max_ranks < 1)
@@ -259,18 +279,9 @@ int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int m
     }
     for (int64_t D = d_lo; D <= d_hi; D++) {
         if (D >= d_plain) return (int)D;  // fits without copying: r = 0
-        if (!offload || l <= 2) continue;
-        // memory per rank: (2 + (1 - r)(l - 2)) * Act(s/D) <= l * Act(C), solved for the least r
-        double act_rank = cm->act_token * (double)s / (double)D + cm->act_const;
-        double budget = l * (cm->act_token * (double)C + cm->act_const);
-        double r_need = 1.0 - (budget / act_rank - 2.0) / (l - 2);
-        if (r_need > 1.0) continue;
-        if (r_need < 0.0) r_need = 0.0;
-        // overlap: the rank's layer compute must cover the copy, T >= r * Act / B
-        double t_rank = (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) / (double)D + cm->layer_const;
-        double r_max = cm->offload_bw > 0 ? t_rank * cm->offload_bw / act_rank : 0.0;
-        if (r_need <= r_max * (1.0 + 1e-12)) {
-            if (r_out) *r_out = r_need;
+        double r;
+        if (offload && cost_offload_ratio(cm, s, C, (int)D, &r)) {
+            if (r_out) *r_out = r;
             return (int)D;
         }
     }
@@ -346,14 +357,6 @@ int cost_load(CostModel *cm, const char *path) {
     return 0;
 }
 
-// cJSON prints 15 significant digits whenever that reads back within an epsilon, so a saved profile
-// would not reload bit for bit; %.17g always does. (Validated values are finite.)
-static int add_exact(cJSON *obj, const char *key, double v) {
-    char text[40];
-    snprintf(text, sizeof text, "%.17g", v);
-    return cJSON_AddRawToObject(obj, key, text) != NULL;
-}
-
 int cost_save(const CostModel *cm, const char *path) {
     if (check_fields(cm, path) != 0) return bs_fail_ctx("not saved");
     cJSON *root = cJSON_CreateObject();
@@ -362,7 +365,7 @@ int cost_save(const CostModel *cm, const char *path) {
     ok = ok && cJSON_AddNumberToObject(root, "n_layers", cm->n_layers);
     ok = ok && cJSON_AddNumberToObject(root, "ranks_per_node", cm->ranks_per_node);
     for (int i = 0; ok && i < N_COST_FIELDS; i++)
-        ok = add_exact(root, cost_fields[i].key, field_val(cm, &cost_fields[i]));
+        ok = json_add_exact(root, cost_fields[i].key, field_val(cm, &cost_fields[i]));
     int rc = ok ? json_write_file(path, root, 1) : bs_fail("%s: out of memory building JSON", path);
     cJSON_Delete(root);
     return rc;

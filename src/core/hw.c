@@ -115,31 +115,23 @@ int hw_load_file(const char *path, HardwareProfile *out) {
     return 0;
 }
 
-// cJSON prints 15 significant digits whenever that reads back within an epsilon, so a saved profile
-// would not reload bit for bit; %.17g always does. (Validated values are finite.)
-static int add_exact(cJSON *obj, const char *key, double v) {
-    char text[40];
-    snprintf(text, sizeof text, "%.17g", v);
-    return cJSON_AddRawToObject(obj, key, text) != NULL;
-}
-
 int hw_save_file(const HardwareProfile *h, const char *path) {
     if (hw_check(h) != 0) return bs_fail_ctx("%s: not saved", path);
     cJSON *root = cJSON_CreateObject();
     if (!root) return bs_fail("%s: out of memory building JSON", path);
     int ok = cJSON_AddStringToObject(root, "name", h->name) != NULL;
-    ok = ok && add_exact(root, "gpus_per_node", h->gpus_per_node);
-    ok = ok && add_exact(root, "peak_flops", h->peak_flops);
-    ok = ok && add_exact(root, "efficiency", h->efficiency);
-    ok = ok && add_exact(root, "attn_efficiency", h->attn_efficiency);
-    ok = ok && add_exact(root, "mem_bytes", h->mem_bytes);
-    ok = ok && add_exact(root, "mem_bw", h->mem_bw);
-    ok = ok && add_exact(root, "intra_bw", h->intra_bw);
-    ok = ok && add_exact(root, "inter_bw", h->inter_bw);
-    ok = ok && add_exact(root, "intra_lat", h->intra_lat);
-    ok = ok && add_exact(root, "inter_lat", h->inter_lat);
-    ok = ok && add_exact(root, "host_bw", h->host_bw);
-    ok = ok && add_exact(root, "elem_bytes", h->elem_bytes);
+    ok = ok && json_add_exact(root, "gpus_per_node", h->gpus_per_node);
+    ok = ok && json_add_exact(root, "peak_flops", h->peak_flops);
+    ok = ok && json_add_exact(root, "efficiency", h->efficiency);
+    ok = ok && json_add_exact(root, "attn_efficiency", h->attn_efficiency);
+    ok = ok && json_add_exact(root, "mem_bytes", h->mem_bytes);
+    ok = ok && json_add_exact(root, "mem_bw", h->mem_bw);
+    ok = ok && json_add_exact(root, "intra_bw", h->intra_bw);
+    ok = ok && json_add_exact(root, "inter_bw", h->inter_bw);
+    ok = ok && json_add_exact(root, "intra_lat", h->intra_lat);
+    ok = ok && json_add_exact(root, "inter_lat", h->inter_lat);
+    ok = ok && json_add_exact(root, "host_bw", h->host_bw);
+    ok = ok && json_add_exact(root, "elem_bytes", h->elem_bytes);
     int rc = ok ? json_write_file(path, root, 1) : bs_fail("%s: out of memory building JSON", path);
     cJSON_Delete(root);
     return rc;

@@ -2,6 +2,7 @@
 #include "bytescale/json.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,22 +14,23 @@ int json_read_file(const char *path, cJSON **out) {
     char *text;
     size_t n;
     if (file_read_all(path, &text, &n) != 0) return -1;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, n, &end, 0);
-    if (!root) {
-        // report line and column of the first byte cJSON could not parse
-        size_t off = end ? (size_t)(end - text) : 0;
-        int line = 1, col = 1;
-        for (size_t i = 0; i < off && i < n; i++) {
-            if (text[i] == '\n') line++, col = 1;
-            else col++;
-        }
-        free(text);
-        return bs_fail("%s:%d:%d: invalid JSON", path, line, col);
-    }
+    int rc = json_parse(text, n, path, out);
     free(text);
-    *out = root;
-    return 0;
+    return rc;
+}
+
+int json_parse(const char *text, size_t n, const char *where, cJSON **out) {
+    const char *end = NULL;
+    *out = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+    if (*out) return 0;
+    // report line and column of the first byte cJSON could not parse
+    size_t off = end ? (size_t)(end - text) : 0;
+    int line = 1, col = 1;
+    for (size_t i = 0; i < off && i < n; i++) {
+        if (text[i] == '\n') line++, col = 1;
+        else col++;
+    }
+    return bs_fail("%s:%d:%d: invalid JSON", where, line, col);
 }
 
 int json_write_file(const char *path, const cJSON *root, int formatted) {
@@ -39,6 +41,12 @@ int json_write_file(const char *path, const cJSON *root, int formatted) {
     int rc = file_write_atomic(path, text, n + 1);
     free(text);
     return rc;
+}
+
+int json_add_exact(cJSON *obj, const char *key, double v) {
+    char text[40];
+    snprintf(text, sizeof text, "%.17g", v);
+    return cJSON_AddRawToObject(obj, key, text) != NULL;
 }
 
 static const cJSON *member(const cJSON *obj, const char *key, const char *where) {

@@ -87,9 +87,9 @@ int batch_cut(GlobalBatch *b, int64_t max_ctx) {
 
 // ---- lengths files ----------------------------------------------------------------------------
 
-static int read_json_lengths(GlobalBatch *b, const char *path) {
+static int read_json_lengths(GlobalBatch *b, const char *path, const char *text, size_t size) {
     cJSON *root;
-    if (json_read_file(path, &root) != 0) return -1;
+    if (json_parse(text, size, path, &root) != 0) return -1;
     const cJSON *arr = root;
     const char *name = "";  // how the message names the array: "" for a bare array
     if (cJSON_IsObject(root)) {
@@ -167,7 +167,8 @@ int batch_read_file(GlobalBatch *b, const char *path) {
     }
     const char *p = text;
     while (*p && isspace((unsigned char)*p)) p++;
-    int rc = (*p == '[' || *p == '{') ? read_json_lengths(b, path) : read_line_lengths(b, path, text, size);
+    int json = *p == '[' || *p == '{';
+    int rc = json ? read_json_lengths(b, path, text, size) : read_line_lengths(b, path, text, size);
     free(text);
     if (rc != 0) batch_free(b);
     return rc;

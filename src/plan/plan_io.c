@@ -109,6 +109,8 @@ static int read_sequences(const cJSON *arr, GlobalBatch *b, const char *path) {
         if (json_get_int(o, "id", &s.id, where) != 0 || get_int_in(o, "len", 1, INT64_MAX / 4, &s.len, where) != 0 ||
             json_opt_int(o, "src", &s.src, where) != 0)
             return -1;
+        if (s.len > INT64_MAX - b->n_tokens)
+            return bs_fail("%s: the sequences hold more than %lld tokens", where, (long long)INT64_MAX);
         b->seqs[b->n++] = s;
         b->n_tokens += s.len;
     }
@@ -151,6 +153,7 @@ static int read_item(Plan *p, const cJSON *o, int k, int32_t **rbuf, int *rcap, 
         (*rbuf)[i++] = (int32_t)v;
     }
     i = 0;
+    int64_t tokens = 0;
     cJSON_ArrayForEach(x, segs) {
         snprintf(sub, sizeof sub, "%s.segments[%d]", where, i);
         if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 3) return bs_fail("%s: expected [seq, start, len]", sub);
@@ -159,12 +162,18 @@ static int read_item(Plan *p, const cJSON *o, int k, int32_t **rbuf, int *rcap, 
             if (json_item_int(cJSON_GetArrayItem(x, j), &v[j], sub, j) != 0) return -1;
         if (v[0] < 0 || v[0] >= p->batch.n)
             return bs_fail("%s: sequence %lld out of range [0, %lld)", sub, (long long)v[0], (long long)p->batch.n);
+        // no valid item holds more than the batch, and the bound keeps the item's token sum from overflowing
+        // (plan_validate checks the segment against its sequence)
+        if (v[2] < 1 || v[2] > p->batch.n_tokens - tokens)
+            return bs_fail("%s: length %lld: the item's segments must each hold >= 1 token and together at most "
+                           "the batch's %lld",
+                           sub, (long long)v[2], (long long)p->batch.n_tokens);
+        tokens += v[2];
         (*sbuf)[i++] = (Segment){(int32_t)v[0], v[1], v[2]};
     }
     int32_t idx = plan_add_item(p, *sbuf, ns, *rbuf, nr, offload);
     if (idx < 0) return bs_fail_ctx("%s", where);
-    p->items[idx].offload = (float)offload;  // range checked by plan_validate, as given
-    p->items[idx].est_time = est;
+    p->items[idx].est_time = est;  // stands unless plan_finalize has a cost model to recompute it
     return 0;
 }
 

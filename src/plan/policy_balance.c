@@ -101,7 +101,8 @@ static int by_len_desc(const void *a, const void *b, void *ctx) {
 }
 
 typedef struct {
-    double t;
+    double t;     // estimated time on ceil(s / C) ranks, or on D(s) (offloading) when there are fewer ranks
+    double work;  // t x those ranks: the ring's part of the batch's total work
     int32_t seq;
 } Ring;
 
@@ -284,7 +285,7 @@ int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
             int64_t plain = s / cfg->capacity + (s % cfg->capacity != 0);
             int d = plain < R ? (int)plain : D[i];
             double t = cost_item_time(cm, &s, 1, d, d == D[i] ? r[i] : 0.0);
-            rings[n_rings++] = (Ring){t, (int32_t)i};
+            rings[n_rings++] = (Ring){t, t * d, (int32_t)i};
             total += t * d;
         } else {
             bl.sidx[bl.n_short++] = (int32_t)i;
@@ -302,10 +303,7 @@ int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     bl.unused[bl.n_short] = bl.n_short;
     // buckets of about equal compute over the length-sorted batch (rings first: they are the longest)
     double acc = 0;
-    for (int32_t k = 0; k < n_rings; k++) {
-        int64_t s = b->seqs[rings[k].seq].len, plain = s / cfg->capacity + (s % cfg->capacity != 0);
-        acc += rings[k].t * (double)(plain < R ? plain : D[rings[k].seq]);
-    }
+    for (int32_t k = 0; k < n_rings; k++) acc += rings[k].work;
     for (int32_t i = 0; i < bl.n_short; i++) {
         int32_t bk = total > 0 ? (int32_t)(acc / total * n_buckets) : 0;
         bl.sbucket[i] = bk < n_buckets ? bk : n_buckets - 1;

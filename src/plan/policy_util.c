@@ -35,19 +35,8 @@ int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *c
 }
 
 int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double *r) {
-    *r = 0;
-    if (s <= (int64_t)D * C) return 1;
-    int l = cm->n_layers;
-    if (l <= 2 || !(cm->act_token > 0)) return 0;
-    double act_rank = cm->act_token * (double)s / D + cm->act_const;
-    double budget = l * cost_layer_act(cm, C);
-    double need = 1.0 - (budget / act_rank - 2.0) / (l - 2);
-    if (need > 1.0) return 0;
-    if (need < 0.0) need = 0.0;
-    double t_rank = (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) / D + cm->layer_const;
-    double r_max = cm->offload_bw > 0 ? t_rank * cm->offload_bw / act_rank : 0.0;
-    if (need > r_max * (1.0 + 1e-12)) return 0;
-    *r = policy_offload_ratio(need);
+    if (!cost_offload_ratio(cm, s, C, D, r)) return 0;
+    *r = policy_offload_ratio(*r);
     return 1;
 }
 

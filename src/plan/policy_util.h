@@ -19,9 +19,8 @@ int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
 // -1 + error naming the sequence that fits nowhere and how many ranks it needs.
 int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int32_t *D, double *r);
 
-// Can D ranks hold a sequence of s tokens with capacity C, offloading? Eq. 3 in the per-rank form
-// of cost_min_ranks: the least r in [0, 1] with (2 + (1-r)(l-2)) Act(s/D) <= l Act(C) whose copies
-// the layer's compute hides (T(s)/D >= r Act(s/D) / offload_bw). 1 and *r when it can, else 0.
+// Can D ranks hold a sequence of s tokens with capacity C, offloading? cost_offload_ratio, with *r
+// rounded as the plan stores it (policy_offload_ratio). 1 and *r when it can, else 0.
 int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double *r);
 
 // An offload ratio as the plan stores it (a float), never rounded below what Eq. 3 asked for.

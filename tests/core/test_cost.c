@@ -444,6 +444,32 @@ static void test_min_ranks_against_brute_force(void **state) {
     assert_true(same >= cases * 9 / 10);
 }
 
+// cost_offload_ratio is Eq. 3 for one ring size: cost_min_ranks's answer is the first D it accepts,
+// with the same r, and (offloading, l > 2) every D it accepts fits the memory rule with that r.
+static void test_offload_ratio_per_ring_size(void **state) {
+    (void)state;
+    Rng g;
+    rng_seed(&g, 8);
+    for (int trial = 0; trial < 400; trial++) {
+        CostModel cm = random_model(&g);
+        int64_t C = 1 + (int64_t)rng_below(&g, 20000);
+        int64_t s = 1 + (int64_t)rng_below(&g, (uint64_t)(C * (1 + rng_below(&g, 48))));
+        double r_min = -1, r = -1;
+        int D = cost_min_ranks(&cm, s, C, 1, 1 << 20, &r_min);
+        assert_true(D >= 1);
+        assert_int_equal(cost_offload_ratio(&cm, s, C, D, &r), 1);
+        assert_true(r == r_min);
+        for (int d = 1; d < D; d++) assert_int_equal(cost_offload_ratio(&cm, s, C, d, &r), 0);
+        int d_plain = (int)((s + C - 1) / C);
+        for (int d = D; d <= d_plain; d++) {
+            if (!cost_offload_ratio(&cm, s, C, d, &r)) continue;
+            assert_true(r >= 0 && r <= 1);
+            assert_true(memory_fits(&cm, s, C, d, r));
+            if (d == d_plain) assert_true(r == 0);
+        }
+    }
+}
+
 static void test_min_ranks_rules(void **state) {
     (void)state;
     Rng g;
@@ -583,6 +609,7 @@ int main(void) {
         cmocka_unit_test(test_offload_copies_hidden_or_paid),
         cmocka_unit_test(test_min_ranks_against_brute_force),
         cmocka_unit_test(test_min_ranks_rules),
+        cmocka_unit_test(test_offload_ratio_per_ring_size),
         cmocka_unit_test(test_save_load_round_trip),
         cmocka_unit_test(test_load_errors_name_the_field),
     };

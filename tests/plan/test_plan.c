@@ -348,6 +348,42 @@ static void test_json_errors_name_the_place(void **state) {
     expect_bad_file(dir, "\"ranks\": [0]", "\"ranks\": []", "items[0]: \"ranks\" is empty");
 }
 
+// Token counts read from a file are bounded before they are summed: a file with huge lengths is an
+// error that names the place, not a signed overflow.
+static void test_json_token_counts_cannot_overflow(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("plan_json_overflow");
+    char path[600];
+    snprintf(path, sizeof path, "%s/huge.json", dir);
+    enum { N = 1100 };
+    const char *big = "9007199254740992";  // 2^53, the largest integer a plan file holds; 1024 of them overflow
+    size_t cap = N * 64 + 1024;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    Plan p;
+    // 1. sequences whose lengths sum past INT64_MAX
+    size_t n = (size_t)snprintf(text, cap, "{\"version\": 1, \"policy\": \"hand\", \"n_ranks\": 1, \"pp\": 1, "
+                                           "\"capacity\": 300, \"items\": [], \"sequences\": [");
+    for (int i = 0; i < N; i++)
+        n += (size_t)snprintf(text + n, cap - n, "%s{\"id\": %d, \"len\": %s}", i ? ", " : "", i, big);
+    snprintf(text + n, cap - n, "]}\n");
+    assert_int_equal(file_write_atomic(path, text, strlen(text)), 0);
+    bs_error_clear();
+    assert_int_equal(plan_read_json(&p, path), -1);
+    if (!strstr(bs_errmsg(), "huge.json: sequences[1023]: the sequences hold more than")) fail_msg("%s", bs_errmsg());
+    // 2. one item whose segments sum past INT64_MAX (the same 2^53-token sequence over and over)
+    n = (size_t)snprintf(text, cap, "{\"version\": 1, \"policy\": \"hand\", \"n_ranks\": 1, \"pp\": 1, "
+                                    "\"capacity\": 300, \"sequences\": [{\"id\": 0, \"len\": %s}], "
+                                    "\"items\": [{\"ranks\": [0], \"offload\": 0, \"segments\": [", big);
+    for (int i = 0; i < N; i++) n += (size_t)snprintf(text + n, cap - n, "%s[0, 0, %s]", i ? ", " : "", big);
+    snprintf(text + n, cap - n, "]}]}\n");
+    assert_int_equal(file_write_atomic(path, text, strlen(text)), 0);
+    bs_error_clear();
+    assert_int_equal(plan_read_json(&p, path), -1);
+    if (!strstr(bs_errmsg(), "huge.json: items[0].segments[1]: length 9007199254740992")) fail_msg("%s", bs_errmsg());
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunk_layout),
@@ -357,6 +393,7 @@ int main(void) {
         cmocka_unit_test(test_offloading_ring_within_eq3),
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_json_errors_name_the_place),
+        cmocka_unit_test(test_json_token_counts_cannot_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
