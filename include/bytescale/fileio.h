@@ -22,7 +22,8 @@ typedef struct {
 
 int atomic_open(AtomicFile *af, const char *path);
 int atomic_write(AtomicFile *af, const void *data, size_t n);  // -1 + error; remembers failure
-// Flush, fsync, rename into place. On any earlier or current failure the temp file is removed.
+// Flush, fsync, rename into place. On any earlier or current failure (atomic_write's, or a failed
+// fprintf straight to af->f: the stream's error flag is checked) the temp file is removed.
 int atomic_close(AtomicFile *af);
 void atomic_abort(AtomicFile *af);  // remove the temp file, keep the old one
 // One call for small files: write all of data to path atomically.

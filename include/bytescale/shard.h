@@ -91,8 +91,7 @@ typedef struct {
     int open;              // a shard is being written into file
     int64_t cur_tokens;
     uint32_t cur_crc;
-    uint8_t *buf;          // conversion buffer for one write
-    size_t buf_cap;
+    uint8_t *buf;          // a block of ids converted to file bytes, one write at a time
     // what goes into the index
     ShardInfo *shards;
     int n_shards, cap_shards;

@@ -43,7 +43,8 @@ const char *tokenizer_name(const Tokenizer *t);    // "byte" or "gpt2"
 uint32_t tokenizer_vocab_size(const Tokenizer *t); // 256 or 50257
 int64_t tokenizer_eot(const Tokenizer *t);         // the end-of-text id, or -1 when there is none
 
-// Append the tokens of text[0, n) to out. Never fails on content; -1 only when memory runs out.
+// Append the tokens of text[0, n) to out. Never fails on content; -1 + error only when memory runs
+// out (or, for gpt2, when PCRE2 itself reports an error, such as a match limit).
 int tokenizer_encode(Tokenizer *t, const void *text, size_t n, Tokens *out);
 // The bytes of one token (the special token decodes to "<|endoftext|>"); NULL when id is out of range.
 const uint8_t *tokenizer_token_bytes(const Tokenizer *t, uint32_t id, size_t *len);

@@ -141,10 +141,12 @@ int trainer_load(Trainer *t, const char *path);
 int train_read_config(const char *path, TrainConfig *out);
 
 // ---- the whole run ----------------------------------------------------------------------------------
+enum { TRAIN_RECENT_STEPS = 10 };  // mean_last_loss averages this many of the run's last steps
+
 typedef struct {
     int64_t first_step, last_step;  // steps done before and after this run
     double first_loss, last_loss;   // loss of this run's first and last step (0 when none ran)
-    double mean_last_loss;          // mean loss of this run's last (up to) 10 steps
+    double mean_last_loss;          // mean loss of this run's last (up to) TRAIN_RECENT_STEPS steps
     int64_t tokens;                 // trained this run
     double seconds;                 // wall time of this run's steps
     char last_ckpt[TRAIN_PATH_MAX]; // newest checkpoint written ("" if none)

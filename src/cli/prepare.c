@@ -5,7 +5,6 @@
 
 #include "bytescale/error.h"
 #include "bytescale/prepare.h"
-#include "bytescale/shard.h"
 #include "cli/cli.h"
 
 #define RANKS_REL "data/gpt-tokenizer/data/r50k_base.tiktoken"

@@ -1,6 +1,5 @@
 // train.c: `bytescale train` - train a model on a prepared dataset on one process (train.h).
 #include <getopt.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,8 +95,8 @@ static const char *flag_name(int opt) {
     return "?";
 }
 
-static int copy_path(char *dst, size_t cap, const char *flag, const char *value) {
-    if (strlen(value) >= cap) return bs_fail("--%s: path is too long (at most %zu bytes)", flag, cap - 1);
+static int copy_text(char *dst, size_t cap, const char *flag, const char *value) {
+    if (strlen(value) >= cap) return bs_fail("%s: the value is too long (at most %zu bytes)", flag, cap - 1);
     memcpy(dst, value, strlen(value) + 1);
     return 0;
 }
@@ -108,11 +107,11 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     snprintf(flag, sizeof flag, "--%s", flag_name(opt));
     int64_t seed;
     switch (opt) {
-    case OPT_MODEL: return copy_path(c->model, sizeof c->model, "model", v);
+    case OPT_MODEL: return copy_text(c->model, sizeof c->model, flag, v);
     case OPT_TOKENS: return arg_int64(flag, v, &c->tokens);
     case OPT_CONTEXT: return arg_int64(flag, v, &c->context);
     case OPT_CAPACITY: return arg_int64(flag, v, &c->capacity);
-    case OPT_POLICY: return copy_path(c->policy, sizeof c->policy, "policy", v);
+    case OPT_POLICY: return copy_text(c->policy, sizeof c->policy, flag, v);
     case OPT_LR: return arg_double(flag, v, &c->lr);
     case OPT_MIN_LR: return arg_double(flag, v, &c->min_lr);
     case OPT_WARMUP: return arg_int64(flag, v, &c->warmup);
@@ -123,12 +122,12 @@ static int apply(TrainConfig *c, int opt, const char *v) {
         if (seed < 0) return bs_fail("%s: '%s' must be >= 0", flag, v);
         c->seed = (uint64_t)seed;
         return 0;
-    case OPT_DATA: return copy_path(c->data, sizeof c->data, "data", v);
+    case OPT_DATA: return copy_text(c->data, sizeof c->data, flag, v);
     case OPT_STEPS: return arg_int64(flag, v, &c->steps);
-    case OPT_CKPT_DIR: return copy_path(c->ckpt_dir, sizeof c->ckpt_dir, "ckpt-dir", v);
+    case OPT_CKPT_DIR: return copy_text(c->ckpt_dir, sizeof c->ckpt_dir, flag, v);
     case OPT_CKPT_EVERY: return arg_int64(flag, v, &c->ckpt_every);
     case OPT_CKPT_KEEP: return arg_int(flag, v, &c->ckpt_keep);
-    case OPT_METRICS: return copy_path(c->metrics, sizeof c->metrics, "metrics", v);
+    case OPT_METRICS: return copy_text(c->metrics, sizeof c->metrics, flag, v);
     default: return bs_fail("%s: not a setting", flag);
     }
 }
@@ -194,7 +193,6 @@ static void fmt_time(char *buf, size_t cap, double s) {
 
 int cmd_train(int argc, char **argv) {
     const char *given[OPT_END - OPT_MODEL] = {0};  // the value of each flag given, NULL if not
-    const char *plot = NULL, *resume = NULL;
     opterr = 0;  // our own messages
     optind = 1;
     for (;;) {
@@ -207,11 +205,10 @@ int cmd_train(int argc, char **argv) {
         if (opt == ':') return bad_usage("%s needs a value", argv[optind - 1]);
         if (opt == '?') return bad_usage("unknown flag '%s'", argv[optind - 1]);
         given[opt - OPT_MODEL] = optarg;
-        if (opt == OPT_PLOT) plot = optarg;
-        if (opt == OPT_RESUME) resume = optarg;
     }
     if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
 #define GIVEN(opt) (given[(opt) - OPT_MODEL])
+    const char *plot = GIVEN(OPT_PLOT), *resume = GIVEN(OPT_RESUME);
 
     // start from the defaults, or from what the checkpoint was made with
     TrainConfig cfg = train_defaults();
@@ -234,7 +231,6 @@ int cmd_train(int argc, char **argv) {
         int rc = resume && opt <= OPT_SEED ? same_setting(&cfg, opt, v, resume) : apply(&cfg, opt, v);
         if (rc != 0) return bad_usage("%s", bs_errmsg());
     }
-    if (!resume) cfg.schedule_steps = 0;  // the schedule spans this run's steps
     if (plot && !cfg.metrics[0]) {
         if (strlen(plot) + 7 > sizeof cfg.metrics) return bad_usage("--plot: '%s' is too long", plot);
         snprintf(cfg.metrics, sizeof cfg.metrics, "%s.jsonl", plot);
@@ -286,8 +282,8 @@ int cmd_train(int argc, char **argv) {
     if (done > 0)
         printf("trained steps %lld..%lld: loss %.4f -> %.4f (mean of the last %d: %.4f), %.0f tokens/s, %s\n",
                (long long)sum.first_step + 1, (long long)sum.last_step, sum.first_loss, sum.last_loss,
-               done < 10 ? (int)done : 10, sum.mean_last_loss, sum.seconds > 0 ? (double)sum.tokens / sum.seconds : 0,
-               took);
+               done < TRAIN_RECENT_STEPS ? (int)done : TRAIN_RECENT_STEPS, sum.mean_last_loss,
+               sum.seconds > 0 ? (double)sum.tokens / sum.seconds : 0, took);
     else
         printf("nothing to do: %lld steps are already done (--steps %lld)\n", (long long)t->step, (long long)cfg.steps);
     if (cfg.metrics[0]) printf("metrics: %s\n", cfg.metrics);

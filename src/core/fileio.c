@@ -64,7 +64,8 @@ int atomic_write(AtomicFile *af, const void *data, size_t n) {
 
 int atomic_close(AtomicFile *af) {
     if (!af->f) return bs_fail("%s: not open", af->path);
-    int ok = !af->failed && fflush(af->f) == 0 && fsync(fileno(af->f)) == 0;
+    // ferror catches failed writes made straight to af->f (fprintf), not only through atomic_write
+    int ok = !af->failed && fflush(af->f) == 0 && !ferror(af->f) && fsync(fileno(af->f)) == 0;
     int saved = errno;
     if (fclose(af->f) != 0) ok = 0;
     af->f = NULL;

@@ -269,11 +269,12 @@ static void copy_tokens(const Dataset *ds, uint32_t shard, int64_t offset, int64
 
 int dataset_read(const Dataset *ds, int64_t doc, int64_t first, int64_t n, uint32_t *out) {
     if (doc < 0 || doc >= ds->index.n_docs)
-        return bs_fail("read: document %lld out of range [0, %lld)", (long long)doc, (long long)ds->index.n_docs);
+        return bs_fail("%s: read: document %lld out of range [0, %lld)", ds->index.dir, (long long)doc,
+                       (long long)ds->index.n_docs);
     const DocEntry *e = &ds->index.docs[doc];
     if (first < 0 || n < 0 || first > e->len || n > e->len - first)
-        return bs_fail("read: tokens [%lld, %lld) outside document %lld of %lld tokens", (long long)first,
-                       (long long)(first + n), (long long)doc, (long long)e->len);
+        return bs_fail("%s: read: tokens [%lld, %lld) outside document %lld of %lld tokens", ds->index.dir,
+                       (long long)first, (long long)(first + n), (long long)doc, (long long)e->len);
     copy_tokens(ds, e->shard, e->offset + first, n, out);
     return 0;
 }
@@ -281,11 +282,12 @@ int dataset_read(const Dataset *ds, int64_t doc, int64_t first, int64_t n, uint3
 int dataset_read_span(const Dataset *ds, int64_t doc, int64_t src, int64_t n, uint32_t *out, int64_t *got) {
     *got = 0;
     if (doc < 0 || doc >= ds->index.n_docs)
-        return bs_fail("read: document %lld out of range [0, %lld)", (long long)doc, (long long)ds->index.n_docs);
+        return bs_fail("%s: read: document %lld out of range [0, %lld)", ds->index.dir, (long long)doc,
+                       (long long)ds->index.n_docs);
     const DocEntry *e = &ds->index.docs[doc];
     if (n < 0 || src < e->start || src > e->start + e->len)
-        return bs_fail("read: offset %lld is not inside document %lld (tokens [%lld, %lld))", (long long)src,
-                       (long long)doc, (long long)e->start, (long long)(e->start + e->len));
+        return bs_fail("%s: read: offset %lld is not inside document %lld (tokens [%lld, %lld))", ds->index.dir,
+                       (long long)src, (long long)doc, (long long)e->start, (long long)(e->start + e->len));
     int64_t first = src - e->start, m = e->len - first < n ? e->len - first : n;
     copy_tokens(ds, e->shard, e->offset + first, m, out);
     *got = m;

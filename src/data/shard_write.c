@@ -34,8 +34,7 @@ int shard_writer_open(ShardWriter *w, const char *dir, const Tokenizer *tok, int
     char path[4200];
     join_path(path, sizeof path, dir, INDEX_FILE);
     if (unlink(path) != 0 && errno != ENOENT) return bs_fail("%s: cannot remove the old index: %s", path, strerror(errno));
-    w->buf_cap = (size_t)CONVERT_TOKENS * w->width;
-    w->buf = bs_malloc(w->buf_cap);
+    w->buf = bs_malloc((size_t)CONVERT_TOKENS * w->width);
     return w->buf ? 0 : -1;
 }
 

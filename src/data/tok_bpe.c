@@ -5,7 +5,6 @@
 // own: start from single bytes and repeatedly join the adjacent pair whose concatenation has the
 // lowest rank (the leftmost one on ties), until no adjacent pair is a token. The ranks are the
 // merge order of training, so this replays training's merges on the piece.
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 

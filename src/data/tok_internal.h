@@ -1,4 +1,4 @@
-// tok_internal.h: the Tokenizer struct, shared by tokenizer.c, tok_byte.c and tok_bpe.c only.
+// tok_internal.h: the Tokenizer struct, shared by tokenizer.c (the byte tokenizer) and tok_bpe.c only.
 #ifndef BYTESCALE_TOK_INTERNAL_H
 #define BYTESCALE_TOK_INTERNAL_H
 

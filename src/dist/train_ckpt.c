@@ -32,62 +32,74 @@ static DataId data_id(const Trainer *t) {
 
 // ---- the config section: JSON, readable with `strings` -----------------------------------------------
 
+// Every number is written with json_add_exact: cJSON's own printing keeps 15 digits whenever they
+// read back within an epsilon, and a resumed run needs its settings bit for bit (the CLI's default
+// min lr, lr / 10, is often such a number). *ok drops to 0 when memory runs out (obj NULL included).
+static void put_num(cJSON *obj, const char *key, double v, int *ok) {
+    if (!json_add_exact(obj, key, v)) *ok = 0;
+}
+
+static void put_str(cJSON *obj, const char *key, const char *s, int *ok) {
+    if (!cJSON_AddStringToObject(obj, key, s)) *ok = 0;
+}
+
 static char *config_json(const Trainer *t) {
     const TrainConfig *c = &t->cfg;
     const ModelConfig *m = &t->model;
     const AdamWConfig *a = &t->opt.cfg;
     DataId d = data_id(t);
+    int ok = 1;
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "format", CONFIG_FORMAT);
-    cJSON_AddNumberToObject(root, "version", CONFIG_VERSION);
-    cJSON_AddNumberToObject(root, "step", (double)t->step);
+    put_str(root, "format", CONFIG_FORMAT, &ok);
+    put_num(root, "version", CONFIG_VERSION, &ok);
+    put_num(root, "step", (double)t->step, &ok);
 
     cJSON *mo = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(mo, "name", m->name);
-    cJSON_AddNumberToObject(mo, "n_layers", m->n_layers);
-    cJSON_AddNumberToObject(mo, "n_heads", m->n_heads);
-    cJSON_AddNumberToObject(mo, "n_kv_heads", m->n_kv_heads);
-    cJSON_AddNumberToObject(mo, "d_model", m->d_model);
-    cJSON_AddNumberToObject(mo, "head_dim", m->head_dim);
-    cJSON_AddNumberToObject(mo, "d_ff", m->d_ff);
-    cJSON_AddNumberToObject(mo, "vocab_size", m->vocab_size);
-    cJSON_AddNumberToObject(mo, "n_experts", m->n_experts);
-    cJSON_AddNumberToObject(mo, "top_k", m->top_k);
-    cJSON_AddNumberToObject(mo, "rope_theta", m->rope_theta);
-    cJSON_AddNumberToObject(mo, "norm_eps", m->norm_eps);
-    cJSON_AddNumberToObject(mo, "n_params", (double)t->llama.n_params);
+    put_str(mo, "name", m->name, &ok);
+    put_num(mo, "n_layers", m->n_layers, &ok);
+    put_num(mo, "n_heads", m->n_heads, &ok);
+    put_num(mo, "n_kv_heads", m->n_kv_heads, &ok);
+    put_num(mo, "d_model", m->d_model, &ok);
+    put_num(mo, "head_dim", m->head_dim, &ok);
+    put_num(mo, "d_ff", m->d_ff, &ok);
+    put_num(mo, "vocab_size", m->vocab_size, &ok);
+    put_num(mo, "n_experts", m->n_experts, &ok);
+    put_num(mo, "top_k", m->top_k, &ok);
+    put_num(mo, "rope_theta", m->rope_theta, &ok);
+    put_num(mo, "norm_eps", m->norm_eps, &ok);
+    put_num(mo, "n_params", (double)t->llama.n_params, &ok);
 
     cJSON *so = cJSON_AddObjectToObject(root, "settings");
-    cJSON_AddStringToObject(so, "policy", c->policy);
-    cJSON_AddNumberToObject(so, "tokens", (double)c->tokens);
-    cJSON_AddNumberToObject(so, "context", (double)c->context);
-    cJSON_AddNumberToObject(so, "capacity", (double)t->capacity);
-    cJSON_AddNumberToObject(so, "lr", c->lr);
-    cJSON_AddNumberToObject(so, "min_lr", c->min_lr);
-    cJSON_AddNumberToObject(so, "warmup", (double)c->warmup);
-    cJSON_AddNumberToObject(so, "schedule_steps", (double)t->sched.total_steps);
-    cJSON_AddNumberToObject(so, "weight_decay", c->weight_decay);
-    cJSON_AddNumberToObject(so, "clip", c->clip);
-    cJSON_AddNumberToObject(so, "seed", (double)c->seed);  // < 2^53 (train_config_check): exact
-    cJSON_AddNumberToObject(so, "beta1", a->beta1);
-    cJSON_AddNumberToObject(so, "beta2", a->beta2);
-    cJSON_AddNumberToObject(so, "eps", a->eps);
+    put_str(so, "policy", c->policy, &ok);
+    put_num(so, "tokens", (double)c->tokens, &ok);
+    put_num(so, "context", (double)c->context, &ok);
+    put_num(so, "capacity", (double)t->capacity, &ok);
+    put_num(so, "lr", c->lr, &ok);
+    put_num(so, "min_lr", c->min_lr, &ok);
+    put_num(so, "warmup", (double)c->warmup, &ok);
+    put_num(so, "schedule_steps", (double)t->sched.total_steps, &ok);
+    put_num(so, "weight_decay", c->weight_decay, &ok);
+    put_num(so, "clip", c->clip, &ok);
+    put_num(so, "seed", (double)c->seed, &ok);  // < 2^53 (train_config_check): the double is exact
+    put_num(so, "beta1", a->beta1, &ok);
+    put_num(so, "beta2", a->beta2, &ok);
+    put_num(so, "eps", a->eps, &ok);
 
     cJSON *dob = cJSON_AddObjectToObject(root, "dataset");
-    cJSON_AddStringToObject(dob, "dir", c->data);
-    cJSON_AddNumberToObject(dob, "n_docs", (double)d.n_docs);
-    cJSON_AddNumberToObject(dob, "n_tokens", (double)d.n_tokens);
-    cJSON_AddNumberToObject(dob, "vocab", (double)d.vocab);
-    cJSON_AddNumberToObject(dob, "fingerprint", (double)d.fingerprint);
+    put_str(dob, "dir", c->data, &ok);
+    put_num(dob, "n_docs", (double)d.n_docs, &ok);
+    put_num(dob, "n_tokens", (double)d.n_tokens, &ok);
+    put_num(dob, "vocab", (double)d.vocab, &ok);
+    put_num(dob, "fingerprint", (double)d.fingerprint, &ok);
 
     cJSON *ro = cJSON_AddObjectToObject(root, "run");
-    cJSON_AddNumberToObject(ro, "steps", (double)c->steps);
-    cJSON_AddStringToObject(ro, "ckpt_dir", c->ckpt_dir);
-    cJSON_AddNumberToObject(ro, "ckpt_every", (double)c->ckpt_every);
-    cJSON_AddNumberToObject(ro, "ckpt_keep", c->ckpt_keep);
-    cJSON_AddStringToObject(ro, "metrics", c->metrics);
+    put_num(ro, "steps", (double)c->steps, &ok);
+    put_str(ro, "ckpt_dir", c->ckpt_dir, &ok);
+    put_num(ro, "ckpt_every", (double)c->ckpt_every, &ok);
+    put_num(ro, "ckpt_keep", c->ckpt_keep, &ok);
+    put_str(ro, "metrics", c->metrics, &ok);
 
-    char *text = cJSON_Print(root);  // NULL when any of the above ran out of memory
+    char *text = ok ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     if (!text) bs_fail("out of memory printing the checkpoint config");
     return text;
@@ -95,8 +107,9 @@ static char *config_json(const Trainer *t) {
 
 static const cJSON *get_object(const cJSON *obj, const char *key, const char *where) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsObject(v)) bs_fail("%s: missing object \"%s\"", where, key);
-    return cJSON_IsObject(v) ? v : NULL;
+    if (cJSON_IsObject(v)) return v;
+    bs_fail("%s: missing object \"%s\"", where, key);
+    return NULL;
 }
 
 static int get_int(const cJSON *o, const char *key, int *out, const char *where) {

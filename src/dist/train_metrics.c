@@ -16,7 +16,8 @@ static int64_t line_step(const char *line, size_t n) {
     cJSON *o = cJSON_ParseWithLength(line, n);
     if (!o) return -1;
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
-    int64_t step = cJSON_IsNumber(s) && s->valuedouble >= 0 ? (int64_t)s->valuedouble : -1;
+    // range-checked before the conversion: a damaged line may hold any number (1e300 would be UB)
+    int64_t step = cJSON_IsNumber(s) && s->valuedouble >= 0 && s->valuedouble < 9e18 ? (int64_t)s->valuedouble : -1;
     cJSON_Delete(o);
     return step;
 }

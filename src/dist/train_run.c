@@ -10,8 +10,6 @@
 #include "bytescale/progress.h"
 #include "bytescale/train.h"
 
-enum { RECENT = 10 };  // the summary's loss is the mean of the last RECENT steps
-
 // Checkpoints this run wrote, oldest first, so all but the newest ckpt_keep can be removed.
 typedef struct {
     int64_t *steps;  // (keep,) a ring
@@ -54,7 +52,7 @@ int trainer_run(Trainer *t, TrainSummary *sum) {
     Progress pr;
     progress_start(&pr, "train", c->steps > t->step ? c->steps - t->step : 0);
     if (c->quiet) pr.quiet = 1;
-    double recent[RECENT];
+    double recent[TRAIN_RECENT_STEPS];
     int64_t saved = -1;
     int rc = 0;
     while (rc == 0 && t->step < c->steps) {
@@ -71,7 +69,7 @@ int trainer_run(Trainer *t, TrainSummary *sum) {
         int64_t done = t->step - sum->first_step;
         if (done == 1) sum->first_loss = st.loss;
         sum->last_loss = st.loss;
-        recent[(done - 1) % RECENT] = st.loss;
+        recent[(done - 1) % TRAIN_RECENT_STEPS] = st.loss;
         sum->tokens += st.tokens;
         sum->seconds += st.seconds;
         sum->last_step = t->step;
@@ -86,7 +84,7 @@ int trainer_run(Trainer *t, TrainSummary *sum) {
     }
     int64_t done = sum->last_step - sum->first_step;
     if (rc == 0 && c->ckpt_dir[0] && done > 0 && saved != t->step) rc = save_checkpoint(t, &kept, sum);
-    int n_recent = done < RECENT ? (int)done : RECENT;
+    int n_recent = done < TRAIN_RECENT_STEPS ? (int)done : TRAIN_RECENT_STEPS;
     for (int i = 0; i < n_recent; i++) sum->mean_last_loss += recent[i] / n_recent;
     char note[128];
     snprintf(note, sizeof note, "loss %.4f  %.0f tok/s", sum->last_loss,

@@ -21,7 +21,7 @@ static int cmp_range(const void *a, const void *b) {
 int adamw_init(AdamW *opt, const AdamWConfig *cfg, size_t begin, size_t end, const DecayRange *ranges,
                int n_ranges) {
     memset(opt, 0, sizeof *opt);
-    if (end < begin) return bs_fail("adamw: empty shard [%zu, %zu)", begin, end);
+    if (end < begin) return bs_fail("adamw: shard [%zu, %zu) ends before it begins", begin, end);
     if (!(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1 && cfg->eps > 0 &&
           cfg->weight_decay >= 0))
         return bs_fail("adamw: need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0 (got %g, %g, %g, %g)",

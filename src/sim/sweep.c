@@ -39,15 +39,6 @@ int sim_gnuplot(const char *script_path) {
     return 0;
 }
 
-static int close_file(AtomicFile *af) {
-    if (ferror(af->f)) {
-        int e = errno;
-        atomic_abort(af);
-        return bs_fail("%s: write failed: %s", af->path, strerror(e));
-    }
-    return atomic_close(af);
-}
-
 // The preamble every plot script shares: PNG (cairo when there is one) first, SVG by replot.
 static void gp_png(FILE *f, const char *png, int width, int height) {
     fprintf(f, "if (strstrt(GPVAL_TERMINALS, \"pngcairo\") > 0) { set terminal pngcairo size %d,%d noenhanced } "
@@ -162,7 +153,7 @@ static int write_sweep_plot(const char *dir, const char *stem, SimSweep kind, co
     fprintf(f, "\n");
     gp_svg(f, base_name(svg), 900, 600);
     fprintf(f, "replot\n");
-    if (close_file(&af) != 0) return -1;
+    if (atomic_close(&af) != 0) return -1;
     return sim_gnuplot(gp);
 }
 
@@ -216,7 +207,7 @@ int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int 
         free_point(out, ok, n_v);
     }
     progress_finish(&pr, done, NULL);
-    if (close_file(&af) != 0) return -1;
+    if (atomic_close(&af) != 0) return -1;
     if (n_pts == 0) return bs_fail("sweep %s: no point could be simulated (see the messages above)", stem);
     if (log) fprintf(log, "wrote %s\n", csv);
     if (!plot) return 0;
@@ -318,7 +309,7 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
                 if (isnan(rows[i].tps[j])) fprintf(f, "- %s, %s: %s\n", rows[i].sc.name, v[j].label, rows[i].why[j]);
     }
     fprintf(f, "\n![speedup of balance over static](paper-grid.png)\n");
-    return close_file(&af);
+    return atomic_close(&af);
 }
 
 static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, const SimVariant *v, int n_v) {
@@ -370,7 +361,7 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
         }
         fprintf(f, "unset multiplot\n");
     }
-    if (close_file(&af) != 0) return -1;
+    if (atomic_close(&af) != 0) return -1;
     return sim_gnuplot(gp);
 }
 
@@ -416,7 +407,7 @@ int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, const char *hardwa
         free_point(out, ok, n_v);
     }
     progress_finish(&pr, done, NULL);
-    int rc = close_file(&af);
+    int rc = atomic_close(&af);
     if (rc == 0) rc = write_grid_md(md, rows, n_rows, v, n_v, seed, command);
     if (rc == 0 && plot) rc = write_grid_plot(dir, rows, n_rows, v, n_v);
     if (rc == 0 && log) fprintf(log, "wrote %s, %s%s\n", md, csv, plot ? " and paper-grid.png / .svg" : "");

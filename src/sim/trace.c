@@ -80,10 +80,5 @@ int sim_trace_write(const SimResult *r, const Plan *p, const char *path, int max
         }
     }
     fputs("\n]\n", af.f);
-    if (ferror(af.f)) {
-        int e = errno;
-        atomic_abort(&af);
-        return bs_fail("%s: write failed: %s", path, strerror(e));
-    }
     return atomic_close(&af);
 }

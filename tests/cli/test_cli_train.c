@@ -103,7 +103,7 @@ static void test_train_run_and_resume(void **state) {
     assert_string_equal(c.model, "tiny");
     assert_int_equal(c.tokens, 256);
     assert_int_equal(c.steps, 2);
-    assert_true(c.lr == 3e-3 && c.min_lr == 3e-4);  // --lr alone sets min-lr to lr / 10
+    assert_true(c.lr == 3e-3 && c.min_lr == 3e-3 / 10);  // --lr alone sets min-lr to lr / 10, kept exactly
 
     // a resume may not change the settings ...
     expect("train --resume " DIR "/ckpt/ckpt-000002.bin --lr 1e-3", 2, "--lr 1e-3 differs from checkpoint");

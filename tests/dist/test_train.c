@@ -15,7 +15,7 @@
 // ---- datasets made inside the test ---------------------------------------------------------------------
 
 // n files of random lengths in [lo, hi) of Go-like text from a small word list, prepared byte-level
-// into <dir>/data. Returns the dataset directory (static buffer per call site via out).
+// into <dir>/data, whose path is written to out.
 static void make_dataset(const char *dir, int n, int lo, int hi, uint64_t seed, char *out, size_t cap) {
     static const char *words[] = {"func ", "return ", "if ", "err ", "!= ", "nil ", "{\n", "}\n", "x ", ":= ",
                                   "for ", "range ", "i ", "package ", "main\n", "(", ")", "\t", "int ", "// note\n"};
@@ -420,6 +420,37 @@ static void test_bad_checkpoints_are_refused(void **state) {
     trainer_free(&dst);
 }
 
+// Settings that 15 significant digits do not pin down (the CLI's default min lr is lr / 10, and
+// 3e-3 / 10 = 0.00030000000000000003) come back from a checkpoint bit for bit, so the trainer that
+// wrote it can load it and a resume follows the same LR schedule.
+static void test_settings_round_trip_exactly(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("train_exact_settings");
+    char data[600], path[700];
+    make_dataset(dir, 12, 20, 200, 5, data, sizeof data);
+    snprintf(path, sizeof path, "%s/ckpt.bin", dir);
+    TrainConfig c = small_config(data);
+    c.lr = 3e-3;
+    c.min_lr = c.lr / 10;
+    c.weight_decay = 0.1 * 3;  // 0.30000000000000004
+    c.clip = 0.7 + 0.1;        // 0.7999999999999999
+    Trainer t;
+    init_ok(&t, &c);
+    step_ok(&t, NULL);
+    if (trainer_save(&t, path) != 0) fail_msg("save: %s", bs_errmsg());
+    TrainConfig back;
+    if (train_read_config(path, &back) != 0) fail_msg("read config: %s", bs_errmsg());
+    assert_true(same_bits(&back.lr, &c.lr, sizeof(double)));
+    assert_true(same_bits(&back.min_lr, &c.min_lr, sizeof(double)));
+    assert_true(same_bits(&back.weight_decay, &c.weight_decay, sizeof(double)));
+    assert_true(same_bits(&back.clip, &c.clip, sizeof(double)));
+    trainer_free(&t);
+    init_ok(&t, &c);
+    if (trainer_load(&t, path) != 0) fail_msg("load: %s", bs_errmsg());
+    assert_int_equal(t.step, 1);
+    trainer_free(&t);
+}
+
 // ---- whole runs: checkpoints, metrics, a crash and a resume ---------------------------------------------
 
 static int read_losses(const char *path, int64_t *steps, double *losses, int cap) {
@@ -581,6 +612,7 @@ int main(void) {
         cmocka_unit_test(test_gradient_does_not_depend_on_the_plan),
         cmocka_unit_test(test_loss_falls_on_an_easy_corpus),
         cmocka_unit_test(test_bad_checkpoints_are_refused),
+        cmocka_unit_test(test_settings_round_trip_exactly),
         cmocka_unit_test(test_run_crash_and_resume),
         cmocka_unit_test(test_bad_configs_are_refused),
         cmocka_unit_test(test_metrics_keep_through),

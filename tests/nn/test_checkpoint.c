@@ -270,15 +270,16 @@ static void test_save_refuses_bad_names(void **state) {
 
 // ---- exact resume of training ----------------------------------------------------------------------
 
-// A trainer in miniature: model, optimizer, schedule, clipping, and a data stream driven by an rng.
+// A trainer in miniature (not train.h's Trainer): model, optimizer, schedule, clipping, and a data
+// stream driven by an rng.
 typedef struct {
     Llama m;
     AdamW opt;
     Rng data_rng;
     int64_t step;
-} Trainer;
+} MiniTrainer;
 
-static void trainer_init(Trainer *tr) {
+static void mini_init(MiniTrainer *tr) {
     const ModelConfig *cfg = model_find("tiny");
     assert_non_null(cfg);
     assert_int_equal(llama_init(&tr->m, cfg, 32), 0);
@@ -292,12 +293,12 @@ static void trainer_init(Trainer *tr) {
     tr->step = 0;
 }
 
-static void trainer_free(Trainer *tr) {
+static void mini_free(MiniTrainer *tr) {
     llama_free(&tr->m);
     adamw_free(&tr->opt);
 }
 
-static void trainer_step(Trainer *tr) {
+static void mini_step(MiniTrainer *tr) {
     int32_t tok[32], tgt[32], pos[32], seg[32];
     for (int i = 0; i < 32; i++) tok[i] = (int32_t)rng_below(&tr->data_rng, 256);
     for (int i = 0; i < 32; i++) {  // two documents of 16 tokens
@@ -315,7 +316,7 @@ static void trainer_step(Trainer *tr) {
     tr->step++;
 }
 
-static int trainer_save(Trainer *tr, const char *path) {
+static int mini_save(MiniTrainer *tr, const char *path) {
     size_t n = tr->m.n_params * sizeof(float);
     CkptBlob blobs[] = {
         {"config", &tr->m.cfg, sizeof tr->m.cfg}, {"params", tr->m.params, n},
@@ -326,7 +327,7 @@ static int trainer_save(Trainer *tr, const char *path) {
     return ckpt_save(path, blobs, 7);
 }
 
-static void trainer_load(Trainer *tr, const char *path) {
+static void mini_load(MiniTrainer *tr, const char *path) {
     static const char *const req[] = {"params", "adam_m", "adam_v", "adam_t", "step", "rng"};
     Checkpoint c;
     assert_int_equal(ckpt_load(&c, path, req, 6), 0);
@@ -347,18 +348,18 @@ static void test_exact_resume_of_training(void **state) {
     const char *dir = test_tmpdir("nn_ckpt_resume");
     char path[600];
     snprintf(path, sizeof path, "%s/ckpt.bin", dir);
-    Trainer a, b;
-    trainer_init(&a);
-    for (int i = 0; i < 6; i++) trainer_step(&a);
+    MiniTrainer a, b;
+    mini_init(&a);
+    for (int i = 0; i < 6; i++) mini_step(&a);
 
-    trainer_init(&b);
-    for (int i = 0; i < 3; i++) trainer_step(&b);
-    assert_int_equal(trainer_save(&b, path), 0);
-    trainer_free(&b);
-    trainer_init(&b);
+    mini_init(&b);
+    for (int i = 0; i < 3; i++) mini_step(&b);
+    assert_int_equal(mini_save(&b, path), 0);
+    mini_free(&b);
+    mini_init(&b);
     llama_init_weights(&b.m, 999);
-    trainer_load(&b, path);
-    for (int i = 0; i < 3; i++) trainer_step(&b);
+    mini_load(&b, path);
+    for (int i = 0; i < 3; i++) mini_step(&b);
 
     assert_int_equal(b.step, 6);
     assert_int_equal(b.opt.t, 6);
@@ -366,12 +367,12 @@ static void test_exact_resume_of_training(void **state) {
     assert_memory_equal(a.opt.m, b.opt.m, a.m.n_params * sizeof(float));
     assert_memory_equal(a.opt.v, b.opt.v, a.m.n_params * sizeof(float));
     // and training did move the weights
-    Trainer fresh;
-    trainer_init(&fresh);
+    MiniTrainer fresh;
+    mini_init(&fresh);
     assert_true(memcmp(fresh.m.params, a.m.params, a.m.n_params * sizeof(float)) != 0);
-    trainer_free(&fresh);
-    trainer_free(&a);
-    trainer_free(&b);
+    mini_free(&fresh);
+    mini_free(&a);
+    mini_free(&b);
 }
 
 int main(void) {
