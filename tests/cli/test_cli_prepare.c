@@ -1,42 +1,24 @@
 // test_cli_prepare.c: `bytescale prepare` end to end - a temp corpus becomes a readable dataset,
 // and bad flags or inputs give the documented exit code and a message naming the problem.
-#include "test_util.h"
+#include "cli/cli_run.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bytescale/fileio.h"
 #include "bytescale/shard.h"
 
-static char out_text[1 << 16], err_text[1 << 16];
+#define DIR "test-tmp/cli_prepare"
 
-static void slurp(const char *path, char *buf, size_t cap) {
-    buf[0] = '\0';
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
-
-// Run `bytescale prepare <args>`; returns the exit code, output in out_text / err_text.
 static int run_prepare(const char *args) {
-    const char *bin = getenv("BS_BINARY");
-    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "BS_QUIET=1 '%s' prepare %s >test-tmp/cli_prepare/stdout 2>test-tmp/cli_prepare/stderr",
-             bin, args);
-    int st = system(cmd);
-    slurp("test-tmp/cli_prepare/stdout", out_text, sizeof out_text);
-    slurp("test-tmp/cli_prepare/stderr", err_text, sizeof err_text);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    char a[4096];
+    snprintf(a, sizeof a, "prepare %s", args);
+    return cli_run(DIR, "", a);
 }
 
 static void expect(const char *args, int code, const char *in_stderr) {
-    int rc = run_prepare(args);
-    if (rc != code || !strstr(err_text, in_stderr))
-        fail_msg("prepare %s: exit %d (want %d), stderr: %s (want '%s')", args, rc, code, err_text, in_stderr);
+    char a[4096];
+    snprintf(a, sizeof a, "prepare %s", args);
+    cli_expect(DIR, a, code, in_stderr);
 }
 
 static void write_text(const char *path, const char *text) { assert_int_equal(file_write_atomic(path, text, strlen(text)), 0); }
@@ -56,9 +38,9 @@ static void test_prepare_corpus_and_read_back(void **state) {
     snprintf(path, sizeof path, "%s/in/skip.md", dir);
     write_text(path, "# not Go\n");
     int rc = run_prepare("--input test-tmp/cli_prepare/in --ext .go --out test-tmp/cli_prepare/out --shard-size 16");
-    if (rc != 0) fail_msg("exit %d: %s", rc, err_text);
-    assert_non_null(strstr(out_text, "prepared 3 files"));
-    assert_non_null(strstr(out_text, "median"));
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "prepared 3 files"));
+    assert_non_null(strstr(cli_out, "median"));
     Dataset ds;
     assert_int_equal(dataset_open(&ds, "test-tmp/cli_prepare/out"), 0);
     assert_int_equal(ds.index.n_docs, 3);
@@ -74,7 +56,7 @@ static void test_prepare_corpus_and_read_back(void **state) {
 
     // gpt2 with the rank file found through BS_SOURCE_DIR (set by ctest), as `make tokenizer` puts it
     rc = run_prepare("--input test-tmp/cli_prepare/in/a.go --tokenizer gpt2 --out=test-tmp/cli_prepare/gpt2");
-    if (rc != 0) fail_msg("exit %d: %s", rc, err_text);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     assert_int_equal(dataset_open(&ds, "test-tmp/cli_prepare/gpt2"), 0);
     assert_int_equal(ds.index.n_docs, 1);
     assert_int_equal(ds.index.vocab, 50257);
@@ -89,7 +71,7 @@ static void test_prepare_bad_flags_and_inputs(void **state) {
     test_tmpdir("cli_prepare");
     assert_int_equal(make_dirs("test-tmp/cli_prepare/empty"), 0);
     assert_int_equal(run_prepare("--help"), 0);
-    assert_non_null(strstr(out_text, "--tokenizer"));
+    assert_non_null(strstr(cli_out, "--tokenizer"));
     // usage errors: exit 2
     expect("--bogus 1", 2, "unknown flag '--bogus'");
     expect("--tokenizer wordpiece --out x", 2, "'wordpiece' is not a tokenizer");

@@ -1,9 +1,8 @@
 // test_cli_simulate.c: `bytescale simulate` end to end - tables, JSON, traces, plan files, sweeps
 // with plots, the grid, and bad flags giving exit code 2 with a message naming the problem.
-#include "test_util.h"
+#include "cli/cli_run.h"
 
 #include <math.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bytescale/batch.h"
@@ -14,40 +13,21 @@
 #include "bytescale/plan.h"
 #include "bytescale/policy.h"
 
-static char out_text[1 << 18], err_text[1 << 16];
 static const char *dir;
-
-static void slurp(const char *path, char *buf, size_t cap) {
-    buf[0] = '\0';
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
 
 // Run `bytescale simulate <args>` with an optional environment prefix; returns the exit code.
 static int run_env(const char *env, const char *args) {
-    const char *bin = getenv("BS_BINARY");
-    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s BS_QUIET=1 '%s' simulate %s >%s/stdout 2>%s/stderr", env, bin, args, dir, dir);
-    int st = system(cmd);
-    char path[700];
-    snprintf(path, sizeof path, "%s/stdout", dir);
-    slurp(path, out_text, sizeof out_text);
-    snprintf(path, sizeof path, "%s/stderr", dir);
-    slurp(path, err_text, sizeof err_text);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    char a[4096];
+    snprintf(a, sizeof a, "simulate %s", args);
+    return cli_run(dir, env, a);
 }
 
 static int run(const char *args) { return run_env("", args); }
 
 static void expect(const char *args, int code, const char *in_stderr) {
-    int rc = run(args);
-    if (rc != code || !strstr(err_text, in_stderr))
-        fail_msg("simulate %s: exit %d (want %d), stderr: %s (want '%s')", args, rc, code, err_text, in_stderr);
+    char a[4096];
+    snprintf(a, sizeof a, "simulate %s", args);
+    cli_expect(dir, a, code, in_stderr);
 }
 
 static int count_lines(const char *text) {
@@ -74,19 +54,19 @@ static int setup(void **state) {
 static void test_help_and_list(void **state) {
     (void)state;
     assert_int_equal(run("--help"), 0);
-    assert_non_null(strstr(out_text, "--scenario"));
-    assert_non_null(strstr(out_text, "--sweep"));
+    assert_non_null(strstr(cli_out, "--scenario"));
+    assert_non_null(strstr(cli_out, "--sweep"));
     assert_int_equal(run("--scenario list"), 0);
-    assert_non_null(strstr(out_text, "case-study"));
-    assert_non_null(strstr(out_text, "8x22b-16384-github-2m"));
-    assert_int_equal(count_lines(out_text), 1 + 48 + 1);  // header, the grid, the case study
+    assert_non_null(strstr(cli_out, "case-study"));
+    assert_non_null(strstr(cli_out, "8x22b-16384-github-2m"));
+    assert_int_equal(count_lines(cli_out), 1 + 48 + 1);  // header, the grid, the case study
 }
 
 static void test_json_results_of_a_small_cluster(void **state) {
     (void)state;
     int rc = run("--gpus 128 --tokens 4M --context 256K --dataset github --policy static,balance --json");
-    if (rc != 0) fail_msg("exit %d: %s", rc, err_text);
-    cJSON *root = cJSON_Parse(out_text);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    cJSON *root = cJSON_Parse(cli_out);
     assert_non_null(root);
     const cJSON *setup_j = cJSON_GetObjectItem(root, "setup"), *results;
     int64_t ranks, tokens;
@@ -124,8 +104,8 @@ static void test_json_results_of_a_small_cluster(void **state) {
     snprintf(args, sizeof args,
              "--gpus 128 --tokens 4M --context 256K --dataset github --policy balance --json --cost %s", path);
     int rc2 = run(args);
-    if (rc2 != 0) fail_msg("exit %d: %s", rc2, err_text);
-    root = cJSON_Parse(out_text);
+    if (rc2 != 0) fail_msg("exit %d: %s", rc2, cli_err);
+    root = cJSON_Parse(cli_out);
     assert_non_null(root);
     double step1;
     assert_int_equal(json_get_double(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "results"), 0), "step_time", &step1,
@@ -140,9 +120,9 @@ static void test_table_and_traces(void **state) {
     snprintf(args, sizeof args, "--gpus 128 --tokens 4M --context 256K --policy static,naive --trace %s/step.json",
              dir);
     int rc = run(args);
-    if (rc != 0) fail_msg("exit %d: %s", rc, err_text);
-    assert_non_null(strstr(out_text, "tokens/s"));
-    assert_non_null(strstr(out_text, "1.00x"));
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "tokens/s"));
+    assert_non_null(strstr(cli_out, "1.00x"));
     // two policies: one trace each, named after the policy
     const char *names[] = {"step-static.json", "step-naive.json"};
     for (int i = 0; i < 2; i++) {
@@ -172,11 +152,11 @@ static void test_plan_file(void **state) {
     if (plan_write_json(&p, path) != 0) fail_msg("%s", bs_errmsg());
     snprintf(args, sizeof args, "--plan %s --tp 2", path);
     int rc = run(args);
-    if (rc != 0) fail_msg("exit %d: %s", rc, err_text);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     char want[64];
     snprintf(want, sizeof want, "%d items on 16 HDP ranks (32 GPUs", p.n_items);
-    if (!strstr(out_text, want)) fail_msg("output lacks '%s': %s", want, out_text);
-    assert_non_null(strstr(out_text, "step time"));
+    if (!strstr(cli_out, want)) fail_msg("output lacks '%s': %s", want, cli_out);
+    assert_non_null(strstr(cli_out, "step time"));
     // a cluster of the wrong size is refused with both sizes named
     snprintf(args, sizeof args, "--plan %s --tp 2 --gpus 64", path);
     expect(args, 1, "plan has 16 HDP ranks but the cluster has 32");
@@ -189,10 +169,10 @@ static void test_sweep_writes_csv_and_plots(void **state) {
     char args[1024], path[700];
     snprintf(args, sizeof args, "--gpus 1024 --tokens 4M --policy static,balance --sweep contexts --out %s/sweep", dir);
     int rc = run(args);
-    if (rc != 0) fail_msg("exit %d: %s", rc, err_text);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     snprintf(path, sizeof path, "%s/sweep/custom-contexts.csv", dir);
     char csv[1 << 14];
-    slurp(path, csv, sizeof csv);
+    cli_slurp(path, csv, sizeof csv);
     assert_int_equal(count_lines(csv), 1 + 4 * 2);  // header + 4 contexts x 2 policies
     assert_non_null(strstr(csv, "context,policy,step_s,tokens_per_s"));
     assert_non_null(strstr(csv, "2097152,balance,"));
@@ -200,13 +180,13 @@ static void test_sweep_writes_csv_and_plots(void **state) {
     assert_true(is_png(path));
     snprintf(path, sizeof path, "%s/sweep/custom-contexts.svg", dir);
     char svg[256];
-    slurp(path, svg, sizeof svg);
+    cli_slurp(path, svg, sizeof svg);
     assert_non_null(strstr(svg, "<svg") ? svg : strstr(svg, "<?xml"));
     // without gnuplot the CSV is still written and the command says why it failed
     snprintf(args, sizeof args, "--gpus 1024 --tokens 4M --policy balance --sweep gpus --out %s/noplot", dir);
     rc = run_env("PATH=/nonexistent", args);
     assert_int_equal(rc, 1);
-    assert_non_null(strstr(err_text, "gnuplot is not installed"));
+    assert_non_null(strstr(cli_err, "gnuplot is not installed"));
     snprintf(path, sizeof path, "%s/noplot/custom-gpus.csv", dir);
     assert_int_equal(access(path, R_OK), 0);
 }
@@ -216,10 +196,10 @@ static void test_grid_writes_the_results_page(void **state) {
     char args[1024], path[700];
     snprintf(args, sizeof args, "--grid --policy static,balance --no-plot --out %s/grid", dir);
     int rc = run(args);
-    if (rc != 0) fail_msg("exit %d: %s", rc, err_text);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     snprintf(path, sizeof path, "%s/grid/paper-grid.md", dir);
     static char md[1 << 16];
-    slurp(path, md, sizeof md);
+    cli_slurp(path, md, sizeof md);
     // the exact regenerating command, then one row per (model, dataset, context)
     char want[1200];
     snprintf(want, sizeof want, "simulate %s\n", args);
@@ -231,7 +211,7 @@ static void test_grid_writes_the_results_page(void **state) {
     assert_null(strstr(md, "failed"));
     snprintf(path, sizeof path, "%s/grid/paper-grid.csv", dir);
     static char csv[1 << 16];
-    slurp(path, csv, sizeof csv);
+    cli_slurp(path, csv, sizeof csv);
     assert_int_equal(count_lines(csv), 1 + 48 * 2);
 }
 

@@ -1,10 +1,9 @@
 // test_cli_train.c: `bytescale train` end to end - a short run writes metrics and a checkpoint, a
 // resume continues it, --plot draws the loss, and bad flags, a missing dataset or a vocabulary
 // mismatch give the documented exit code and a message naming the problem.
-#include "test_util.h"
+#include "cli/cli_run.h"
 
 #include <math.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cJSON.h>
@@ -14,36 +13,8 @@
 
 #define DIR "test-tmp/cli_train"
 
-static char out_text[1 << 16], err_text[1 << 16];
-
-static void slurp(const char *path, char *buf, size_t cap) {
-    buf[0] = '\0';
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
-
-// Run `[env] bytescale <args>`; returns the exit code, output in out_text / err_text.
-static int run(const char *env, const char *args) {
-    const char *bin = getenv("BS_BINARY");
-    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 '%s' %s >" DIR "/stdout 2>" DIR "/stderr", env, bin,
-             args);
-    int st = system(cmd);
-    slurp(DIR "/stdout", out_text, sizeof out_text);
-    slurp(DIR "/stderr", err_text, sizeof err_text);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
-
-static void expect(const char *args, int code, const char *in_stderr) {
-    int rc = run("", args);
-    if (rc != code || !strstr(err_text, in_stderr))
-        fail_msg("bytescale %s: exit %d (want %d), stderr: %s (want '%s')", args, rc, code, err_text, in_stderr);
-}
+static int run(const char *env, const char *args) { return cli_run(DIR, env, args); }
+static void expect(const char *args, int code, const char *in_stderr) { cli_expect(DIR, args, code, in_stderr); }
 
 // A small byte-level dataset in DIR/data from a few generated files.
 static void make_data(void) {
@@ -56,7 +27,7 @@ static void make_data(void) {
         assert_int_equal(file_write_atomic(path, text, strlen(text)), 0);
     }
     int rc = run("", "prepare --input " DIR "/in --out " DIR "/data");
-    if (rc != 0) fail_msg("prepare: exit %d: %s", rc, err_text);
+    if (rc != 0) fail_msg("prepare: exit %d: %s", rc, cli_err);
 }
 
 // Parse every line of a metrics file; returns the number of lines. Each must be a step object.
@@ -94,9 +65,9 @@ static void test_train_run_and_resume(void **state) {
     (void)state;
     make_data();
     int rc = run("", RUN_FLAGS "--steps 2 --metrics " DIR "/m.jsonl --ckpt-dir " DIR "/ckpt");
-    if (rc != 0) fail_msg("train: exit %d: %s", rc, err_text);
-    assert_non_null(strstr(out_text, "trained steps 1..2"));
-    assert_non_null(strstr(out_text, "checkpoint: " DIR "/ckpt/ckpt-000002.bin"));
+    if (rc != 0) fail_msg("train: exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "trained steps 1..2"));
+    assert_non_null(strstr(cli_out, "checkpoint: " DIR "/ckpt/ckpt-000002.bin"));
     assert_int_equal(check_metrics(DIR "/m.jsonl", 1), 2);
     TrainConfig c;
     assert_int_equal(train_read_config(DIR "/ckpt/ckpt-000002.bin", &c), 0);
@@ -110,15 +81,15 @@ static void test_train_run_and_resume(void **state) {
     expect("train --resume " DIR "/ckpt/nothing.bin", 1, "nothing.bin");
     // ... but goes further: the metrics file (from the checkpoint) gains step 3
     rc = run("", "train --resume " DIR "/ckpt/ckpt-000002.bin --steps 3 --lr 3e-3");
-    if (rc != 0) fail_msg("resume: exit %d: %s", rc, err_text);
-    assert_non_null(strstr(out_text, "resumed from"));
-    assert_non_null(strstr(out_text, "trained steps 3..3"));
+    if (rc != 0) fail_msg("resume: exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "resumed from"));
+    assert_non_null(strstr(cli_out, "trained steps 3..3"));
     assert_int_equal(check_metrics(DIR "/m.jsonl", 1), 3);
     assert_int_equal(access(DIR "/ckpt/ckpt-000003.bin", F_OK), 0);
     // nothing left to do is not an error
     rc = run("", "train --resume " DIR "/ckpt/ckpt-000003.bin");
     assert_int_equal(rc, 0);
-    assert_non_null(strstr(out_text, "nothing to do"));
+    assert_non_null(strstr(cli_out, "nothing to do"));
 }
 
 static void test_train_plot(void **state) {
@@ -127,14 +98,14 @@ static void test_train_plot(void **state) {
     // no gnuplot: a clear error before any training
     int rc = run("PATH=/nonexistent", RUN_FLAGS "--steps 1 --plot " DIR "/loss");
     assert_int_equal(rc, 1);
-    assert_non_null(strstr(err_text, "gnuplot"));
+    assert_non_null(strstr(cli_err, "gnuplot"));
     assert_int_equal(access(DIR "/loss.jsonl", F_OK), -1);
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         fprintf(stderr, "gnuplot is not installed: the plot itself is not checked\n");
         return;
     }
     rc = run("", RUN_FLAGS "--steps 3 --plot " DIR "/loss");
-    if (rc != 0) fail_msg("train --plot: exit %d: %s", rc, err_text);
+    if (rc != 0) fail_msg("train --plot: exit %d: %s", rc, cli_err);
     assert_int_equal(check_metrics(DIR "/loss.jsonl", 1), 3);  // --plot alone puts the metrics next to it
     char png[8];
     FILE *f = fopen(DIR "/loss.png", "rb");
@@ -142,15 +113,15 @@ static void test_train_plot(void **state) {
     assert_int_equal(fread(png, 1, 8, f), 8);
     fclose(f);
     assert_memory_equal(png, "\x89PNG\r\n\x1a\n", 8);
-    slurp(DIR "/loss.svg", out_text, sizeof out_text);
-    assert_non_null(strstr(out_text, "<svg"));
+    cli_slurp(DIR "/loss.svg", cli_out, sizeof cli_out);
+    assert_non_null(strstr(cli_out, "<svg"));
 }
 
 static void test_train_bad_flags_and_data(void **state) {
     (void)state;
     make_data();
     assert_int_equal(run("", "train --help"), 0);
-    assert_non_null(strstr(out_text, "--resume"));
+    assert_non_null(strstr(cli_out, "--resume"));
     // usage errors: exit 2
     expect("train --bogus 1", 2, "unknown flag '--bogus'");
     expect("train --steps", 2, "--steps needs a value");
@@ -164,7 +135,7 @@ static void test_train_bad_flags_and_data(void **state) {
     expect("train --data " DIR "/data --model huge", 1, "unknown model");
     // a GPT-2 dataset for a byte-level model (the rank file comes through BS_SOURCE_DIR)
     int rc = run("", "prepare --input " DIR "/in --tokenizer gpt2 --out " DIR "/gpt2");
-    if (rc != 0) fail_msg("prepare gpt2: exit %d: %s", rc, err_text);
+    if (rc != 0) fail_msg("prepare gpt2: exit %d: %s", rc, cli_err);
     expect("train --data " DIR "/gpt2 --model tiny", 1, "vocabulary of 50257 tokens");
 }
 

@@ -2,6 +2,8 @@
 // as JSON and its tracks add up to the step), the scenario presets and the runner.
 #include "test_util.h"
 
+#include "sim/sim_fixtures.h"
+
 #include <math.h>
 
 #include "bytescale/cluster.h"
@@ -12,23 +14,6 @@
 #include "bytescale/policy.h"
 #include "bytescale/scenario.h"
 #include "bytescale/sim.h"
-
-static HardwareProfile hand_hw(int gpus_per_node) {
-    HardwareProfile hw;
-    memset(&hw, 0, sizeof hw);
-    snprintf(hw.name, sizeof hw.name, "hand");
-    hw.gpus_per_node = gpus_per_node;
-    hw.peak_flops = 1e3;
-    hw.efficiency = 1;
-    hw.mem_bytes = 1e9;
-    hw.intra_bw = 200;
-    hw.intra_lat = 0.001;
-    hw.inter_bw = 100;
-    hw.inter_lat = 0.01;
-    hw.host_bw = 100;
-    hw.elem_bytes = 2;
-    return hw;
-}
 
 // ---- cluster ----------------------------------------------------------------------------------
 

@@ -9,6 +9,8 @@
 // layer: T(1) = 0.039, T(2) = 0.054, T(4) = 0.102, and {2, 3} together 0.006*9 + 0.003*5 + 0.03 = 0.099.
 #include "test_util.h"
 
+#include "sim/sim_fixtures.h"
+
 #include <math.h>
 
 #include "bytescale/batch.h"
@@ -40,23 +42,6 @@ static CostModel hand_cm(int layers) {
     cm.optimizer = 0.25;
     cm.capacity_bytes = layers * 10.0 * 64;
     return cm;
-}
-
-static HardwareProfile hand_hw(void) {
-    HardwareProfile hw;
-    memset(&hw, 0, sizeof hw);
-    snprintf(hw.name, sizeof hw.name, "hand");
-    hw.gpus_per_node = 4;
-    hw.peak_flops = 1e3;
-    hw.efficiency = 1;
-    hw.mem_bytes = 1e9;
-    hw.intra_bw = 200;
-    hw.intra_lat = 0.001;
-    hw.inter_bw = 100;
-    hw.inter_lat = 0.01;
-    hw.host_bw = 100;
-    hw.elem_bytes = 2;
-    return hw;
 }
 
 typedef struct {
@@ -103,7 +88,7 @@ static void expect_op(const SimResult *r, int item, int stage, int bwd, double s
 }
 
 static Cluster hand_cluster(int gpus, int tp, int pp) {
-    HardwareProfile hw = hand_hw();
+    HardwareProfile hw = hand_hw(4);
     Cluster c;
     if (cluster_init(&c, &hw, gpus, tp, pp) != 0) fail_msg("%s", bs_errmsg());
     return c;

@@ -1,0 +1,44 @@
+// cli_run.h: run the built `bytescale` (its path is in $BS_BINARY, which ctest sets) and capture what
+// it prints, for the end-to-end tests of the commands.
+#ifndef BYTESCALE_TEST_CLI_RUN_H
+#define BYTESCALE_TEST_CLI_RUN_H
+
+#include <sys/wait.h>
+
+#include "test_util.h"
+
+static char cli_out[1 << 18], cli_err[1 << 16];  // the last run's stdout and stderr
+
+static void cli_slurp(const char *path, char *buf, size_t cap) {
+    buf[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+// Run `<env> bytescale <args>` quietly with one BLAS thread. stdout and stderr pass through files in
+// dir (an existing scratch directory) into cli_out / cli_err. Returns the exit code.
+static int cli_run(const char *dir, const char *env, const char *args) {
+    const char *bin = getenv("BS_BINARY");
+    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
+    char cmd[8192], out_path[600], err_path[600];
+    snprintf(out_path, sizeof out_path, "%s/stdout", dir);
+    snprintf(err_path, sizeof err_path, "%s/stderr", dir);
+    snprintf(cmd, sizeof cmd, "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 '%s' %s >%s 2>%s", env, bin, args, out_path, err_path);
+    int st = system(cmd);
+    cli_slurp(out_path, cli_out, sizeof cli_out);
+    cli_slurp(err_path, cli_err, sizeof cli_err);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+// Run and require exit code `code` and the text in_stderr in what it printed to stderr.
+static void cli_expect(const char *dir, const char *args, int code, const char *in_stderr) {
+    int rc = cli_run(dir, "", args);
+    if (rc != code || !strstr(cli_err, in_stderr))
+        fail_msg("bytescale %s: exit %d (want %d), stderr: %s (want '%s')", args, rc, code, cli_err, in_stderr);
+}
+
+#endif
