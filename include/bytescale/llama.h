@@ -45,6 +45,8 @@ typedef struct {
     int (*backward)(void *ctx, int layer, float *dq, float *dk, float *dv, const float *dout, const float *lse,
                     const float *delta, const float *q, const float *k, const float *v, AttnRows rows, AttnShape s);
     void *ctx;
+    int collective;  // 1 when the implementation talks to other ranks (ring attention): then the model
+                     // runs every layer even for a micro-batch with no rows, so the ring is never stalled
 } AttnOps;
 
 // The default: attn_forward / attn_backward on the micro-batch itself (queries = keys = local rows).
@@ -144,6 +146,10 @@ typedef struct {
 // zero gradients, activations. Refuses MoE and inconsistent configs with a clear error.
 int llama_init(Llama *m, const ModelConfig *cfg, int max_T);
 void llama_free(Llama *m);
+// Make room for micro-batches of up to max_T tokens (a ring member can hold a few more tokens than
+// the capacity, docs/runtime.md). Activations are re-carved; parameters and gradients are kept.
+// Nothing changes when max_T <= m->max_T or on failure (-1 + error).
+int llama_reserve(Llama *m, int max_T);
 // Bytes of activation memory a model needs for max_T tokens (what llama_init reserves).
 size_t llama_activation_bytes(const ModelConfig *cfg, int max_T);
 

@@ -11,6 +11,7 @@
 #ifndef BYTESCALE_PLAN_H
 #define BYTESCALE_PLAN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "bytescale/batch.h"
@@ -73,6 +74,11 @@ void plan_chunk(int64_t len, int D, int j, int64_t *start, int64_t *n);
 
 // A bound no plan can beat: max(total work / ranks, the largest indivisible work), seconds.
 double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity);
+
+// The compact binary form the planning rank broadcasts (plan_wire.c). plan_pack allocates *buf
+// (free it); plan_unpack makes a finalized, validated plan or refuses a damaged message (-1 + error).
+int plan_pack(const Plan *p, uint8_t **buf, size_t *size);
+int plan_unpack(Plan *p, const uint8_t *buf, size_t size);
 
 // Plan files (docs/plan-format.md).
 int plan_write_json(const Plan *p, const char *path);

@@ -1,9 +1,12 @@
-// train.h: the training loop on one process (`bytescale train`), docs/training.md.
+// train.h: the training loop (`bytescale train`, `mpirun -np N bytescale train`), docs/training.md
+// and docs/runtime.md.
 //
-// Every step is the single-process form of the HDP executor (DESIGN.md):
-//   sample a global batch -> plan it (policy_plan, n_ranks = 1) -> run this rank's items in global
-//   order, one packed micro-batch each, accumulating gradients -> reduce (the identity on one
-//   process) -> clip -> AdamW on this rank's shard of the parameters (the whole vector here).
+// Every step, on every rank of the job (one process is the N = 1 case of the same code):
+//   rank 0 samples a global batch and plans it (policy_plan over N ranks) -> the plan is broadcast
+//   -> each rank reads only its own rows -> runs its items in global order (packs with local
+//   attention, rings with ring attention), accumulating gradients -> reduce-scatter (ZeRO-1) ->
+//   global-norm clip -> AdamW on the rank's shard -> all-gather of the parameters.
+// The next step's sampling, planning and reading run in a background thread while a step trains.
 // The loss is token-level over the GLOBAL batch: every micro-batch's gradient is scaled by
 // 1 / (target tokens in the whole batch), so the accumulated gradient is that of the batch's mean
 // token loss whatever the plan was.
@@ -16,12 +19,17 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <pthread.h>
+
 #include "bytescale/batch.h"
+#include "bytescale/comm.h"
 #include "bytescale/cost.h"
+#include "bytescale/executor.h"
 #include "bytescale/llama.h"
 #include "bytescale/model.h"
 #include "bytescale/optim.h"
 #include "bytescale/plan.h"
+#include "bytescale/rtrace.h"
 #include "bytescale/sampler.h"
 #include "bytescale/shard.h"
 
@@ -47,6 +55,7 @@ typedef struct {
     int64_t ckpt_every;             // a checkpoint every N steps (and at the end); 0 = at the end only
     int ckpt_keep;                  // keep the newest N checkpoints this run wrote; 0 = keep all
     char metrics[TRAIN_PATH_MAX];   // JSONL metrics file; "" = none
+    char trace[TRAIN_PATH_MAX];     // Chrome-trace JSON of every rank's timeline; "" = none
     int quiet;                      // no progress line
 } TrainConfig;
 
@@ -55,6 +64,17 @@ typedef struct {
 TrainConfig train_defaults(void);
 // -1 + error naming the setting that is out of range.
 int train_config_check(const TrainConfig *c);
+
+// One rank's share of a step (the metrics file's "ranks" array).
+typedef struct {
+    double compute;    // forward + backward work, ring block compute included
+    double comm;       // moving data: gradient reduce-scatter + parameter all-gather once every rank arrived
+    double wait;       // blocked: on ring messages, and at the gradient sync for slower ranks
+    int32_t items;     // micro-batches run
+    int32_t rings;     // of them, ring members
+    int64_t tokens;    // rows held
+    double ring_bytes; // K/V and dK/dV bytes sent
+} RankTimes;
 
 // What one step did; also one line of the metrics file.
 typedef struct {
@@ -68,43 +88,76 @@ typedef struct {
     int64_t seqs;         // sequences in the batch after the context cut
     int64_t longest;      // tokens of its longest sequence
     int32_t items;        // micro-batches this rank ran
+    int32_t n_items;      // items in the plan (packs and rings)
+    int32_t n_rings;      // of them, rings
     int64_t epoch;        // the sampler's epoch after the step
     double est_seconds;   // the plan's makespan under the cost model ("cpu" profile)
     double seconds;       // wall time of the step
     double tokens_per_s;  // tokens / seconds
+    double sync_exposed;  // gradient sync seconds after the last rank arrived (not hidden by compute)
+    double data_wait;     // seconds the step waited for its plan and tokens (the prefetch was late)
+    int n_ranks;
+    const RankTimes *ranks;  // (n_ranks,) owned by the trainer, valid until the next step
 } StepStats;
+
+typedef struct Trainer Trainer;
+
+// The next step's plan and rows, prepared by a background thread while this step trains.
+typedef struct {
+    Trainer *t;
+    int64_t read_step;     // read the rows of this step's plan (0 = none)
+    int64_t plan_step;     // rank 0: sample and plan this step (0 = none)
+    int rc;
+    char err[1024];
+} Prefetch;
 
 // A trainer points into itself (the sampler reads its dataset's index): do not copy or move one
 // after trainer_init.
-typedef struct {
+struct Trainer {
     TrainConfig cfg;
     ModelConfig model;
     Dataset data;
     uint32_t data_fingerprint;  // identifies the dataset in checkpoints (train_data_fingerprint)
-    Sampler sampler;
+    Comm *comm;                 // the HDP ranks: comm_local() on one process, MPI under mpirun
+    int rank, n_ranks;          // comm->rank, comm->size
+    Sampler sampler;            // rank 0 only: samples every global batch
     Llama llama;
-    AdamW opt;                  // on this rank's shard [opt.begin, opt.end) of the parameters
+    Zero1 zero;                 // this rank's shard of the parameters and its summed gradient
+    AdamW opt;                  // on the shard [zero.begin, zero.end)
     LrSchedule sched;
-    CostModel cost;             // for the planner: cost_derive(model, hw "cpu", 1, 1, 1, C)
-    int rank, n_ranks;          // this process in the HDP group: 0 of 1
+    CostModel cost;             // for the planner: cost_derive(model, hw "cpu", 1, 1, n_ranks, C)
+    Executor exec;
+    TokenSource tokens;         // this rank reads its rows through it (the dataset's shards)
     int64_t capacity;           // C, resolved (cfg.capacity or cfg.context)
     int64_t step;               // steps done
-    GlobalBatch batch;          // the current step's batch
-    Plan plan;                  // its plan (freed and remade every step)
-    int plan_live;
-    // one packed micro-batch, allocated once for C tokens
-    int32_t *mb_tokens;         // (C,)
-    int32_t *mb_targets;        // (C,) next token, -1 at a document's end
-    int32_t *mb_pos;            // (C,) position in the sequence
-    int32_t *mb_seg;            // (C,) segment id within the micro-batch
-    uint32_t *span;             // (C + 1,) tokens read from the dataset, one past the segment for its label
-} Trainer;
+    // the pipeline: slot s % 2 holds step s's plan and rows
+    Plan plans[2];
+    int64_t plan_of[2];         // which step each slot's plan is (0 = none)
+    StepRows rows[2];
+    int64_t rows_of[2];         // which step each slot's rows are (0 = none)
+    GlobalBatch batch;          // rank 0: the batch being sampled
+    uint8_t *wire;              // rank 0: the next step's packed plan
+    size_t wire_size;
+    int64_t wire_step;          // which step wire holds (0 = none)
+    SamplerState before[4];     // rank 0: the sampler's position before sampling step s, at [s % 4]
+    int64_t sampled;            // rank 0: the last step sampled (the thread's)
+    int64_t planned;            // the last step whose plan was broadcast (the main thread's)
+    Prefetch pf;
+    pthread_t thread;
+    int thread_live;
+    RankTimes *times;           // (n_ranks,) the last step's, gathered from every rank
+    double trace_origin;        // now_seconds() of the run's start on every rank
+    RtTrace *trace;             // NULL = no trace
+};
 
 // Check the settings, open the dataset (a missing one says to run `bytescale prepare`), refuse a
 // dataset whose vocabulary is not the model's and a context that would need a ring (context > C
 // needs >= 2 ranks: mpirun), make the model for C tokens with weights from the seed, the optimizer
 // and the sampler. Step 0. -1 + error; nothing is left allocated then.
 int trainer_init(Trainer *t, const TrainConfig *cfg);
+// The same over the ranks of comm (every rank calls it with the same settings). Rank 0 samples and
+// plans every batch and broadcasts the plan; each rank reads only its own rows.
+int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm);
 void trainer_free(Trainer *t);
 
 // One step as above; fills *st (may be NULL). -1 + error (a bad plan, an unreadable token range).

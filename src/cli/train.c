@@ -1,4 +1,5 @@
-// train.c: `bytescale train` - train a model on a prepared dataset on one process (train.h).
+// train.c: `bytescale train` - train a model on a prepared dataset, on one process or on the ranks of
+// an MPI job (`mpirun -np N bytescale train ...`; train.h, docs/runtime.md).
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bytescale/comm.h"
 #include "bytescale/error.h"
 #include "bytescale/train.h"
 #include "cli/cli.h"
@@ -15,15 +17,17 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: bytescale train [flags]\n"
             "\n"
-            "Train a LLaMA-style model on a prepared dataset (`bytescale prepare`) on one process: every step\n"
-            "samples a global batch, plans it with an HDP policy, runs the plan's packed micro-batches and\n"
-            "takes an AdamW step on the token-level mean loss (docs/training.md).\n"
+            "Train a LLaMA-style model on a prepared dataset (`bytescale prepare`): every step samples a global\n"
+            "batch, plans it with an HDP policy over the job's ranks, runs every rank's packs and rings (ring\n"
+            "attention), and takes a ZeRO-1 AdamW step on the token-level mean loss (docs/training.md,\n"
+            "docs/runtime.md). One process, or N ranks: mpirun -np N bytescale train ...\n"
             "\n"
             "settings (kept by a resumed run):\n"
             "  --model NAME         tiny, small or base (default %s)\n"
             "  --tokens N           tokens per step, the global batch (default %lld; suffixes K M G)\n"
             "  --context N          longest sequence: longer documents are cut (default %lld)\n"
-            "  --capacity N         most tokens in one micro-batch, >= context (default: the context)\n"
+            "  --capacity N         C: most tokens one rank holds in a micro-batch; longer sequences train as\n"
+            "                       rings over several ranks (default: the context)\n"
             "  --policy NAME        planner: static, naive or balance (default %s)\n"
             "  --lr X               peak learning rate (default %g)\n"
             "  --min-lr X           final learning rate of the cosine decay (default: lr / 10)\n"
@@ -39,7 +43,9 @@ static void usage(FILE *f) {
             "  --ckpt-dir DIR       write checkpoints DIR/ckpt-<step>.bin (default: none)\n"
             "  --ckpt-every N       a checkpoint every N steps and at the end (default: at the end only)\n"
             "  --ckpt-keep N        keep the newest N checkpoints this run wrote, 0 = all (default %d)\n"
-            "  --metrics PATH       one JSON line per step (default: none, or PREFIX.jsonl with --plot)\n"
+            "  --metrics PATH       one JSON line per step, with every rank's compute / comm / wait seconds\n"
+            "                       (default: none, or PREFIX.jsonl with --plot)\n"
+            "  --trace PATH         every rank's timeline as one Chrome-trace JSON (Perfetto, chrome://tracing)\n"
             "  --plot PREFIX        at the end, plot the loss to PREFIX.png and PREFIX.svg (gnuplot)\n"
             "  --resume PATH        continue from a checkpoint: its settings, weights, optimizer and data\n"
             "                       position; its run's data, steps, checkpoint and metrics paths unless\n"
@@ -47,7 +53,8 @@ static void usage(FILE *f) {
             "  --help               this text\n"
             "\n"
             "One process runs packs only: a context above the capacity needs ring attention over >= 2 ranks\n"
-            "(mpirun). Set OPENBLAS_NUM_THREADS=1 for bit-exact resumes, BS_QUIET=1 to hide the progress line.\n",
+            "(mpirun). Checkpoints hold whole optimizer state: a run resumes on any number of ranks. Set\n"
+            "OPENBLAS_NUM_THREADS=1 for bit-exact resumes, BS_QUIET=1 to hide the progress line.\n",
             d.model, (long long)d.tokens, (long long)d.context, d.policy, d.lr, (long long)d.warmup, d.weight_decay,
             d.clip, (unsigned long long)d.seed, d.data, (long long)d.steps, d.ckpt_keep);
 }
@@ -62,7 +69,8 @@ static int bad_usage(const char *fmt, const char *arg) {
 enum {
     OPT_MODEL = 1000, OPT_TOKENS, OPT_CONTEXT, OPT_CAPACITY, OPT_POLICY, OPT_LR, OPT_MIN_LR, OPT_WARMUP, OPT_WD,
     OPT_CLIP, OPT_SEED,  // the settings, up to here
-    OPT_DATA, OPT_STEPS, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_CKPT_KEEP, OPT_METRICS, OPT_PLOT, OPT_RESUME, OPT_END
+    OPT_DATA, OPT_STEPS, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_CKPT_KEEP, OPT_METRICS, OPT_TRACE, OPT_PLOT, OPT_RESUME,
+    OPT_END
 };
 
 static const struct option options[] = {
@@ -83,6 +91,7 @@ static const struct option options[] = {
     {"ckpt-every", required_argument, NULL, OPT_CKPT_EVERY},
     {"ckpt-keep", required_argument, NULL, OPT_CKPT_KEEP},
     {"metrics", required_argument, NULL, OPT_METRICS},
+    {"trace", required_argument, NULL, OPT_TRACE},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"help", no_argument, NULL, 'h'},
@@ -128,6 +137,7 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_CKPT_EVERY: return arg_int64(flag, v, &c->ckpt_every);
     case OPT_CKPT_KEEP: return arg_int(flag, v, &c->ckpt_keep);
     case OPT_METRICS: return copy_text(c->metrics, sizeof c->metrics, flag, v);
+    case OPT_TRACE: return copy_text(c->trace, sizeof c->trace, flag, v);
     default: return bs_fail("%s: not a setting", flag);
     }
 }
@@ -191,6 +201,17 @@ static void fmt_time(char *buf, size_t cap, double s) {
     else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
+// A rank that cannot go on says who it is and why, then ends the whole job: under MPI the other
+// ranks would otherwise wait for it forever.
+static _Noreturn void rank_die(Comm *comm, const char *msg) {
+    char copy[2048];
+    snprintf(copy, sizeof copy, "%s", msg);
+    if (comm->size == 1) bs_die("%s", copy);
+    fprintf(stderr, "bytescale train: rank %d of %d: error: %s\n", comm->rank, comm->size, copy);
+    comm_abort(comm, 1);
+    exit(1);
+}
+
 int cmd_train(int argc, char **argv) {
     const char *given[OPT_END - OPT_MODEL] = {0};  // the value of each flag given, NULL if not
     opterr = 0;  // our own messages
@@ -236,6 +257,11 @@ int cmd_train(int argc, char **argv) {
         snprintf(cfg.metrics, sizeof cfg.metrics, "%s.jsonl", plot);
     }
     if (train_config_check(&cfg) != 0) return bad_usage("%s", bs_errmsg());
+    int64_t C = cfg.capacity ? cfg.capacity : cfg.context;
+    if (!comm_launched_by_mpi() && cfg.context > C)
+        return bad_usage("context %s exceeds the capacity: a sequence that long needs a ring, and a ring needs >= 2 "
+                         "ranks (run under mpirun -np N), or raise --capacity to the context",
+                         GIVEN(OPT_CONTEXT) ? GIVEN(OPT_CONTEXT) : "");
     char script[4200];
     if (plot) {
         if (find_plot_script(script, sizeof script) != 0) bs_die_errmsg();
@@ -243,24 +269,26 @@ int cmd_train(int argc, char **argv) {
             bs_die("--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or drop --plot");
     }
 
+    // the ranks: MPI when an MPI launcher started us, else this process alone
+    Comm *comm = comm_local();
+    if (comm_launched_by_mpi() && comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
+    int lead = comm->rank == 0;
+
     Trainer *t = malloc(sizeof *t);  // large, and it must not move: not on the stack
-    if (!t) bs_die("out of memory");
-    if (trainer_init(t, &cfg) != 0) {
-        free(t);
-        bs_die_errmsg();
-    }
+    if (!t) rank_die(comm, "out of memory");
+    if (trainer_init_comm(t, &cfg, comm) != 0) rank_die(comm, bs_errmsg());
     if (resume && trainer_load(t, resume) != 0) {
         char msg[2048];
-        snprintf(msg, sizeof msg, "%s", bs_errmsg());
-        trainer_free(t);
-        free(t);
-        bs_die("cannot resume: %s", msg);
+        snprintf(msg, sizeof msg, "cannot resume: %s", bs_errmsg());
+        rank_die(comm, msg);
     }
     const DocIndex *ix = &t->data.index;
-    printf("train: model %s (%.2fM parameters), data %s (%lld documents, %lld tokens)\n", t->model.name,
+    if (lead) printf("train: model %s (%.2fM parameters), data %s (%lld documents, %lld tokens)\n", t->model.name,
            (double)t->llama.n_params / 1e6, cfg.data, (long long)ix->n_docs, (long long)ix->n_tokens);
-    printf("train: %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, schedule %lld "
-           "steps), steps %lld -> %lld%s%s\n",
+    if (lead)
+        printf("train: %d rank%s, %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, "
+               "schedule %lld steps), steps %lld -> %lld%s%s\n",
+               comm->size, comm->size > 1 ? "s" : "",
            (long long)cfg.tokens, (long long)cfg.context, (long long)t->capacity, cfg.policy, cfg.lr, cfg.min_lr,
            (long long)cfg.warmup, (long long)t->sched.total_steps, (long long)t->step, (long long)cfg.steps,
            resume ? ", resumed from " : "", resume ? resume : "");
@@ -270,12 +298,14 @@ int cmd_train(int argc, char **argv) {
     int rc = trainer_run(t, &sum);
     int64_t done = sum.last_step - sum.first_step;
     if (rc != 0) {
-        char msg[2048];
-        snprintf(msg, sizeof msg, "%s", bs_errmsg());
+        if (sum.last_ckpt[0] && lead) fprintf(stderr, "bytescale train: the newest checkpoint is %s\n", sum.last_ckpt);
+        rank_die(comm, bs_errmsg());
+    }
+    if (!lead) {  // rank 0 reports and plots
         trainer_free(t);
         free(t);
-        if (sum.last_ckpt[0]) fprintf(stderr, "bytescale train: the newest checkpoint is %s\n", sum.last_ckpt);
-        bs_die("%s", msg);
+        comm_mpi_finalize();
+        return 0;
     }
     char took[32];
     fmt_time(took, sizeof took, sum.seconds);
@@ -290,10 +320,12 @@ int cmd_train(int argc, char **argv) {
     if (sum.last_ckpt[0]) printf("checkpoint: %s\n", sum.last_ckpt);
     trainer_free(t);
     free(t);
+    if (cfg.trace[0]) printf("trace: %s (open in ui.perfetto.dev or chrome://tracing)\n", cfg.trace);
     if (plot) {
         if (run_plot(script, cfg.metrics, plot) != 0) bs_die_errmsg();
         printf("plot: %s.png %s.svg\n", plot, plot);
     }
+    if (comm->size > 1) comm_mpi_finalize();
     return 0;
 #undef GIVEN
 }

@@ -251,6 +251,30 @@ int llama_init(Llama *m, const ModelConfig *cfg, int max_T) {
     return 0;
 }
 
+int llama_reserve(Llama *m, int max_T) {
+    if (max_T <= m->max_T) return 0;
+    Arena old = m->arena;
+    int old_T = m->max_T, old_chunk = m->chunk;
+    m->max_T = max_T;
+    m->chunk = head_chunk(&m->cfg, max_T);
+    if (alloc_acts(m) != 0) {  // the old arena is untouched until the new one exists
+        m->arena = old;
+        m->max_T = old_T;
+        m->chunk = old_chunk;
+        // re-carve the old buffers' pointers from the old arena, exactly as before
+        arena_reset(&m->arena);
+        ActBuf *bufs = malloc(act_cap(&m->cfg) * sizeof *bufs);
+        if (bufs) {
+            size_t n = act_list(&m->acts, &m->cfg, m->max_T, bufs);
+            for (size_t i = 0; i < n; i++) *bufs[i].slot = arena_floats(&m->arena, bufs[i].n);
+        }
+        free(bufs);
+        return bs_fail_ctx("model %s: activations for %d tokens", m->cfg.name, max_T);
+    }
+    arena_free(&old);
+    return 0;
+}
+
 void llama_free(Llama *m) {
     free(m->tensors);
     free(m->params);
@@ -364,7 +388,7 @@ int llama_forward(Llama *m, const MicroBatch *mb, double *loss_sum, int64_t *n_t
     *loss_sum = 0;
     if (n_targets) *n_targets = 0;
     if (check_batch(m, mb) != 0) return -1;
-    if (mb->T == 0) return 0;
+    if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
     if (forward_layers(m, mb) != 0) return -1;
     const ModelConfig *c = &m->cfg;
     *loss_sum = head_loss(NULL, NULL, m->acts.lnf, m->w.lm_head, mb->targets, mb->T, c->d_model, c->vocab_size, 1.0f,
@@ -376,7 +400,7 @@ int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, dou
     *loss_sum = 0;
     if (n_targets) *n_targets = 0;
     if (check_batch(m, mb) != 0) return -1;
-    if (mb->T == 0) return 0;
+    if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
     if (forward_layers(m, mb) != 0) return -1;
     const ModelConfig *c = &m->cfg;
     int T = mb->T, D = c->d_model, F = c->d_ff, Q = m->q_dim, KV = m->kv_dim;

@@ -1,5 +1,5 @@
 // batch.c: global batches: a growable list of sequences, cutting to a maximum context, lengths
-// files, and batches generated from a length distribution (the distributions are in dist.c).
+// files, and batches generated from a length distribution (the distributions are in lengths.c).
 #include "bytescale/batch.h"
 
 #include <ctype.h>

@@ -7,6 +7,7 @@
 #include "bytescale/error.h"
 #include "bytescale/json.h"
 #include "bytescale/train.h"
+#include "runtime/train_internal.h"
 
 #define CONFIG_FORMAT "bytescale-train"
 #define CONFIG_VERSION 1
@@ -209,10 +210,42 @@ static uint64_t get_u64(const uint8_t *p) {
     return x;
 }
 
+static int save_file(const Trainer *t, const char *path, const float *m, const float *v);
+
+// The optimizer's moments of every shard, gathered into whole vectors (m, v: n_params each) on every
+// rank: a checkpoint holds them whole, so it can be resumed on any number of ranks.
+static int gather_moments(const Trainer *t, float **m, float **v) {
+    size_t n = t->llama.n_params, shard = t->opt.end - t->opt.begin;
+    *m = bs_malloc(n * sizeof(float));
+    *v = bs_malloc(n * sizeof(float));
+    if (!*m || !*v) return -1;
+    memcpy(*m + t->opt.begin, t->opt.m, shard * sizeof(float));
+    memcpy(*v + t->opt.begin, t->opt.v, shard * sizeof(float));
+    if (comm_allgatherv(t->comm, *m, t->zero.counts, t->zero.displs) != 0 ||
+        comm_allgatherv(t->comm, *v, t->zero.counts, t->zero.displs) != 0)
+        return bs_fail_ctx("gathering the optimizer shards");
+    return 0;
+}
+
 int trainer_save(const Trainer *t, const char *path) {
+    // every rank takes part in the gather; rank 0 writes; everyone learns whether it worked
+    float *m = NULL, *v = NULL;
+    int rc = gather_moments(t, &m, &v);
+    if (rc == 0 && t->rank == 0) rc = save_file(t, path, m, v);
+    free(m);
+    free(v);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", rc == 0 ? "" : bs_errmsg());
+    int64_t ok = rc == 0;
+    if (comm_bcast(t->comm, &ok, sizeof ok, 0) != 0 || comm_bcast(t->comm, msg, sizeof msg, 0) != 0) return -1;
+    if (!ok) return bs_fail("%s", msg);
+    return 0;
+}
+
+static int save_file(const Trainer *t, const char *path, const float *m, const float *v) {
     char *config = config_json(t);
     if (!config) return bs_fail_ctx("%s", path);
-    SamplerState ss = sampler_state(&t->sampler);
+    SamplerState ss = train_sampler_position(t);
     uint64_t w[ST_WORDS];
     w[ST_STEP] = (uint64_t)t->step;
     w[ST_ADAM_T] = (uint64_t)t->opt.t;
@@ -226,13 +259,13 @@ int trainer_save(const Trainer *t, const char *path) {
     for (int i = 0; i < ST_WORDS; i++) put_u64(state + 8 * i, w[i]);
 
     // the fp32 arrays are written in memory order: little-endian IEEE on every machine we run on
-    size_t shard = t->opt.end - t->opt.begin;
+    uint64_t whole = (uint64_t)t->llama.n_params * sizeof(float);
     CkptBlob blobs[] = {
         {"config", config, strlen(config)},
         {"state", state, sizeof state},
-        {"params", t->llama.params, (uint64_t)t->llama.n_params * sizeof(float)},
-        {"adam.m", t->opt.m, (uint64_t)shard * sizeof(float)},
-        {"adam.v", t->opt.v, (uint64_t)shard * sizeof(float)},
+        {"params", t->llama.params, whole},
+        {"adam.m", m, whole},
+        {"adam.v", v, whole},
     };
     int rc = ckpt_save(path, blobs, (int)(sizeof blobs / sizeof blobs[0]));
     free(config);
@@ -325,7 +358,8 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
     if (ckpt_find(ck, "params", &params, &np) != 0 || ckpt_find(ck, "adam.m", &m, &nm) != 0 ||
         ckpt_find(ck, "adam.v", &v, &nv) != 0)
         return -1;
-    uint64_t want_p = (uint64_t)t->llama.n_params * sizeof(float), want_s = (uint64_t)shard * sizeof(float);
+    // the moments are whole vectors (any rank count); this rank keeps its shard of them
+    uint64_t want_p = (uint64_t)t->llama.n_params * sizeof(float), want_s = want_p;
     if (np != want_p || nm != want_s || nv != want_s)
         return bs_fail("%s: sections params / adam.m / adam.v hold %llu / %llu / %llu bytes, the model needs %llu / "
                        "%llu / %llu",
@@ -352,8 +386,8 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
 
     // nothing can fail from here on
     memcpy(t->llama.params, params, np);
-    memcpy(t->opt.m, m, nm);
-    memcpy(t->opt.v, v, nv);
+    memcpy(t->opt.m, (const float *)m + t->opt.begin, shard * sizeof(float));
+    memcpy(t->opt.v, (const float *)v + t->opt.begin, shard * sizeof(float));
     t->opt.t = (int64_t)w[ST_ADAM_T];
     t->step = (int64_t)w[ST_STEP];
     llama_zero_grad(&t->llama);
@@ -361,10 +395,13 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
 }
 
 int trainer_load(Trainer *t, const char *path) {
+    // the background thread uses the sampler: wait for it; what it prepared stands if the load fails
+    if (train_prefetch_join(t) != 0) return -1;
     Checkpoint ck;
     if (ckpt_load(&ck, path, required_sections, N_REQUIRED) != 0) return -1;
     int rc = load_checked(t, &ck);
     ckpt_free(&ck);
+    if (rc == 0) train_prefetch_reset(t);  // the batches prepared ahead belong to the old position
     return rc;
 }
 

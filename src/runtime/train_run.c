@@ -1,4 +1,6 @@
-// train_run.c: the whole run - steps, metrics lines, progress line, periodic checkpoints (train.h).
+// train_run.c: the whole run - steps, metrics lines, progress line, periodic checkpoints, the trace
+// (train.h). Every rank runs the loop (steps and checkpoints are collective); rank 0 alone writes
+// the metrics, the progress line and the checkpoint files.
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -8,7 +10,9 @@
 #include "bytescale/error.h"
 #include "bytescale/fileio.h"
 #include "bytescale/progress.h"
+#include "bytescale/timer.h"
 #include "bytescale/train.h"
+#include "runtime/train_internal.h"
 
 // Checkpoints this run wrote, oldest first, so all but the newest ckpt_keep can be removed.
 typedef struct {
@@ -20,9 +24,11 @@ static int save_checkpoint(Trainer *t, Kept *k, TrainSummary *sum) {
     const TrainConfig *c = &t->cfg;
     char path[TRAIN_PATH_MAX + 32];
     train_ckpt_path(path, sizeof path, c->ckpt_dir, t->step);
+    double t0 = now_seconds();
     if (trainer_save(t, path) != 0) return bs_fail_ctx("checkpoint at step %lld", (long long)t->step);
+    if (t->trace) rtrace_add(t->trace, "checkpoint", "data", t0, now_seconds(), t->step);
     snprintf(sum->last_ckpt, sizeof sum->last_ckpt, "%s", path);
-    if (k->keep <= 0) return 0;
+    if (k->keep <= 0 || t->rank != 0) return 0;
     if (k->n == k->keep) {  // drop the oldest; the new one is safely on disk
         char old[TRAIN_PATH_MAX + 32];
         train_ckpt_path(old, sizeof old, c->ckpt_dir, k->steps[k->head]);
@@ -42,16 +48,24 @@ int trainer_run(Trainer *t, TrainSummary *sum) {
     sum->first_step = sum->last_step = t->step;
     FILE *metrics = NULL;
     Kept kept = {.keep = c->ckpt_keep};
-    if (c->ckpt_dir[0] && make_dirs(c->ckpt_dir) != 0) return bs_fail_ctx("checkpoint directory");
+    int lead = t->rank == 0;  // the rank that writes files and the progress line
+    if (lead && c->ckpt_dir[0] && make_dirs(c->ckpt_dir) != 0) return bs_fail_ctx("checkpoint directory");
     if (kept.keep > 0 && !(kept.steps = bs_calloc((size_t)kept.keep, sizeof *kept.steps))) return -1;
-    if (c->metrics[0] && train_metrics_open(&metrics, c->metrics, t->step > 0 ? t->step : -1) != 0) {
+    if (lead && c->metrics[0] && train_metrics_open(&metrics, c->metrics, t->step > 0 ? t->step : -1) != 0) {
         free(kept.steps);
         return -1;
     }
+    RtTrace trace;
+    if (rtrace_init(&trace, c->trace, t->rank, t->n_ranks, t->trace_origin) != 0) {
+        free(kept.steps);
+        if (metrics) fclose(metrics);
+        return bs_fail_ctx("--trace");
+    }
+    if (rtrace_on(&trace)) train_trace_attach(t, &trace);
 
     Progress pr;
     progress_start(&pr, "train", c->steps > t->step ? c->steps - t->step : 0);
-    if (c->quiet) pr.quiet = 1;
+    if (c->quiet || !lead) pr.quiet = 1;
     double recent[TRAIN_RECENT_STEPS];
     int64_t saved = -1;
     int rc = 0;
@@ -92,5 +106,14 @@ int trainer_run(Trainer *t, TrainSummary *sum) {
     progress_finish(&pr, done, note);
     if (metrics && fclose(metrics) != 0 && rc == 0) rc = bs_fail("%s: closing: %s", c->metrics, strerror(errno));
     free(kept.steps);
+    train_prefetch_stop(t);
+    if (rtrace_on(&trace)) {
+        train_trace_attach(t, NULL);
+        // every rank's part on disk before rank 0 merges them (a failed run keeps its parts)
+        if (rc == 0 && rtrace_write_part(&trace) != 0) rc = bs_fail_ctx("--trace");
+        if (rc == 0 && comm_barrier(t->comm) != 0) rc = -1;
+        if (rc == 0 && lead && rtrace_merge(c->trace, t->n_ranks) != 0) rc = bs_fail_ctx("--trace");
+    }
+    rtrace_free(&trace);
     return rc;
 }

@@ -1,5 +1,6 @@
-// train.c: one training step on one process, structured as the HDP executor (see train.h):
-// sample -> plan -> this rank's items as packed micro-batches -> accumulate -> reduce -> optimizer.
+// train.c: making a trainer and one training step over the job's ranks (train.h):
+// (rank 0) sample -> plan -> broadcast -> this rank's rows -> executor -> ZeRO-1 sync -> optimizer.
+// The pipeline that prepares the next step in the background is in train_prefetch.c.
 #include "bytescale/train.h"
 
 #include <math.h>
@@ -12,6 +13,7 @@
 #include "bytescale/hw.h"
 #include "bytescale/policy.h"
 #include "bytescale/timer.h"
+#include "runtime/train_internal.h"
 
 TrainConfig train_defaults(void) {
     TrainConfig c;
@@ -41,10 +43,6 @@ int train_config_check(const TrainConfig *c) {
                                         (long long)c->capacity);
     int64_t C = c->capacity ? c->capacity : c->context;
     if (C > (1 << 30)) return bs_fail("capacity %lld is too large for one micro-batch (at most 1G tokens)", (long long)C);
-    if (c->context > C)
-        return bs_fail("context %lld > capacity %lld: a sequence that long needs a ring, and a ring needs >= 2 ranks "
-                       "(run under mpirun), or raise the capacity to the context",
-                       (long long)c->context, (long long)C);
     if (!(c->lr > 0) || !isfinite(c->lr)) return bs_fail("learning rate must be positive (got %g)", c->lr);
     if (!(c->min_lr >= 0 && c->min_lr <= c->lr))
         return bs_fail("min learning rate must be in [0, lr = %g] (got %g)", c->lr, c->min_lr);
@@ -86,35 +84,34 @@ static int open_dataset(Trainer *t) {
     return 0;
 }
 
-static int alloc_microbatch(Trainer *t) {
-    size_t C = (size_t)t->capacity;
-    t->mb_tokens = bs_malloc(C * sizeof(int32_t));
-    t->mb_targets = bs_malloc(C * sizeof(int32_t));
-    t->mb_pos = bs_malloc(C * sizeof(int32_t));
-    t->mb_seg = bs_malloc(C * sizeof(int32_t));
-    t->span = bs_malloc((C + 1) * sizeof(uint32_t));
-    return t->mb_tokens && t->mb_targets && t->mb_pos && t->mb_seg && t->span ? 0 : -1;
-}
+int trainer_init(Trainer *t, const TrainConfig *cfg) { return trainer_init_comm(t, cfg, comm_local()); }
 
-int trainer_init(Trainer *t, const TrainConfig *cfg) {
+int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
-    t->rank = 0;
-    t->n_ranks = 1;
+    t->comm = comm;
+    t->rank = comm->rank;
+    t->n_ranks = comm->size;
     if (train_config_check(cfg) != 0) return -1;
     const ModelConfig *mc = model_find(cfg->model);
     if (!mc) return -1;
     t->model = *mc;
     t->capacity = cfg->capacity ? cfg->capacity : cfg->context;
+    if (cfg->context > t->capacity && t->n_ranks < 2)
+        return bs_fail("context %lld > capacity %lld: a sequence that long needs a ring, and a ring needs >= 2 ranks "
+                       "(run under mpirun -np N), or raise the capacity to the context",
+                       (long long)cfg->context, (long long)t->capacity);
     if (!policy_find(cfg->policy)) return -1;
     const HardwareProfile *hw = hw_find("cpu");
     if (!hw || cost_derive(&t->cost, mc, hw, 1, 1, t->n_ranks, t->capacity) != 0) return bs_fail_ctx("cost model");
     if (open_dataset(t) != 0) return -1;
+    t->tokens = token_source_dataset(&t->data);
 
     int rc = sampler_init(&t->sampler, &t->data.index, cfg->seed);
     if (rc == 0) rc = batch_init(&t->batch, 64);
-    if (rc == 0) rc = alloc_microbatch(t);
     if (rc == 0) rc = llama_init(&t->llama, mc, (int)t->capacity);
+    if (rc == 0) rc = zero1_init(&t->zero, comm, t->llama.n_params);
+    if (rc == 0) rc = (t->times = bs_calloc((size_t)t->n_ranks, sizeof *t->times)) ? 0 : -1;
     if (rc == 0) {
         llama_init_weights(&t->llama, cfg->seed);
         DecayRange *ranges = bs_malloc((size_t)t->llama.n_tensors * sizeof *ranges);
@@ -123,8 +120,8 @@ int trainer_init(Trainer *t, const TrainConfig *cfg) {
             llama_decay_ranges(&t->llama, ranges);
             AdamWConfig ac = adamw_defaults();
             ac.weight_decay = cfg->weight_decay;
-            // ZeRO-1 gives each rank a shard; one process owns the whole vector
-            rc = adamw_init(&t->opt, &ac, 0, t->llama.n_params, ranges, t->llama.n_tensors);
+            // ZeRO-1: this rank's optimizer owns one shard (the whole vector on one process)
+            rc = adamw_init(&t->opt, &ac, t->zero.begin, t->zero.end, ranges, t->llama.n_tensors);
         }
         free(ranges);
     }
@@ -133,26 +130,31 @@ int trainer_init(Trainer *t, const TrainConfig *cfg) {
         trainer_free(t);
         return -1;
     }
+    executor_init(&t->exec, comm, &t->llama);
     t->sched = (LrSchedule){.max_lr = cfg->lr,
                             .min_lr = cfg->min_lr,
                             .warmup_steps = cfg->warmup,
                             .total_steps = cfg->schedule_steps ? cfg->schedule_steps : cfg->steps};
     t->cfg.schedule_steps = t->sched.total_steps;
+    t->trace_origin = now_seconds();
     return 0;
 }
 
 void trainer_free(Trainer *t) {
-    if (t->plan_live) plan_free(&t->plan);
+    train_prefetch_stop(t);
+    for (int i = 0; i < 2; i++) {
+        if (t->plan_of[i]) plan_free(&t->plans[i]);
+        step_rows_free(&t->rows[i]);
+    }
+    executor_free(&t->exec);
     llama_free(&t->llama);
+    zero1_free(&t->zero);
     adamw_free(&t->opt);
     sampler_free(&t->sampler);
     batch_free(&t->batch);
     if (t->data.index.docs) dataset_close(&t->data);
-    free(t->mb_tokens);
-    free(t->mb_targets);
-    free(t->mb_pos);
-    free(t->mb_seg);
-    free(t->span);
+    free(t->wire);
+    free(t->times);
     memset(t, 0, sizeof *t);
 }
 
@@ -199,122 +201,128 @@ uint32_t train_data_fingerprint(const DocIndex *ix) {
     return crc;
 }
 
-// ---- one step -------------------------------------------------------------------------------------------
+// ---- one step ----------------------------------------------------------------------------------------
 
-// The plan of b for this process: n_ranks = 1, so every item must be a pack of <= C tokens.
-static int plan_batch(Trainer *t, const GlobalBatch *b) {
-    if (t->plan_live) plan_free(&t->plan);
-    t->plan_live = 0;
-    PlanConfig pc = {.n_ranks = t->n_ranks, .capacity = t->capacity, .context = t->cfg.context, .pp = 1, .offload = 0};
-    for (int64_t i = 0; i < b->n; i++)
-        if (b->seqs[i].len > t->capacity)
-            return bs_fail("batch sequence %lld has %lld tokens > capacity %lld: it needs a ring, and a ring needs >= 2 "
-                           "ranks (run under mpirun)",
-                           (long long)i, (long long)b->seqs[i].len, (long long)t->capacity);
-    if (policy_plan(&t->plan, t->cfg.policy, b, &pc, &t->cost) != 0) return bs_fail_ctx("planning the batch");
-    t->plan_live = 1;
-    for (int32_t k = 0; k < t->plan.n_items; k++) {
-        const Item *it = &t->plan.items[k];
-        if (it->n_ranks != 1 || it->tokens > t->capacity)
-            return bs_fail("plan item %d spans %d ranks with %lld tokens: one process runs only packs of <= %lld "
-                           "tokens (a ring needs >= 2 ranks: mpirun)",
-                           k, it->n_ranks, (long long)it->tokens, (long long)t->capacity);
-    }
-    return 0;
-}
+// Run this rank's rows of plan p: gradients of the batch's token-level mean loss, summed over all
+// ranks into this rank's ZeRO-1 shard (t->zero.grad); t->llama.grads keeps this rank's own sum.
+static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *st) {
+    llama_zero_grad(&t->llama);
+    // the loss's denominator comes from the whole batch, before any item runs
+    int64_t targets = train_count_targets(&t->data.index, &p->batch);
+    if (targets < 0) return -1;
+    // a batch with no labels at all (only documents' last tokens) contributes no gradient
+    float loss_scale = targets > 0 ? (float)(1.0 / (double)targets) : 0.0f;
+    ExecStats ex;
+    double loss_sum;
+    if (executor_run(&t->exec, p, rows, loss_scale, &loss_sum, &ex) != 0) return -1;
 
-// Fill the micro-batch buffers with one pack: each segment's tokens, labels (one token read past its
-// end; none at its document's end), positions within its sequence, and a distinct segment id.
-static int build_microbatch(Trainer *t, const Item *it, MicroBatch *mb) {
-    const Plan *p = &t->plan;
-    int T = 0;
-    for (int32_t j = 0; j < it->n_segs; j++) {
-        const Segment *sg = &p->segs[it->seg_begin + j];
-        const Sequence *sq = &p->batch.seqs[sg->seq];
-        int64_t got;
-        if (dataset_read_span(&t->data, sq->id, sq->src + sg->start, sg->len + 1, t->span, &got) != 0)
-            return bs_fail_ctx("item segment %d (sequence %d)", j, sg->seq);
-        if (got < sg->len)
-            return bs_fail("sequence %d: document %lld ends %lld tokens early", sg->seq, (long long)sq->id,
-                           (long long)(sg->len - got));
-        for (int64_t i = 0; i < sg->len; i++) {
-            t->mb_tokens[T] = (int32_t)t->span[i];
-            t->mb_targets[T] = i + 1 < got ? (int32_t)t->span[i + 1] : -1;
-            t->mb_pos[T] = (int32_t)(sg->start + i);
-            t->mb_seg[T] = j;
-            T++;
-        }
+    // the gradient sync: every rank arrives when its last item is done
+    double arrive = now_seconds();
+    if (zero1_reduce(&t->zero, t->comm, t->llama.grads) != 0) return bs_fail_ctx("gradient reduce-scatter");
+    double synced = now_seconds();
+    double sums[2] = {loss_sum, (double)rows->n_targets};
+    if (comm_allreduce_sum(t->comm, sums, 2) != 0) return bs_fail_ctx("summing the loss");
+    if ((int64_t)sums[1] != targets)
+        return bs_fail("the micro-batches held %lld labelled tokens but the batch has %lld", (long long)sums[1],
+                       (long long)targets);
+    if (t->trace) {
+        rtrace_add(t->trace, "grad reduce-scatter", "comm", arrive, synced, -1);
     }
-    *mb = (MicroBatch){.tokens = t->mb_tokens, .targets = t->mb_targets, .pos = t->mb_pos, .seg = t->mb_seg, .T = T};
+    // every rank's times: wait at the sync = how long after this rank the last one arrived
+    double mine[8] = {ex.seconds - ex.ring_wait, ex.ring_wait, synced - arrive, arrive - t->trace_origin,
+                      ex.items, ex.rings, (double)ex.rows, ex.ring_bytes};
+    double *all = bs_malloc((size_t)t->n_ranks * sizeof mine);
+    if (!all || comm_allgather(t->comm, mine, all, sizeof mine) != 0) {
+        free(all);
+        return bs_fail_ctx("gathering step times");
+    }
+    double last = 0;
+    for (int r = 0; r < t->n_ranks; r++)
+        if (all[8 * r + 3] > last) last = all[8 * r + 3];
+    double exposed = 0;
+    for (int r = 0; r < t->n_ranks; r++) {
+        const double *a = all + 8 * r;
+        double sync_wait = last - a[3], comm = a[2] - sync_wait;
+        if (comm < 0) comm = 0, sync_wait = a[2];
+        if (comm > exposed) exposed = comm;
+        t->times[r] = (RankTimes){.compute = a[0],
+                                  .comm = comm,
+                                  .wait = a[1] + sync_wait,
+                                  .items = (int32_t)a[4],
+                                  .rings = (int32_t)a[5],
+                                  .tokens = (int64_t)a[6],
+                                  .ring_bytes = a[7]};
+    }
+    free(all);
+    if (st) {
+        int64_t longest = 0;
+        for (int64_t i = 0; i < p->batch.n; i++)
+            if (p->batch.seqs[i].len > longest) longest = p->batch.seqs[i].len;
+        int32_t rings = 0;
+        for (int32_t k = 0; k < p->n_items; k++) rings += p->items[k].n_ranks > 1;
+        st->loss = targets > 0 ? sums[0] / (double)targets : 0.0;
+        st->tokens = p->batch.n_tokens;
+        st->targets = targets;
+        st->seqs = p->batch.n;
+        st->longest = longest;
+        st->items = ex.items;
+        st->n_items = p->n_items;
+        st->n_rings = rings;
+        st->est_seconds = p->makespan;
+        st->sync_exposed = exposed;
+        st->n_ranks = t->n_ranks;
+        st->ranks = t->times;
+    }
     return 0;
 }
 
 int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st) {
-    llama_zero_grad(&t->llama);
-    // the loss's denominator comes from the whole batch, before any item runs
-    int64_t targets = train_count_targets(&t->data.index, b);
-    if (targets < 0) return -1;
-    // a batch with no labels at all (only documents' last tokens) contributes no gradient
-    float loss_scale = targets > 0 ? (float)(1.0 / (double)targets) : 0.0f;
-    if (plan_batch(t, b) != 0) return -1;
-
-    const Plan *p = &t->plan;
-    double loss_sum = 0;
-    int64_t seen = 0;
-    int32_t first = p->rank_begin[t->rank], end = p->rank_begin[t->rank + 1];
-    for (int32_t r = first; r < end; r++) {
-        int32_t k = p->rank_items[r];
-        MicroBatch mb;
-        if (build_microbatch(t, &p->items[k], &mb) != 0) return bs_fail_ctx("plan item %d", k);
-        double item_loss;
-        int64_t n_targets;
-        if (llama_forward_backward(&t->llama, &mb, loss_scale, &item_loss, &n_targets) != 0)
-            return bs_fail_ctx("plan item %d", k);
-        loss_sum += item_loss;
-        seen += n_targets;
+    train_prefetch_stop(t);
+    // rank 0 plans b and broadcasts the plan, exactly as a step does
+    if (t->rank == 0 && train_plan_batch(t, b) != 0) {
+        train_bcast_plan_error(t);
+        return -1;
     }
-    if (seen != targets)
-        return bs_fail("the micro-batches held %lld labelled tokens but the batch has %lld", (long long)seen,
-                       (long long)targets);
-    // One process holds the only copy of the gradients, so there is nothing to sum; under MPI this is
-    // where the reduce-scatter leaves each rank the summed gradient of its ZeRO-1 shard.
-
-    if (st) {
-        int64_t longest = 0;
-        for (int64_t i = 0; i < b->n; i++)
-            if (b->seqs[i].len > longest) longest = b->seqs[i].len;
-        st->loss = targets > 0 ? loss_sum / (double)targets : 0.0;
-        st->tokens = b->n_tokens;
-        st->targets = targets;
-        st->seqs = b->n;
-        st->longest = longest;
-        st->items = end - first;
-        st->est_seconds = p->makespan;
-    }
-    return 0;
+    Plan *p = &t->plans[0];
+    if (train_bcast_plan(t, 0, p) != 0) return -1;
+    if (step_rows_read(&t->rows[0], p, t->rank, &t->tokens) != 0) return -1;
+    t->plan_of[0] = t->rows_of[0] = 0;  // not a step of the run: the pipeline starts afresh
+    StepStats s;
+    memset(&s, 0, sizeof s);
+    int rc = run_plan(t, p, &t->rows[0], &s);
+    plan_free(p);
+    if (rc == 0 && st) *st = s;
+    return rc;
 }
 
 int trainer_step(Trainer *t, StepStats *out) {
     double t0 = now_seconds();
     StepStats st;
     memset(&st, 0, sizeof st);
-    if (sampler_next(&t->sampler, t->cfg.tokens, t->cfg.context, &t->batch) != 0)
-        return bs_fail_ctx("step %lld: sampling", (long long)(t->step + 1));
-    if (trainer_grad(t, &t->batch, &st) != 0) return bs_fail_ctx("step %lld", (long long)(t->step + 1));
+    int64_t s = t->step + 1;
+    // this step's plan and rows (prepared during the last step), and the next step's started
+    if (train_prefetch_ready(t, s) != 0) return bs_fail_ctx("step %lld", (long long)s);
+    st.data_wait = now_seconds() - t0;
+    if (t->trace) rtrace_add(t->trace, "plan + data", "data", t0, now_seconds(), s);
+    if (run_plan(t, &t->plans[s % 2], &t->rows[s % 2], &st) != 0) return bs_fail_ctx("step %lld", (long long)s);
 
-    // optimizer on this rank's shard; the squared norm would be all-reduced over the shards under MPI
-    size_t begin = t->opt.begin, n = t->opt.end - t->opt.begin;
-    double sumsq = grad_sumsq(t->llama.grads + begin, n);
+    // clip by the global norm, AdamW on this rank's shard, then every rank gets every parameter
+    double ts = now_seconds(), sumsq;
+    if (zero1_sumsq(&t->zero, t->comm, &sumsq) != 0) return bs_fail_ctx("step %lld: gradient norm", (long long)s);
     double lr = lr_schedule(&t->sched, t->step);
     st.clip_scale = grad_clip_scale(sumsq, t->cfg.clip, &st.grad_norm);
-    adamw_step(&t->opt, t->llama.params + begin, t->llama.grads + begin, (float)lr, (float)st.clip_scale);
+    adamw_step(&t->opt, t->llama.params + t->zero.begin, t->zero.grad, (float)lr, (float)st.clip_scale);
+    if (zero1_gather(&t->zero, t->comm, t->llama.params) != 0)
+        return bs_fail_ctx("step %lld: parameter all-gather", (long long)s);
+    if (t->trace) rtrace_add(t->trace, "optimizer + all-gather", "comm", ts, now_seconds(), s);
     t->step++;
 
     st.step = t->step;
     st.lr = lr;
-    st.epoch = t->sampler.st.epoch;
+    st.epoch = t->rank == 0 ? train_sampler_position(t).epoch : 0;
     st.seconds = now_seconds() - t0;
     st.tokens_per_s = st.seconds > 0 ? (double)st.tokens / st.seconds : 0.0;
+    if (t->trace) rtrace_add(t->trace, "step", "step", t0, now_seconds(), t->step);
     if (out) *out = st;
     return 0;
 }

@@ -1,4 +1,4 @@
-// dist.c: length distributions for generated global batches: the paper's two datasets ("github",
+// lengths.c: length distributions for generated global batches: the paper's two datasets ("github",
 // "byted") as fitted bucket tables, and the parametric forms uniform, lognormal and fixed.
 #include "bytescale/batch.h"
 

@@ -1,0 +1,98 @@
+// comm.h: the few collective and point-to-point operations the HDP runtime needs, behind one interface.
+//
+// Two implementations: comm_local (one rank, this process; the single-process trainer) and comm_mpi
+// (MPI_COMM_WORLD of an `mpirun` job). The trainer, the executor and ring attention call only
+// these functions, so the one-process run is the N = 1 case of the distributed code path, not a
+// second variant. Every ring uses the one global communicator: no communicator is created per
+// group (docs/runtime.md says why).
+//
+// Errors: every function returns 0, or -1 with an error message (error.h). comm_abort ends the
+// whole job; a rank that cannot continue calls it so that no other rank waits for it forever.
+#ifndef BYTESCALE_COMM_H
+#define BYTESCALE_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// A non-blocking send or receive in flight. Zero-initialized = none.
+typedef struct {
+    uint64_t handle;  // the implementation's request (MPI_Request fits)
+    int active;
+} CommReq;
+
+typedef struct Comm Comm;
+
+typedef struct {
+    int (*isend)(Comm *c, const void *buf, size_t bytes, int dst, int tag, CommReq *req);
+    int (*irecv)(Comm *c, void *buf, size_t bytes, int src, int tag, CommReq *req);
+    int (*test)(Comm *c, CommReq *req, int *done);
+    int (*wait)(Comm *c, CommReq *req);
+    int (*reduce_scatter)(Comm *c, const float *send, float *recv, const int *counts);
+    int (*allgatherv)(Comm *c, float *buf, const int *counts, const int *displs);
+    int (*allgather)(Comm *c, const void *mine, void *all, size_t bytes);
+    int (*bcast)(Comm *c, void *buf, size_t bytes, int root);
+    int (*allreduce_sum)(Comm *c, double *x, int n);
+    int (*barrier)(Comm *c);
+    void (*abort)(Comm *c, int code);
+} CommOps;
+
+struct Comm {
+    int rank, size;
+    int tag_ub;             // largest tag the implementation accepts (MPI_TAG_UB; >= 32767)
+    const CommOps *ops;
+    const char *name;       // "local" or "mpi"
+};
+
+// One rank: collectives are copies, point-to-point to another rank is an error.
+Comm *comm_local(void);
+
+// MPI: MPI_Init_thread (FUNNELED: a prefetch thread never calls MPI) on first use. -1 + error when
+// MPI cannot start. comm_mpi_finalize ends it (call once, at the end of the program).
+int comm_mpi_init(Comm **out, int *argc, char ***argv);
+int comm_mpi_finalize(void);
+// Whether this process was started by an MPI launcher (mpirun/mpiexec set these variables).
+int comm_launched_by_mpi(void);
+
+// ---- the calls ------------------------------------------------------------------------------------
+// Point-to-point, non-blocking: buf must stay untouched until the request completes (wait/test).
+// Messages between one pair of ranks on one tag arrive in the order they were sent.
+static inline int comm_isend(Comm *c, const void *buf, size_t bytes, int dst, int tag, CommReq *req) {
+    return c->ops->isend(c, buf, bytes, dst, tag, req);
+}
+static inline int comm_irecv(Comm *c, void *buf, size_t bytes, int src, int tag, CommReq *req) {
+    return c->ops->irecv(c, buf, bytes, src, tag, req);
+}
+// *done = 1 when req has completed (it is then inactive). Calling it also drives the library's
+// progress engine, so a transfer moves on while the caller computes between calls.
+static inline int comm_test(Comm *c, CommReq *req, int *done) { return c->ops->test(c, req, done); }
+// Block until req completes; an inactive req returns at once.
+static inline int comm_wait(Comm *c, CommReq *req) { return c->ops->wait(c, req); }
+
+// Sum send (sum of counts floats, the same on every rank) over all ranks; rank r receives the
+// sum's block r (counts[r] floats, blocks back to back in rank order) in recv. counts may differ
+// per rank (the ZeRO-1 shards of a parameter count that does not divide by the rank count).
+static inline int comm_reduce_scatter(Comm *c, const float *send, float *recv, const int *counts) {
+    return c->ops->reduce_scatter(c, send, recv, counts);
+}
+// In place: rank r contributes buf[displs[r] .. + counts[r]); afterwards every rank holds all blocks.
+static inline int comm_allgatherv(Comm *c, float *buf, const int *counts, const int *displs) {
+    return c->ops->allgatherv(c, buf, counts, displs);
+}
+// Every rank's `bytes` bytes of mine, in rank order, into all (size * bytes).
+static inline int comm_allgather(Comm *c, const void *mine, void *all, size_t bytes) {
+    return c->ops->allgather(c, mine, all, bytes);
+}
+static inline int comm_bcast(Comm *c, void *buf, size_t bytes, int root) { return c->ops->bcast(c, buf, bytes, root); }
+// x[0..n) summed over all ranks, in place.
+static inline int comm_allreduce_sum(Comm *c, double *x, int n) { return c->ops->allreduce_sum(c, x, n); }
+// Only for start-up and tests: training steps never need one (the plan's global order keeps rings
+// in step, docs/runtime.md).
+static inline int comm_barrier(Comm *c) { return c->ops->barrier(c); }
+// End every rank of the job with this exit code. Does not return.
+static inline void comm_abort(Comm *c, int code) { c->ops->abort(c, code); }
+
+// Split n items into c->size contiguous blocks whose sizes differ by at most one (the first
+// n % size blocks are one longer): counts[r], displs[r] of rank r. Used for the ZeRO-1 shards.
+void comm_split(int64_t n, int size, int *counts, int *displs);
+
+#endif

@@ -1,0 +1,86 @@
+// executor.h: the HDP executor - this rank's plan items -> micro-batches -> gradients, and the
+// ZeRO-1 gradient sync and optimizer shard (docs/runtime.md).
+//
+// Every policy's plan runs through the same code: a pack is a micro-batch with local attention, a
+// ring is a micro-batch of this rank's chunks with ring attention over the item's ranks. Items run
+// in the plan's global order, any number of them per rank (uneven counts are normal).
+#ifndef BYTESCALE_EXECUTOR_H
+#define BYTESCALE_EXECUTOR_H
+
+#include <stdint.h>
+
+#include "bytescale/comm.h"
+#include "bytescale/llama.h"
+#include "bytescale/microbatch.h"
+#include "bytescale/plan.h"
+#include "bytescale/ring_attn.h"
+
+// This rank's rows of one step, all items back to back, read before the step runs (so the reading
+// can happen in the background while the previous step trains).
+typedef struct {
+    int32_t n_items;
+    int32_t *item;        // (n_items,) plan item indices, increasing
+    int64_t *off;         // (n_items + 1,) item i's rows are [off[i], off[i+1])
+    int32_t *tokens;      // (rows,)
+    int32_t *targets;     // (rows,) next token or -1
+    int32_t *pos;         // (rows,) global position in the sequence
+    int32_t *seg;         // (rows,) segment index within the item
+    int64_t n_targets;    // rows with a label
+    int64_t cap_items, cap_rows;
+    uint32_t *scratch;    // (cap_scratch,) one chunk + 1 tokens while reading
+    int64_t cap_scratch;
+} StepRows;
+
+void step_rows_free(StepRows *r);
+// Read rank's rows of every item of p it is a member of. -1 + error naming item and document.
+int step_rows_read(StepRows *r, const Plan *p, int rank, const TokenSource *src);
+
+// What this rank did in one executor run.
+typedef struct {
+    int32_t items;        // micro-batches run
+    int32_t rings;        // of them, ring members
+    int64_t rows;         // tokens this rank held
+    double seconds;       // wall time of all items
+    double ring_compute;  // ring attention block compute (part of seconds)
+    double ring_wait;     // waiting for ring messages (part of seconds)
+    double ring_bytes;    // K/V and dK/dV bytes sent
+} ExecStats;
+
+// A trace hook for items (name = "pack" / "ring", t0/t1 from now_seconds); NULL = none.
+typedef void (*ExecTraceFn)(void *ctx, const char *name, int32_t item, double t0, double t1);
+
+typedef struct {
+    Comm *comm;
+    Llama *llama;   // not owned; its attention is set per micro-batch
+    RingAttn ring;
+    ExecTraceFn trace;
+    void *trace_ctx;
+} Executor;
+
+void executor_init(Executor *e, Comm *comm, Llama *llama);
+void executor_free(Executor *e);
+// Forward + backward of every item in rows (of plan p), adding the gradients of
+// loss_scale * (sum of token losses) into the model's gradients; *loss_sum = that sum over this
+// rank's rows. Grows the model's activations when a ring member holds more rows than it was made
+// for. -1 + error naming the item.
+int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum,
+                 ExecStats *st);
+
+// ---- ZeRO-1 -----------------------------------------------------------------------------------------
+// The parameter vector is cut into comm->size contiguous shards (comm_split). Gradients are
+// summed with a reduce-scatter that leaves each rank the sum of its shard; the optimizer updates
+// only that shard; an all-gather brings every rank the whole updated vector.
+typedef struct {
+    int *counts, *displs;   // (size,) the shards
+    size_t begin, end;      // this rank's shard
+    float *grad;            // (end - begin,) the summed gradient of the shard
+} Zero1;
+
+int zero1_init(Zero1 *z, const Comm *comm, size_t n_params);
+void zero1_free(Zero1 *z);
+int zero1_reduce(Zero1 *z, Comm *comm, const float *grads);
+// The global gradient norm squared: the shard's sum of squares summed over ranks.
+int zero1_sumsq(Zero1 *z, Comm *comm, double *sumsq);
+int zero1_gather(Zero1 *z, Comm *comm, float *params);
+
+#endif

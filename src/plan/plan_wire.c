@@ -1,0 +1,172 @@
+// plan_wire.c: the plan's compact binary form, for broadcasting it from the planning rank (plan.h).
+//
+// Native byte order and struct-free: the ranks of one job run the same build on the same kind of
+// machine. A header with a magic number and the counts, then the arrays back to back:
+//   header | seqs (id, len, src: int64) | items (seg_begin, n_segs, rank_begin, n_ranks: int32,
+//   offload: float32, est_time: float64) | segs (seq: int32, start, len: int64) | ranks (int32)
+// Unpacking checks every count against the size, then finalizes and validates the plan, so a
+// damaged message is refused with a reason, never executed.
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/plan.h"
+
+#define WIRE_MAGIC 0x4c505342u  // "BSPL"
+#define WIRE_VERSION 1u
+
+typedef struct {
+    uint8_t *p;
+    size_t at, cap;
+} Out;
+
+static void put(Out *o, const void *v, size_t n) {
+    if (o->p) memcpy(o->p + o->at, v, n);
+    o->at += n;
+}
+
+typedef struct {
+    const uint8_t *p;
+    size_t at, size;
+    int bad;
+} In;
+
+static void get(In *in, void *v, size_t n) {
+    if (in->bad || n > in->size - in->at) {
+        in->bad = 1;
+        memset(v, 0, n);
+        return;
+    }
+    memcpy(v, in->p + in->at, n);
+    in->at += n;
+}
+
+// Write p into o (o->p NULL: only count the bytes).
+static void emit(const Plan *p, Out *o) {
+    uint32_t magic = WIRE_MAGIC, version = WIRE_VERSION;
+    put(o, &magic, 4);
+    put(o, &version, 4);
+    put(o, &p->n_ranks, 4);
+    put(o, &p->pp, 4);
+    put(o, &p->capacity, 8);
+    put(o, p->policy, sizeof p->policy);
+    put(o, &p->batch.n, 8);
+    put(o, &p->n_items, 4);
+    put(o, &p->n_segs, 4);
+    put(o, &p->n_refs, 4);
+    put(o, &p->lower_bound, 8);
+    for (int64_t i = 0; i < p->batch.n; i++) {
+        const Sequence *s = &p->batch.seqs[i];
+        put(o, &s->id, 8);
+        put(o, &s->len, 8);
+        put(o, &s->src, 8);
+    }
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        put(o, &it->seg_begin, 4);
+        put(o, &it->n_segs, 4);
+        put(o, &it->rank_begin, 4);
+        put(o, &it->n_ranks, 4);
+        put(o, &it->offload, 4);
+        put(o, &it->est_time, 8);
+    }
+    for (int32_t j = 0; j < p->n_segs; j++) {
+        put(o, &p->segs[j].seq, 4);
+        put(o, &p->segs[j].start, 8);
+        put(o, &p->segs[j].len, 8);
+    }
+    put(o, p->ranks, (size_t)p->n_refs * 4);
+}
+
+int plan_pack(const Plan *p, uint8_t **buf, size_t *size) {
+    Out count = {0};
+    emit(p, &count);
+    uint8_t *b = bs_malloc(count.at);
+    if (!b) return bs_fail_ctx("packing a plan of %zu bytes", count.at);
+    Out o = {.p = b, .cap = count.at};
+    emit(p, &o);
+    *buf = b;
+    *size = o.at;
+    return 0;
+}
+
+int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
+    memset(p, 0, sizeof *p);
+    In in = {.p = buf, .size = size};
+    uint32_t magic, version;
+    int32_t n_ranks, pp, n_items, n_segs, n_refs;
+    int64_t capacity, n_seqs;
+    char policy[sizeof p->policy];
+    double lower_bound;
+    get(&in, &magic, 4);
+    get(&in, &version, 4);
+    get(&in, &n_ranks, 4);
+    get(&in, &pp, 4);
+    get(&in, &capacity, 8);
+    get(&in, policy, sizeof policy);
+    get(&in, &n_seqs, 8);
+    get(&in, &n_items, 4);
+    get(&in, &n_segs, 4);
+    get(&in, &n_refs, 4);
+    get(&in, &lower_bound, 8);
+    if (in.bad || magic != WIRE_MAGIC) return bs_fail("plan message: %zu bytes, not a packed plan", size);
+    if (version != WIRE_VERSION) return bs_fail("plan message: version %u, this build reads %u", version, WIRE_VERSION);
+    policy[sizeof policy - 1] = '\0';
+    // every count must fit the bytes that follow: checked before anything is allocated
+    size_t rest = size - in.at;
+    if (n_seqs < 0 || n_items < 0 || n_segs < 0 || n_refs < 0 ||
+        (uint64_t)n_seqs * 24 + (uint64_t)n_items * 28 + (uint64_t)n_segs * 20 + (uint64_t)n_refs * 4 != rest)
+        return bs_fail("plan message: counts (%lld sequences, %d items, %d segments, %d rank refs) do not match its "
+                       "%zu bytes",
+                       (long long)n_seqs, n_items, n_segs, n_refs, size);
+    GlobalBatch b = {.n = n_seqs, .seqs = bs_malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof(Sequence))};
+    if (!b.seqs) return bs_fail_ctx("plan message");
+    for (int64_t i = 0; i < n_seqs; i++) {
+        get(&in, &b.seqs[i].id, 8);
+        get(&in, &b.seqs[i].len, 8);
+        get(&in, &b.seqs[i].src, 8);
+        b.n_tokens += b.seqs[i].len;
+    }
+    int rc = plan_init(p, &b, n_ranks, capacity, pp, policy);
+    free(b.seqs);
+    if (rc != 0) return bs_fail_ctx("plan message");
+    p->items = bs_malloc((size_t)(n_items > 0 ? n_items : 1) * sizeof(Item));
+    p->segs = bs_malloc((size_t)(n_segs > 0 ? n_segs : 1) * sizeof(Segment));
+    p->ranks = bs_malloc((size_t)(n_refs > 0 ? n_refs : 1) * sizeof(int32_t));
+    if (!p->items || !p->segs || !p->ranks) {
+        plan_free(p);
+        return bs_fail_ctx("plan message");
+    }
+    p->n_items = p->cap_items = n_items;
+    p->n_segs = p->cap_segs = n_segs;
+    p->n_refs = p->cap_refs = n_refs;
+    for (int32_t k = 0; k < n_items; k++) {
+        Item *it = &p->items[k];
+        memset(it, 0, sizeof *it);
+        get(&in, &it->seg_begin, 4);
+        get(&in, &it->n_segs, 4);
+        get(&in, &it->rank_begin, 4);
+        get(&in, &it->n_ranks, 4);
+        get(&in, &it->offload, 4);
+        get(&in, &it->est_time, 8);
+    }
+    for (int32_t j = 0; j < n_segs; j++) {
+        get(&in, &p->segs[j].seq, 4);
+        get(&in, &p->segs[j].start, 8);
+        get(&in, &p->segs[j].len, 8);
+    }
+    get(&in, p->ranks, (size_t)n_refs * 4);
+    // item token counts are derived, as plan_add_item does, from segments checked to be in range
+    for (int32_t k = 0; k < n_items && !in.bad; k++) {
+        Item *it = &p->items[k];
+        if (it->n_segs < 1 || it->seg_begin < 0 || (int64_t)it->seg_begin + it->n_segs > n_segs) break;
+        for (int32_t j = 0; j < it->n_segs; j++) it->tokens += p->segs[it->seg_begin + j].len;
+    }
+    if (in.bad || plan_finalize(p, NULL) != 0 || plan_validate(p, NULL) != 0) {
+        bs_fail_ctx("plan message (%zu bytes)", size);
+        plan_free(p);
+        return -1;
+    }
+    p->lower_bound = lower_bound;
+    return 0;
+}

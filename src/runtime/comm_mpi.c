@@ -1,0 +1,180 @@
+// comm_mpi.c: the Comm of an MPI job (comm.h), on MPI_COMM_WORLD only.
+//
+// Every MPI error is returned, not fatal: MPI_ERRORS_RETURN is set on the communicator, and the
+// caller turns a failure into comm_abort with a message naming this rank. Message sizes above
+// INT_MAX bytes are refused (MPI counts are int); ring chunks and gradient shards are far below.
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/comm.h"
+#include "bytescale/error.h"
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "an MPI_Request must fit CommReq.handle");
+
+static MPI_Request req_get(const CommReq *r) {
+    MPI_Request q;
+    memcpy(&q, &r->handle, sizeof q);
+    return q;
+}
+
+static void req_put(CommReq *r, MPI_Request q) {
+    r->handle = 0;
+    memcpy(&r->handle, &q, sizeof q);
+    r->active = q != MPI_REQUEST_NULL;
+}
+
+static int mpi_fail(int err, const char *what) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "MPI error %d", err);
+    return bs_fail("%s: %s", what, msg);
+}
+
+static int check_bytes(size_t bytes, const char *what) {
+    return bytes > INT_MAX ? bs_fail("%s: %zu bytes is more than one MPI message holds", what, bytes) : 0;
+}
+
+static int m_isend(Comm *c, const void *buf, size_t bytes, int dst, int tag, CommReq *req) {
+    (void)c;
+    if (check_bytes(bytes, "send") != 0) return -1;
+    MPI_Request q;
+    int err = MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, tag, MPI_COMM_WORLD, &q);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Isend");
+    req_put(req, q);
+    return 0;
+}
+
+static int m_irecv(Comm *c, void *buf, size_t bytes, int src, int tag, CommReq *req) {
+    (void)c;
+    if (check_bytes(bytes, "receive") != 0) return -1;
+    MPI_Request q;
+    int err = MPI_Irecv(buf, (int)bytes, MPI_BYTE, src, tag, MPI_COMM_WORLD, &q);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Irecv");
+    req_put(req, q);
+    return 0;
+}
+
+static int m_test(Comm *c, CommReq *req, int *done) {
+    (void)c;
+    if (!req->active) {
+        *done = 1;
+        return 0;
+    }
+    MPI_Request q = req_get(req);
+    int err = MPI_Test(&q, done, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Test");
+    req_put(req, q);
+    return 0;
+}
+
+static int m_wait(Comm *c, CommReq *req) {
+    (void)c;
+    if (!req->active) return 0;
+    MPI_Request q = req_get(req);
+    int err = MPI_Wait(&q, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Wait");
+    req_put(req, q);
+    return 0;
+}
+
+static int m_reduce_scatter(Comm *c, const float *send, float *recv, const int *counts) {
+    (void)c;
+    int err = MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Reduce_scatter (gradients)");
+}
+
+static int m_allgatherv(Comm *c, float *buf, const int *counts, const int *displs) {
+    (void)c;
+    int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
+    return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allgatherv (parameters)");
+}
+
+static int m_allgather(Comm *c, const void *mine, void *all, size_t bytes) {
+    (void)c;
+    if (check_bytes(bytes, "allgather") != 0) return -1;
+    int err = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+    return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allgather");
+}
+
+static int m_bcast(Comm *c, void *buf, size_t bytes, int root) {
+    (void)c;
+    if (check_bytes(bytes, "broadcast") != 0) return -1;
+    int err = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+    return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Bcast");
+}
+
+static int m_allreduce_sum(Comm *c, double *x, int n) {
+    (void)c;
+    int err = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allreduce");
+}
+
+static int m_barrier(Comm *c) {
+    (void)c;
+    int err = MPI_Barrier(MPI_COMM_WORLD);
+    return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Barrier");
+}
+
+static void m_abort(Comm *c, int code) {
+    (void)c;
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);  // MPI_Abort does not return; this is for the compiler
+}
+
+static const CommOps MPI_OPS = {
+    .isend = m_isend,
+    .irecv = m_irecv,
+    .test = m_test,
+    .wait = m_wait,
+    .reduce_scatter = m_reduce_scatter,
+    .allgatherv = m_allgatherv,
+    .allgather = m_allgather,
+    .bcast = m_bcast,
+    .allreduce_sum = m_allreduce_sum,
+    .barrier = m_barrier,
+    .abort = m_abort,
+};
+
+static Comm world = {.ops = &MPI_OPS, .name = "mpi"};
+
+int comm_mpi_init(Comm **out, int *argc, char ***argv) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided = 0;
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            return bs_fail("MPI_Init_thread failed");
+        if (provided < MPI_THREAD_FUNNELED)
+            return bs_fail("the MPI library gives thread level %d; the prefetch thread needs MPI_THREAD_FUNNELED",
+                           provided);
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+    void *ub = NULL;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    world.tag_ub = flag && ub ? *(int *)ub : 32767;
+    *out = &world;
+    return 0;
+}
+
+int comm_mpi_finalize(void) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (inited && !finalized && MPI_Finalize() != MPI_SUCCESS) return bs_fail("MPI_Finalize failed");
+    return 0;
+}
+
+int comm_launched_by_mpi(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}

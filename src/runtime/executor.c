@@ -1,0 +1,180 @@
+// executor.c: this rank's plan items -> micro-batches -> gradients (executor.h).
+#include "bytescale/executor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/timer.h"
+
+// ---- reading a step's rows ----------------------------------------------------------------------
+
+void step_rows_free(StepRows *r) {
+    free(r->item);
+    free(r->off);
+    free(r->tokens);
+    free(r->targets);
+    free(r->pos);
+    free(r->seg);
+    free(r->scratch);
+    memset(r, 0, sizeof *r);
+}
+
+static int reserve_rows(StepRows *r, int64_t items, int64_t rows, int64_t scratch) {
+    if (items > r->cap_items) {
+        int32_t *item = bs_realloc(r->item, (size_t)items * sizeof *item);
+        if (item) r->item = item;
+        int64_t *off = item ? bs_realloc(r->off, (size_t)(items + 1) * sizeof *off) : NULL;
+        if (!off) return -1;
+        r->off = off;
+        r->cap_items = items;
+    }
+    if (rows > r->cap_rows) {
+        int32_t **bufs[] = {&r->tokens, &r->targets, &r->pos, &r->seg};
+        for (int i = 0; i < 4; i++) {
+            int32_t *b = bs_realloc(*bufs[i], (size_t)rows * sizeof(int32_t));
+            if (!b) return -1;
+            *bufs[i] = b;
+        }
+        r->cap_rows = rows;
+    }
+    if (scratch > r->cap_scratch) {
+        uint32_t *s = bs_realloc(r->scratch, (size_t)scratch * sizeof *s);
+        if (!s) return -1;
+        r->scratch = s;
+        r->cap_scratch = scratch;
+    }
+    return 0;
+}
+
+int step_rows_read(StepRows *r, const Plan *p, int rank, const TokenSource *src) {
+    if (rank < 0 || rank >= p->n_ranks) return bs_fail("rank %d is not in a plan for %d ranks", rank, p->n_ranks);
+    int32_t first = p->rank_begin[rank], end = p->rank_begin[rank + 1];
+    int64_t rows = 0, most = 0;
+    for (int32_t i = first; i < end; i++) {
+        int64_t n = mb_member_rows(p, p->rank_items[i], mb_member_index(p, p->rank_items[i], rank));
+        rows += n;
+        if (n > most) most = n;
+    }
+    if (reserve_rows(r, end - first, rows > 0 ? rows : 1, most + 1) != 0)
+        return bs_fail_ctx("rank %d: room for %lld rows of %d items", rank, (long long)rows, end - first);
+    r->n_items = end - first;
+    r->n_targets = 0;
+    r->off[0] = 0;
+    for (int32_t i = 0; i < r->n_items; i++) {
+        int32_t k = p->rank_items[first + i];
+        int m = mb_member_index(p, k, rank);
+        int64_t at = r->off[i], n_t;
+        r->item[i] = k;
+        r->off[i + 1] = at + mb_member_rows(p, k, m);
+        mb_layout(p, k, m, r->pos + at, r->seg + at);
+        if (mb_read(p, k, m, src, r->tokens + at, r->targets + at, r->scratch, &n_t) != 0)
+            return bs_fail_ctx("rank %d", rank);
+        r->n_targets += n_t;
+    }
+    return 0;
+}
+
+// ---- running the items ------------------------------------------------------------------------------
+
+void executor_init(Executor *e, Comm *comm, Llama *llama) {
+    memset(e, 0, sizeof *e);
+    e->comm = comm;
+    e->llama = llama;
+    const ModelConfig *c = &llama->cfg;
+    ring_attn_init(&e->ring, comm,
+                   (AttnShape){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim});
+}
+
+void executor_free(Executor *e) {
+    ring_attn_free(&e->ring);
+    if (e->llama) e->llama->attn = attn_ops_local();
+    memset(e, 0, sizeof *e);
+}
+
+int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum,
+                 ExecStats *st) {
+    Llama *m = e->llama;
+    ExecStats s = {0};
+    *loss_sum = 0;
+    e->ring.stats = (RingStats){0};
+    double start = now_seconds();
+    for (int32_t i = 0; i < rows->n_items; i++) {
+        int32_t k = rows->item[i];
+        const Item *it = &p->items[k];
+        int64_t at = rows->off[i], T = rows->off[i + 1] - at;
+        if (T > m->max_T && llama_reserve(m, (int)T) != 0) return bs_fail_ctx("plan item %d", k);
+        if (it->n_ranks == 1) {
+            m->attn = attn_ops_local();
+        } else {
+            if (ring_attn_prepare(&e->ring, p, k) != 0) return bs_fail_ctx("plan item %d", k);
+            m->attn = ring_attn_ops(&e->ring);
+            s.rings++;
+        }
+        MicroBatch mb = {.tokens = rows->tokens + at,
+                         .targets = rows->targets + at,
+                         .pos = rows->pos + at,
+                         .seg = rows->seg + at,
+                         .T = (int)T};
+        double t0 = now_seconds(), item_loss;
+        int rc = llama_forward_backward(m, &mb, loss_scale, &item_loss, NULL);
+        m->attn = attn_ops_local();
+        if (rc != 0)
+            return bs_fail_ctx("plan item %d (%s of %d ranks, %lld tokens)", k, it->n_ranks > 1 ? "ring" : "pack",
+                               it->n_ranks, (long long)it->tokens);
+        if (e->trace) e->trace(e->trace_ctx, it->n_ranks > 1 ? "ring" : "pack", k, t0, now_seconds());
+        *loss_sum += item_loss;
+        s.items++;
+        s.rows += T;
+    }
+    s.seconds = now_seconds() - start;
+    s.ring_compute = e->ring.stats.compute;
+    s.ring_wait = e->ring.stats.wait;
+    s.ring_bytes = e->ring.stats.bytes_sent;
+    if (st) *st = s;
+    return 0;
+}
+
+// ---- ZeRO-1 -------------------------------------------------------------------------------------------
+
+int zero1_init(Zero1 *z, const Comm *comm, size_t n_params) {
+    memset(z, 0, sizeof *z);
+    if (n_params > (size_t)2147483647 * (size_t)comm->size)
+        return bs_fail("ZeRO-1: %zu parameters over %d ranks is more than an MPI count per shard", n_params,
+                       comm->size);
+    z->counts = bs_malloc((size_t)comm->size * sizeof(int));
+    z->displs = bs_malloc((size_t)comm->size * sizeof(int));
+    if (!z->counts || !z->displs) {
+        zero1_free(z);
+        return -1;
+    }
+    comm_split((int64_t)n_params, comm->size, z->counts, z->displs);
+    z->begin = (size_t)z->displs[comm->rank];
+    z->end = z->begin + (size_t)z->counts[comm->rank];
+    z->grad = bs_calloc(z->end > z->begin ? z->end - z->begin : 1, sizeof(float));
+    if (!z->grad) {
+        zero1_free(z);
+        return -1;
+    }
+    return 0;
+}
+
+void zero1_free(Zero1 *z) {
+    free(z->counts);
+    free(z->displs);
+    free(z->grad);
+    memset(z, 0, sizeof *z);
+}
+
+int zero1_reduce(Zero1 *z, Comm *comm, const float *grads) {
+    return comm_reduce_scatter(comm, grads, z->grad, z->counts);
+}
+
+int zero1_sumsq(Zero1 *z, Comm *comm, double *sumsq) {
+    double s = grad_sumsq(z->grad, z->end - z->begin);
+    if (comm_allreduce_sum(comm, &s, 1) != 0) return -1;
+    *sumsq = s;
+    return 0;
+}
+
+int zero1_gather(Zero1 *z, Comm *comm, float *params) { return comm_allgatherv(comm, params, z->counts, z->displs); }

@@ -1,0 +1,187 @@
+// train_prefetch.c: the trainer's data pipeline (train_internal.h).
+//
+// While step s trains, a background thread reads this rank's rows of step s + 1 and, on rank 0,
+// samples and plans step s + 2. At the start of step s + 1 the main thread joins it and broadcasts
+// the plan of step s + 2 (MPI stays on the main thread: MPI_THREAD_FUNNELED), so what a step waits
+// for is one small broadcast, not sampling, planning or reading.
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/policy.h"
+#include "runtime/train_internal.h"
+
+// ---- planning (rank 0) and the broadcast ------------------------------------------------------------
+
+int train_plan_batch(Trainer *t, const GlobalBatch *b) {
+    PlanConfig pc = {.n_ranks = t->n_ranks, .capacity = t->capacity, .context = t->cfg.context, .pp = 1, .offload = 0};
+    Plan p;
+    if (policy_plan(&p, t->cfg.policy, b, &pc, &t->cost) != 0)
+        return bs_fail_ctx("planning a batch of %lld tokens for %d ranks (capacity %lld, policy %s)",
+                           (long long)b->n_tokens, t->n_ranks, (long long)t->capacity, t->cfg.policy);
+    uint8_t *wire = NULL;
+    size_t size = 0;
+    int rc = plan_validate(&p, &t->cost);
+    if (rc != 0) bs_fail_ctx("the %s plan is not valid", t->cfg.policy);
+    if (rc == 0) rc = plan_pack(&p, &wire, &size);
+    plan_free(&p);
+    if (rc != 0) return -1;
+    free(t->wire);
+    t->wire = wire;
+    t->wire_size = size;
+    return 0;
+}
+
+enum { PLAN_ERR_BYTES = 1024 };
+
+void train_bcast_plan_error(Trainer *t) {
+    int64_t size = -1;
+    char msg[PLAN_ERR_BYTES];
+    snprintf(msg, sizeof msg, "%s", bs_errmsg());
+    if (comm_bcast(t->comm, &size, sizeof size, 0) == 0) comm_bcast(t->comm, msg, sizeof msg, 0);
+    bs_fail("%s", msg);
+}
+
+int train_bcast_plan(Trainer *t, int64_t step, Plan *out) {
+    int64_t size = t->rank == 0 ? (int64_t)t->wire_size : 0;
+    if (comm_bcast(t->comm, &size, sizeof size, 0) != 0) return bs_fail_ctx("broadcasting plan %lld", (long long)step);
+    if (size < 0) {  // rank 0 could not plan: everyone stops with its message
+        char msg[PLAN_ERR_BYTES];
+        if (comm_bcast(t->comm, msg, sizeof msg, 0) != 0) return -1;
+        msg[sizeof msg - 1] = '\0';
+        return bs_fail("rank 0 could not plan step %lld: %s", (long long)step, msg);
+    }
+    uint8_t *buf = t->rank == 0 ? t->wire : bs_malloc((size_t)(size > 0 ? size : 1));
+    if (!buf) return -1;
+    int rc = comm_bcast(t->comm, buf, (size_t)size, 0);
+    if (rc == 0) rc = plan_unpack(out, buf, (size_t)size);
+    if (t->rank != 0) free(buf);
+    if (rc != 0) return bs_fail_ctx("rank %d: the plan of step %lld", t->rank, (long long)step);
+    if (out->n_ranks != t->n_ranks) {
+        plan_free(out);
+        return bs_fail("the plan of step %lld is for %d ranks, the job has %d", (long long)step, out->n_ranks,
+                       t->n_ranks);
+    }
+    return 0;
+}
+
+// Rank 0: sample step s's batch and plan it into t->wire.
+static int sample_and_plan(Trainer *t, int64_t s) {
+    t->before[s % 4] = sampler_state(&t->sampler);
+    if (sampler_next(&t->sampler, t->cfg.tokens, t->cfg.context, &t->batch) != 0)
+        return bs_fail_ctx("sampling step %lld", (long long)s);
+    t->sampled = s;
+    if (train_plan_batch(t, &t->batch) != 0) return bs_fail_ctx("step %lld", (long long)s);
+    t->wire_step = s;
+    return 0;
+}
+
+SamplerState train_sampler_position(const Trainer *t) {
+    // `planned` is the main thread's own: while the thread samples ahead, the position after step
+    // t->step was saved when step t->step + 1 was sampled, and that entry is not written again
+    return t->planned > t->step ? t->before[(t->step + 1) % 4] : sampler_state(&t->sampler);
+}
+
+// ---- the background thread -------------------------------------------------------------------------
+
+static void *prefetch_main(void *arg) {
+    Prefetch *pf = arg;
+    Trainer *t = pf->t;
+    int64_t r = pf->read_step;
+    pf->rc = 0;
+    if (r && step_rows_read(&t->rows[r % 2], &t->plans[r % 2], t->rank, &t->tokens) != 0) {
+        pf->rc = -1;
+        snprintf(pf->err, sizeof pf->err, "reading step %lld's tokens: %s", (long long)r, bs_errmsg());
+        return NULL;
+    }
+    if (r) t->rows_of[r % 2] = r;
+    // a planning failure is not this thread's to report: rank 0 broadcasts it with the plan
+    if (pf->plan_step && sample_and_plan(t, pf->plan_step) != 0) {
+        t->wire_step = -pf->plan_step;
+        snprintf(pf->err, sizeof pf->err, "%s", bs_errmsg());
+    }
+    return NULL;
+}
+
+int train_prefetch_join(Trainer *t) {
+    if (!t->thread_live) return 0;
+    pthread_join(t->thread, NULL);
+    t->thread_live = 0;
+    return t->pf.rc == 0 ? 0 : bs_fail("%s", t->pf.err);
+}
+
+void train_prefetch_reset(Trainer *t) {
+    train_prefetch_join(t);
+    for (int i = 0; i < 2; i++) {
+        if (t->plan_of[i]) plan_free(&t->plans[i]);
+        t->plan_of[i] = t->rows_of[i] = 0;
+    }
+    t->sampled = t->planned = t->step;
+    t->wire_step = 0;
+}
+
+void train_prefetch_stop(Trainer *t) {
+    train_prefetch_join(t);
+    if (t->rank == 0 && t->sampled > t->step) {
+        SamplerState at = t->before[(t->step + 1) % 4];
+        sampler_restore(&t->sampler, &at);
+    }
+    train_prefetch_reset(t);
+}
+
+// Broadcast step s's plan into its slot; rank 0 plans it first unless the thread already did.
+static int plan_step(Trainer *t, int64_t s) {
+    Plan *slot = &t->plans[s % 2];
+    if (t->plan_of[s % 2]) plan_free(slot);
+    t->plan_of[s % 2] = 0;
+    if (t->rank == 0) {
+        int failed = t->wire_step == -s;
+        if (failed) bs_fail("%s", t->pf.err);
+        if (!failed && t->wire_step != s && sample_and_plan(t, s) != 0) failed = 1;
+        if (failed) {
+            train_bcast_plan_error(t);
+            return -1;
+        }
+    }
+    if (train_bcast_plan(t, s, slot) != 0) return -1;
+    t->plan_of[s % 2] = s;
+    if (s > t->planned) t->planned = s;
+    return 0;
+}
+
+int train_prefetch_ready(Trainer *t, int64_t s) {
+    if (train_prefetch_join(t) != 0) return -1;
+    if (t->plan_of[s % 2] != s && plan_step(t, s) != 0) return -1;
+    if (t->rows_of[s % 2] != s) {
+        if (step_rows_read(&t->rows[s % 2], &t->plans[s % 2], t->rank, &t->tokens) != 0) return -1;
+        t->rows_of[s % 2] = s;
+    }
+    if (s + 1 > t->cfg.steps) return 0;
+    if (plan_step(t, s + 1) != 0) return -1;
+    t->pf = (Prefetch){.t = t, .read_step = s + 1, .plan_step = t->rank == 0 && s + 2 <= t->cfg.steps ? s + 2 : 0};
+    if (pthread_create(&t->thread, NULL, prefetch_main, &t->pf) != 0) {
+        // no thread: do the work now, in order
+        prefetch_main(&t->pf);
+        return t->pf.rc == 0 ? 0 : bs_fail("%s", t->pf.err);
+    }
+    t->thread_live = 1;
+    return 0;
+}
+
+// ---- the trace hooks --------------------------------------------------------------------------------
+
+static void trace_item(void *ctx, const char *name, int32_t item, double t0, double t1) {
+    rtrace_add(ctx, name, "compute", t0, t1, item);
+}
+
+static void trace_ring(void *ctx, const char *name, double t0, double t1) {
+    rtrace_add(ctx, name, name[5] == 'w' ? "wait" : "compute", t0, t1, -1);  // "ring wait" vs "ring fwd block"
+}
+
+void train_trace_attach(Trainer *t, RtTrace *tr) {
+    t->trace = tr;
+    t->exec.trace = tr ? trace_item : NULL;
+    t->exec.trace_ctx = tr;
+    t->exec.ring.trace = tr ? trace_ring : NULL;
+    t->exec.ring.trace_ctx = tr;
+}
