@@ -21,6 +21,7 @@ void step_rows_free(StepRows *r) {
 }
 
 static int reserve_rows(StepRows *r, int64_t items, int64_t rows, int64_t scratch) {
+    if (items < 1) items = 1;  // off[0] exists even for a rank the plan leaves idle
     if (items > r->cap_items) {
         int32_t *item = bs_realloc(r->item, (size_t)items * sizeof *item);
         if (item) r->item = item;

@@ -1,0 +1,201 @@
+// mpi_train.c: the distributed trainer equals the one-process trainer. For random global batches,
+// every policy and capacities that make rings of every size beside packs, on N ranks:
+//   - the loss and every gradient (each rank's ZeRO-1 shard) equal a one-process run of the same
+//     batch with every sequence in one pack (relative error <= 1e-5);
+//   - the parameters after 3 optimizer steps match the one-process run's;
+//   - a run checkpointed and resumed on the same N reproduces the uninterrupted run bit for bit,
+//     and the same checkpoint resumed on one process continues it (loss within fp32 rounding).
+// ranks: 1 2 3 4 5 8
+#include "mpi_util.h"
+
+#include "bytescale/fileio.h"
+#include "bytescale/prepare.h"
+#include "bytescale/rng.h"
+#include "bytescale/sampler.h"
+#include "bytescale/train.h"
+
+// Rank 0 writes n files of Go-like text with lengths in [lo, hi) and prepares them byte-level.
+static void make_dataset(const char *dir, int n, int lo, int hi, uint64_t seed, char *out, size_t cap) {
+    snprintf(out, cap, "%s/data", dir);
+    if (mpi_comm->rank == 0) {
+        static const char *words[] = {"func ", "return ", "if ", "err ", "!= ", "nil ", "{\n", "}\n", "x ", ":= ",
+                                      "for ", "range ", "i ", "package ", "main\n", "(", ")", "\t", "int "};
+        char in[600], path[700];
+        snprintf(in, sizeof in, "%s/in", dir);
+        CHECK_OK(make_dirs(in));
+        Rng rng;
+        rng_seed(&rng, seed);
+        char *text = malloc((size_t)hi + 16);
+        for (int f = 0; f < n; f++) {
+            int len = lo + (int)rng_below(&rng, (uint64_t)(hi - lo)), at = 0;
+            while (at < len) {
+                const char *w = words[rng_below(&rng, sizeof words / sizeof words[0])];
+                for (const char *c = w; *c && at < len; c++) text[at++] = *c;
+            }
+            snprintf(path, sizeof path, "%s/f%03d.go", in, f);
+            CHECK_OK(file_write_atomic(path, text, (size_t)len));
+        }
+        free(text);
+        const char *inputs[] = {in};
+        PrepareConfig pc = {.inputs = inputs, .n_inputs = 1, .tokenizer = "byte", .out_dir = out, .quiet = 1};
+        PrepareStats st;
+        CHECK_OK(prepare_run(&pc, &st));
+    }
+    CHECK_OK(comm_barrier(mpi_comm));
+}
+
+static TrainConfig config(const char *data, const char *policy, int64_t tokens, int64_t context, int64_t C) {
+    TrainConfig c = train_defaults();
+    snprintf(c.model, sizeof c.model, "tiny");
+    snprintf(c.data, sizeof c.data, "%s", data);
+    snprintf(c.policy, sizeof c.policy, "%s", policy);
+    c.tokens = tokens;
+    c.context = context;
+    c.capacity = C;
+    c.lr = 3e-3;
+    c.min_lr = 3e-4;
+    c.warmup = 1;
+    c.steps = 4;
+    c.seed = 5;
+    c.quiet = 1;
+    return c;
+}
+
+static int n_checks;
+
+// One batch: the N-rank gradient shard and loss against one process with everything packed.
+static void check_gradient(const char *data, const char *policy, int64_t tokens, int64_t context, int64_t C,
+                           uint64_t seed) {
+    Trainer *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
+    TrainConfig ca = config(data, policy, tokens, context, C), cr = config(data, "balance", tokens, context, context);
+    ca.seed = cr.seed = seed;
+    CHECK_OK(trainer_init_comm(a, &ca, mpi_comm));
+    CHECK_OK(trainer_init_comm(ref, &cr, comm_local()));
+    // the same random batch on every rank: a sampler of its own, seeded
+    Sampler s;
+    GlobalBatch b;
+    CHECK_OK(sampler_init(&s, &a->data.index, seed * 7 + 1));
+    CHECK_OK(batch_init(&b, 16));
+    CHECK_OK(sampler_next(&s, tokens, context, &b));
+    StepStats sa, sr;
+    CHECK_OK(trainer_grad(a, &b, &sa));
+    CHECK_OK(trainer_grad(ref, &b, &sr));
+    size_t n = a->zero.end - a->zero.begin;
+    double err = rel_error_all(a->zero.grad, ref->llama.grads + a->zero.begin, n);
+    double lerr = fabs(sa.loss - sr.loss) / fabs(sr.loss);
+    int32_t rings = sa.n_rings, items = sa.n_items;
+    CHECK(err <= 1e-5 && lerr <= 1e-5,
+          "%s, C %lld, context %lld, seed %llu (%d items, %d rings): gradient error %.3g, loss %.9g vs %.9g", policy,
+          (long long)C, (long long)context, (unsigned long long)seed, items, rings, err, sa.loss, sr.loss);
+    if (mpi_comm->rank == 0)
+        printf("  %-8s C %4lld context %5lld: %3d items, %2d rings, longest %5lld: gradient error %.2e, loss error "
+               "%.2e\n",
+               policy, (long long)C, (long long)context, items, rings, (long long)sa.longest, err, lerr);
+    n_checks++;
+    sampler_free(&s);
+    batch_free(&b);
+    trainer_free(a);
+    trainer_free(ref);
+    free(a);
+    free(ref);
+}
+
+// Three optimizer steps: the parameters on every rank match the one-process run's.
+static void check_steps(const char *data, const char *policy, int64_t context, int64_t C) {
+    Trainer *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
+    TrainConfig ca = config(data, policy, 1024, context, C), cr = config(data, "balance", 1024, context, context);
+    ca.steps = cr.steps = 3;
+    CHECK_OK(trainer_init_comm(a, &ca, mpi_comm));
+    CHECK_OK(trainer_init_comm(ref, &cr, comm_local()));
+    for (int i = 0; i < 3; i++) {
+        StepStats sa, sr;
+        CHECK_OK(trainer_step(a, &sa));
+        CHECK_OK(trainer_step(ref, &sr));
+        CHECK(fabs(sa.loss - sr.loss) <= 1e-5 * fabs(sr.loss), "%s step %d: loss %.9g vs %.9g", policy, i + 1,
+              sa.loss, sr.loss);
+    }
+    size_t np = a->llama.n_params;
+    double d = 0, p = 0;
+    for (size_t i = 0; i < np; i++) {
+        double x = (double)a->llama.params[i] - ref->llama.params[i];
+        d += x * x;
+        p += (double)ref->llama.params[i] * ref->llama.params[i];
+    }
+    CHECK(sqrt(d / p) <= 1e-5, "%s: parameters after 3 steps differ by %.3g (relative)", policy, sqrt(d / p));
+    if (mpi_comm->rank == 0) printf("  %-8s 3 steps: parameters relative error %.2e\n", policy, sqrt(d / p));
+    n_checks++;
+    trainer_free(a);
+    trainer_free(ref);
+    free(a);
+    free(ref);
+}
+
+// Checkpoint after 2 of 4 steps; resume on the same ranks (bit for bit) and on one process.
+static void check_resume(const char *dir, const char *data, int64_t context, int64_t C) {
+    char ckpt[700];
+    snprintf(ckpt, sizeof ckpt, "%s/mid.bin", dir);
+    Trainer *t = malloc(sizeof *t);
+    TrainConfig c = config(data, "balance", 1024, context, C);
+    double loss[4];
+    float *params = malloc(sizeof(float) * 1);
+    // the uninterrupted run
+    CHECK_OK(trainer_init_comm(t, &c, mpi_comm));
+    for (int i = 0; i < 4; i++) {
+        StepStats st;
+        CHECK_OK(trainer_step(t, &st));
+        loss[i] = st.loss;
+        if (i == 1) CHECK_OK(trainer_save(t, ckpt));
+    }
+    size_t np = t->llama.n_params;
+    params = realloc(params, np * sizeof(float));
+    memcpy(params, t->llama.params, np * sizeof(float));
+    trainer_free(t);
+    // resumed on the same ranks
+    CHECK_OK(trainer_init_comm(t, &c, mpi_comm));
+    CHECK_OK(trainer_load(t, ckpt));
+    for (int i = 2; i < 4; i++) {
+        StepStats st;
+        CHECK_OK(trainer_step(t, &st));
+        CHECK(st.loss == loss[i], "resumed step %d: loss %.17g, uninterrupted %.17g", i + 1, st.loss, loss[i]);
+    }
+    CHECK(memcmp(params, t->llama.params, np * sizeof(float)) == 0, "resumed parameters differ from the "
+                                                                   "uninterrupted run's");
+    trainer_free(t);
+    // resumed on one process (every rank does it on its own)
+    CHECK_OK(trainer_init_comm(t, &c, comm_local()));
+    CHECK_OK(trainer_load(t, ckpt));
+    for (int i = 2; i < 4; i++) {
+        StepStats st;
+        CHECK_OK(trainer_step(t, &st));
+        CHECK(fabs(st.loss - loss[i]) <= 1e-5 * fabs(loss[i]), "resumed on 1 process, step %d: loss %.9g vs %.9g",
+              i + 1, st.loss, loss[i]);
+    }
+    if (mpi_comm->rank == 0) printf("  resume: bit-exact on %d ranks, within 1e-5 on 1 process\n", mpi_comm->size);
+    n_checks += 2;
+    trainer_free(t);
+    free(t);
+    free(params);
+}
+
+int main(int argc, char **argv) {
+    mpi_test_init(&argc, &argv);
+    int N = mpi_comm->size;
+    const char *dir = mpi_tmpdir("mpi_train");
+    char data[600];
+    make_dataset(dir, 40, 10, 900, 3, data, sizeof data);
+
+    static const char *policies[] = {"static", "naive", "balance"};
+    Rng rng;
+    rng_seed(&rng, 99);
+    static const int64_t caps[] = {64, 96, 128, 200};
+    for (int trial = 0; trial < 8; trial++) {
+        int64_t C = caps[rng_below(&rng, 4)];
+        // the longest sequence needs up to N ranks: rings of every size up to N
+        int64_t context = C * (1 + (int64_t)rng_below(&rng, (uint64_t)N));
+        if (trial == 0) context = C * N;
+        for (int p = 0; p < 3; p++) check_gradient(data, policies[p], 1024 + 256 * trial, context, C, 100 + trial);
+    }
+    for (int p = 0; p < 3; p++) check_steps(data, policies[p], 96 * N, 96);
+    check_resume(dir, data, 128, 128);
+    return mpi_test_done("distributed training", n_checks);
+}
