@@ -77,12 +77,27 @@ int train_metrics_write(FILE *f, const StepStats *s) {
     char loss[32], lr[32], norm[32], clip[32];
     int n = fprintf(f,
                     "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"clip_scale\":%s,\"tokens\":%lld,"
-                    "\"targets\":%lld,\"seqs\":%lld,\"longest\":%lld,\"items\":%d,\"epoch\":%lld,"
-                    "\"est_seconds\":%.6g,\"seconds\":%.6g,\"tokens_per_s\":%.6g}\n",
+                    "\"targets\":%lld,\"seqs\":%lld,\"longest\":%lld,\"items\":%d,\"plan_items\":%d,\"plan_rings\":%d,"
+                    "\"epoch\":%lld,\"est_seconds\":%.6g,\"seconds\":%.6g,\"tokens_per_s\":%.6g,\"sync_exposed\":%.6g,"
+                    "\"data_wait\":%.6g",
                     (long long)s->step, num(loss, sizeof loss, s->loss), num(lr, sizeof lr, s->lr),
                     num(norm, sizeof norm, s->grad_norm), num(clip, sizeof clip, s->clip_scale), (long long)s->tokens,
-                    (long long)s->targets, (long long)s->seqs, (long long)s->longest, s->items, (long long)s->epoch,
-                    s->est_seconds, s->seconds, s->tokens_per_s);
+                    (long long)s->targets, (long long)s->seqs, (long long)s->longest, s->items, s->n_items, s->n_rings,
+                    (long long)s->epoch, s->est_seconds, s->seconds, s->tokens_per_s, s->sync_exposed, s->data_wait);
+    // every rank's share: where its time went, and its throughput over the step
+    if (n >= 0 && s->n_ranks > 0 && s->ranks) {
+        n = fprintf(f, ",\"ranks\":[");
+        for (int r = 0; r < s->n_ranks && n >= 0; r++) {
+            const RankTimes *t = &s->ranks[r];
+            n = fprintf(f,
+                        "%s{\"rank\":%d,\"compute\":%.6g,\"comm\":%.6g,\"wait\":%.6g,\"items\":%d,\"rings\":%d,"
+                        "\"tokens\":%lld,\"tokens_per_s\":%.6g,\"ring_bytes\":%.6g}",
+                        r ? "," : "", r, t->compute, t->comm, t->wait, t->items, t->rings, (long long)t->tokens,
+                        s->seconds > 0 ? (double)t->tokens / s->seconds : 0.0, t->ring_bytes);
+        }
+        if (n >= 0) n = fprintf(f, "]");
+    }
+    if (n >= 0) n = fprintf(f, "}\n");
     if (n < 0 || ferror(f)) return bs_fail("metrics: write failed: %s", strerror(errno));
     return 0;
 }

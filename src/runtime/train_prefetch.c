@@ -82,6 +82,20 @@ SamplerState train_sampler_position(const Trainer *t) {
     return t->planned > t->step ? t->before[(t->step + 1) % 4] : sampler_state(&t->sampler);
 }
 
+// A test aid: BS_FAIL_RANK=R BS_FAIL_STEP=S makes rank R's reading of step S fail, so the tests can
+// show that one failing rank ends the whole job with its message (docs/runtime.md, "Faults").
+static int injected_fault(const Trainer *t, int64_t step) {
+    const char *r = getenv("BS_FAIL_RANK"), *s = getenv("BS_FAIL_STEP");
+    if (!r || !s || atoi(r) != t->rank || atoll(s) != step) return 0;
+    return bs_fail("injected fault (BS_FAIL_RANK=%s BS_FAIL_STEP=%s): reading step %lld's tokens", r, s,
+                   (long long)step);
+}
+
+static int read_rows(Trainer *t, int64_t step) {
+    if (injected_fault(t, step) != 0) return -1;
+    return step_rows_read(&t->rows[step % 2], &t->plans[step % 2], t->rank, &t->tokens);
+}
+
 // ---- the background thread -------------------------------------------------------------------------
 
 static void *prefetch_main(void *arg) {
@@ -89,7 +103,7 @@ static void *prefetch_main(void *arg) {
     Trainer *t = pf->t;
     int64_t r = pf->read_step;
     pf->rc = 0;
-    if (r && step_rows_read(&t->rows[r % 2], &t->plans[r % 2], t->rank, &t->tokens) != 0) {
+    if (r && read_rows(t, r) != 0) {
         pf->rc = -1;
         snprintf(pf->err, sizeof pf->err, "reading step %lld's tokens: %s", (long long)r, bs_errmsg());
         return NULL;
@@ -153,7 +167,7 @@ int train_prefetch_ready(Trainer *t, int64_t s) {
     if (train_prefetch_join(t) != 0) return -1;
     if (t->plan_of[s % 2] != s && plan_step(t, s) != 0) return -1;
     if (t->rows_of[s % 2] != s) {
-        if (step_rows_read(&t->rows[s % 2], &t->plans[s % 2], t->rank, &t->tokens) != 0) return -1;
+        if (read_rows(t, s) != 0) return -1;
         t->rows_of[s % 2] = s;
     }
     if (s + 1 > t->cfg.steps) return 0;

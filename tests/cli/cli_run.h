@@ -9,7 +9,7 @@
 
 static char cli_out[1 << 18], cli_err[1 << 16];  // the last run's stdout and stderr
 
-static void cli_slurp(const char *path, char *buf, size_t cap) {
+static inline void cli_slurp(const char *path, char *buf, size_t cap) {
     buf[0] = '\0';
     FILE *f = fopen(path, "rb");
     if (!f) return;
@@ -20,7 +20,7 @@ static void cli_slurp(const char *path, char *buf, size_t cap) {
 
 // Run `<env> bytescale <args>` quietly with one BLAS thread. stdout and stderr pass through files in
 // dir (an existing scratch directory) into cli_out / cli_err. Returns the exit code.
-static int cli_run(const char *dir, const char *env, const char *args) {
+static inline int cli_run(const char *dir, const char *env, const char *args) {
     const char *bin = getenv("BS_BINARY");
     if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
     char cmd[8192], out_path[600], err_path[600];
@@ -35,7 +35,7 @@ static int cli_run(const char *dir, const char *env, const char *args) {
 }
 
 // Run and require exit code `code` and the text in_stderr in what it printed to stderr.
-static void cli_expect(const char *dir, const char *args, int code, const char *in_stderr) {
+static inline void cli_expect(const char *dir, const char *args, int code, const char *in_stderr) {
     int rc = cli_run(dir, "", args);
     if (rc != code || !strstr(cli_err, in_stderr))
         fail_msg("bytescale %s: exit %d (want %d), stderr: %s (want '%s')", args, rc, code, cli_err, in_stderr);
