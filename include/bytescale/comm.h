@@ -28,6 +28,7 @@ typedef struct {
     int (*test)(Comm *c, CommReq *req, int *done);
     int (*wait)(Comm *c, CommReq *req);
     int (*reduce_scatter)(Comm *c, const float *send, float *recv, const int *counts);
+    int (*ireduce_scatter)(Comm *c, const float *send, float *recv, const int *counts, CommReq *req);
     int (*allgatherv)(Comm *c, float *buf, const int *counts, const int *displs);
     int (*allgather)(Comm *c, const void *mine, void *all, size_t bytes);
     int (*bcast)(Comm *c, void *buf, size_t bytes, int root);
@@ -73,6 +74,10 @@ static inline int comm_wait(Comm *c, CommReq *req) { return c->ops->wait(c, req)
 // per rank (the ZeRO-1 shards of a parameter count that does not divide by the rank count).
 static inline int comm_reduce_scatter(Comm *c, const float *send, float *recv, const int *counts) {
     return c->ops->reduce_scatter(c, send, recv, counts);
+}
+// The same, non-blocking: send and recv stay untouched until req completes (comm_test / comm_wait).
+static inline int comm_ireduce_scatter(Comm *c, const float *send, float *recv, const int *counts, CommReq *req) {
+    return c->ops->ireduce_scatter(c, send, recv, counts, req);
 }
 // In place: rank r contributes buf[displs[r] .. + counts[r]); afterwards every rank holds all blocks.
 static inline int comm_allgatherv(Comm *c, float *buf, const int *counts, const int *displs) {

@@ -49,10 +49,13 @@ typedef struct {
 // A trace hook for items (name = "pack" / "ring", t0/t1 from now_seconds); NULL = none.
 typedef void (*ExecTraceFn)(void *ctx, const char *name, int32_t item, double t0, double t1);
 
+struct Zero1;
+
 typedef struct {
     Comm *comm;
-    Llama *llama;   // not owned; its attention is set per micro-batch
+    Llama *llama;         // not owned; its attention is set per micro-batch
     RingAttn ring;
+    struct Zero1 *zero;   // not owned; NULL = no gradient sync started during the backward
     ExecTraceFn trace;
     void *trace_ctx;
 } Executor;
@@ -61,7 +64,8 @@ void executor_init(Executor *e, Comm *comm, Llama *llama);
 void executor_free(Executor *e);
 // Forward + backward of every item in rows (of plan p), adding the gradients of
 // loss_scale * (sum of token losses) into the model's gradients; *loss_sum = that sum over this
-// rank's rows. Grows the model's activations when a ring member holds more rows than it was made
+// rank's rows. With e->zero set, the last item's backward starts the reduce-scatter of every
+// gradient range as soon as it is final (zero1_start), overlapping it with the layers below. Grows the model's activations when a ring member holds more rows than it was made
 // for. -1 + error naming the item.
 int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum,
                  ExecStats *st);
@@ -70,14 +74,29 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
 // The parameter vector is cut into comm->size contiguous shards (comm_split). Gradients are
 // summed with a reduce-scatter that leaves each rank the sum of its shard; the optimizer updates
 // only that shard; an all-gather brings every rank the whole updated vector.
-typedef struct {
+// The reduce-scatter runs per bucket (the model's gradient ranges in the order the backward
+// finishes them, llama_grad_bucket), each a non-blocking collective started as soon as its range
+// is final, so all but the last buckets travel while the backward computes.
+typedef struct Zero1 {
     int *counts, *displs;   // (size,) the shards
     size_t begin, end;      // this rank's shard
     float *grad;            // (end - begin,) the summed gradient of the shard
+    int n_buckets;
+    size_t (*bucket)[2];    // (n_buckets,) [begin, end) of the flat vector
+    int *bcounts;           // (n_buckets, size) each rank's part of each bucket
+    CommReq *reqs;          // (n_buckets,)
+    int started;            // buckets started this step (they start in order)
+    int failed;             // a start failed (the error is reported by zero1_reduce)
+    char err[256];
 } Zero1;
 
-int zero1_init(Zero1 *z, const Comm *comm, size_t n_params);
+int zero1_init(Zero1 *z, const Comm *comm, const Llama *m);
 void zero1_free(Zero1 *z);
+// The next bucket's range [begin, end) of grads is final: start its reduce-scatter, and test the
+// ones in flight so they progress.
+void zero1_start(Zero1 *z, Comm *comm, const float *grads, size_t begin, size_t end);
+// Start the buckets not started yet and wait for all: z->grad holds the shard's sum. Ready for
+// the next step's zero1_start calls.
 int zero1_reduce(Zero1 *z, Comm *comm, const float *grads);
 // The global gradient norm squared: the shard's sum of squares summed over ranks.
 int zero1_sumsq(Zero1 *z, Comm *comm, double *sumsq);

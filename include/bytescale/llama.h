@@ -125,6 +125,12 @@ typedef struct {
     float *dup;         // (T, d_ff)
 } LlamaActs;
 
+// Called during a backward as soon as a range [begin, end) of the gradient buffer will not be
+// written again by this micro-batch: the head (final_norm + lm_head) first, then layer n_layers-1
+// down to 0, then the embedding. The runtime starts the gradient reduce-scatter of a range there,
+// while the layers below still compute (ZeRO-1 overlap, docs/runtime.md).
+typedef void (*GradReadyFn)(void *ctx, size_t begin, size_t end);
+
 typedef struct {
     ModelConfig cfg;
     int q_dim, kv_dim;       // n_heads * head_dim, n_kv_heads * head_dim
@@ -136,6 +142,8 @@ typedef struct {
     LlamaWeights w;          // views of params
     LlamaWeights g;          // views of grads
     AttnOps attn;            // attn_ops_local() unless the caller sets another
+    GradReadyFn grad_ready;  // NULL unless the caller sets it (llama_forward_backward)
+    void *grad_ready_ctx;
     int max_T;               // most tokens in one micro-batch
     int chunk;               // rows per head + loss chunk; may be lowered, never raised
     Arena arena;             // all activations, sized for max_T
@@ -166,8 +174,12 @@ void llama_decay_ranges(const Llama *m, DecayRange *out);
 // trainer passes loss_scale = 1 / (target tokens in the whole global batch), so the accumulated
 // gradient is that of the token-level mean loss whatever the micro-batches were.
 // *n_targets (may be NULL) = rows with a target. -1 + error on a bad micro-batch or attention failure.
+// With m->grad_ready set, it is called for every finished range of the gradient (GradReadyFn).
 int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets);
 // Forward only (evaluation): the same loss, no gradients touched.
 int llama_forward(Llama *m, const MicroBatch *mb, double *loss_sum, int64_t *n_targets);
+// The gradient ranges GradReadyFn reports, in its order (i = 0 .. n_layers + 1): 0 = final_norm +
+// lm_head, 1 .. n_layers = layer n_layers-1 .. 0, n_layers + 1 = the embedding. They tile the buffer.
+void llama_grad_bucket(const Llama *m, int i, size_t *begin, size_t *end);
 
 #endif

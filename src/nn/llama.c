@@ -346,6 +346,23 @@ static AttnShape attn_shape(const Llama *m) {
     return (AttnShape){.n_heads = m->cfg.n_heads, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim};
 }
 
+// Gradient range i in the order the backward finishes them (GradReadyFn): 0 = final_norm + lm_head,
+// 1 .. n_layers = layer n_layers-1 .. 0, n_layers + 1 = the embedding. Each layer's tensors are
+// contiguous in the flat buffer (layout_tensors), so every range is one block.
+static void grad_bucket(const Llama *m, int i, size_t *begin, size_t *end) {
+    int L = m->cfg.n_layers;
+    size_t head = (size_t)(m->w.final_norm - m->params);
+    if (i == 0) {
+        *begin = head, *end = m->n_params;
+    } else if (i <= L) {
+        int l = L - i;
+        *begin = (size_t)(m->w.layers[l].attn_norm - m->params);
+        *end = l + 1 < L ? (size_t)(m->w.layers[l + 1].attn_norm - m->params) : head;
+    } else {
+        *begin = 0, *end = (size_t)(m->w.layers[0].attn_norm - m->params);
+    }
+}
+
 // Everything up to the final norm; the caller runs the head. Fills the activations.
 static int forward_layers(Llama *m, const MicroBatch *mb) {
     const ModelConfig *c = &m->cfg;
@@ -415,6 +432,11 @@ int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, dou
     // a->dx is d loss / d (residual stream); rmsnorm_backward adds into it
     memset(a->dx, 0, (size_t)T * D * sizeof(float));
     rmsnorm_backward(a->dx, m->g.final_norm, a->dln, a->x_out, a->rstdf, m->w.final_norm, T, D);
+    size_t rb, re;
+    if (m->grad_ready) {
+        grad_bucket(m, 0, &rb, &re);
+        m->grad_ready(m->grad_ready_ctx, rb, re);
+    }
 
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const LayerWeights *w = &m->w.layers[l];
@@ -445,7 +467,17 @@ int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, dou
         matmul_backward(a->dln, g->wk, a->dk, a->ln, w->wk, T, D, KV, 1);
         matmul_backward(a->dln, g->wv, a->dv, a->ln, w->wv, T, D, KV, 1);
         rmsnorm_backward(a->dx, g->attn_norm, a->dln, la->x, la->rstd1, w->attn_norm, T, D);
+        if (m->grad_ready) {
+            grad_bucket(m, c->n_layers - l, &rb, &re);
+            m->grad_ready(m->grad_ready_ctx, rb, re);
+        }
     }
     embedding_backward(m->g.tok_emb, a->dx, mb->tokens, T, D);
+    if (m->grad_ready) {
+        grad_bucket(m, c->n_layers + 1, &rb, &re);
+        m->grad_ready(m->grad_ready_ctx, rb, re);
+    }
     return 0;
 }
+
+void llama_grad_bucket(const Llama *m, int i, size_t *begin, size_t *end) { grad_bucket(m, i, begin, end); }

@@ -42,6 +42,11 @@ static int local_reduce_scatter(Comm *c, const float *send, float *recv, const i
     return 0;
 }
 
+static int local_ireduce_scatter(Comm *c, const float *send, float *recv, const int *counts, CommReq *req) {
+    req->active = 0;
+    return local_reduce_scatter(c, send, recv, counts);
+}
+
 static int local_allgatherv(Comm *c, float *buf, const int *counts, const int *displs) {
     (void)c, (void)buf, (void)counts, (void)displs;
     return 0;
@@ -80,6 +85,7 @@ static const CommOps LOCAL_OPS = {
     .test = local_test,
     .wait = local_wait,
     .reduce_scatter = local_reduce_scatter,
+    .ireduce_scatter = local_ireduce_scatter,
     .allgatherv = local_allgatherv,
     .allgather = local_allgather,
     .bcast = local_bcast,

@@ -86,6 +86,15 @@ static int m_reduce_scatter(Comm *c, const float *send, float *recv, const int *
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Reduce_scatter (gradients)");
 }
 
+static int m_ireduce_scatter(Comm *c, const float *send, float *recv, const int *counts, CommReq *req) {
+    (void)c;
+    MPI_Request q;
+    int err = MPI_Ireduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Ireduce_scatter (gradients)");
+    req_put(req, q);
+    return 0;
+}
+
 static int m_allgatherv(Comm *c, float *buf, const int *counts, const int *displs) {
     (void)c;
     int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
@@ -132,6 +141,7 @@ static const CommOps MPI_OPS = {
     .test = m_test,
     .wait = m_wait,
     .reduce_scatter = m_reduce_scatter,
+    .ireduce_scatter = m_ireduce_scatter,
     .allgatherv = m_allgatherv,
     .allgather = m_allgather,
     .bcast = m_bcast,

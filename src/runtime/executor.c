@@ -93,6 +93,11 @@ void executor_free(Executor *e) {
     memset(e, 0, sizeof *e);
 }
 
+static void grads_ready(void *ctx, size_t begin, size_t end) {
+    Executor *e = ctx;
+    zero1_start(e->zero, e->comm, e->llama->grads, begin, end);
+}
+
 int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum,
                  ExecStats *st) {
     Llama *m = e->llama;
@@ -117,9 +122,15 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
                          .pos = rows->pos + at,
                          .seg = rows->seg + at,
                          .T = (int)T};
+        // the last item's backward finishes every gradient range: sync each as soon as it is final
+        if (e->zero && i == rows->n_items - 1) {
+            m->grad_ready = grads_ready;
+            m->grad_ready_ctx = e;
+        }
         double t0 = now_seconds(), item_loss;
         int rc = llama_forward_backward(m, &mb, loss_scale, &item_loss, NULL);
         m->attn = attn_ops_local();
+        m->grad_ready = NULL;
         if (rc != 0)
             return bs_fail_ctx("plan item %d (%s of %d ranks, %lld tokens)", k, it->n_ranks > 1 ? "ring" : "pack",
                                it->n_ranks, (long long)it->tokens);
@@ -138,20 +149,34 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
 
 // ---- ZeRO-1 -------------------------------------------------------------------------------------------
 
-int zero1_init(Zero1 *z, const Comm *comm, size_t n_params) {
+int zero1_init(Zero1 *z, const Comm *comm, const Llama *m) {
     memset(z, 0, sizeof *z);
-    if (n_params > (size_t)2147483647 * (size_t)comm->size)
-        return bs_fail("ZeRO-1: %zu parameters over %d ranks is more than an MPI count per shard", n_params,
-                       comm->size);
-    z->counts = bs_malloc((size_t)comm->size * sizeof(int));
-    z->displs = bs_malloc((size_t)comm->size * sizeof(int));
-    if (!z->counts || !z->displs) {
+    size_t n_params = m->n_params;
+    int N = comm->size;
+    if (n_params > (size_t)2147483647 * (size_t)N)
+        return bs_fail("ZeRO-1: %zu parameters over %d ranks is more than an MPI count per shard", n_params, N);
+    z->n_buckets = m->cfg.n_layers + 2;
+    z->counts = bs_malloc((size_t)N * sizeof(int));
+    z->displs = bs_malloc((size_t)N * sizeof(int));
+    z->bucket = bs_malloc((size_t)z->n_buckets * sizeof *z->bucket);
+    z->bcounts = bs_malloc((size_t)z->n_buckets * (size_t)N * sizeof(int));
+    z->reqs = bs_calloc((size_t)z->n_buckets, sizeof *z->reqs);
+    if (!z->counts || !z->displs || !z->bucket || !z->bcounts || !z->reqs) {
         zero1_free(z);
         return -1;
     }
-    comm_split((int64_t)n_params, comm->size, z->counts, z->displs);
+    comm_split((int64_t)n_params, N, z->counts, z->displs);
     z->begin = (size_t)z->displs[comm->rank];
     z->end = z->begin + (size_t)z->counts[comm->rank];
+    // each rank's part of a bucket is the bucket's overlap with the rank's shard
+    for (int b = 0; b < z->n_buckets; b++) {
+        llama_grad_bucket(m, b, &z->bucket[b][0], &z->bucket[b][1]);
+        for (int r = 0; r < N; r++) {
+            size_t lo = (size_t)z->displs[r], hi = lo + (size_t)z->counts[r];
+            size_t a = z->bucket[b][0] > lo ? z->bucket[b][0] : lo, c = z->bucket[b][1] < hi ? z->bucket[b][1] : hi;
+            z->bcounts[(size_t)b * N + r] = c > a ? (int)(c - a) : 0;
+        }
+    }
     z->grad = bs_calloc(z->end > z->begin ? z->end - z->begin : 1, sizeof(float));
     if (!z->grad) {
         zero1_free(z);
@@ -164,11 +189,50 @@ void zero1_free(Zero1 *z) {
     free(z->counts);
     free(z->displs);
     free(z->grad);
+    free(z->bucket);
+    free(z->bcounts);
+    free(z->reqs);
     memset(z, 0, sizeof *z);
 }
 
+void zero1_start(Zero1 *z, Comm *comm, const float *grads, size_t begin, size_t end) {
+    int b = z->started;
+    if (z->failed) return;
+    if (b >= z->n_buckets || z->bucket[b][0] != begin || z->bucket[b][1] != end) {
+        z->failed = 1;
+        snprintf(z->err, sizeof z->err, "gradient range [%zu, %zu) finished out of order (expected bucket %d)", begin,
+                 end, b);
+        return;
+    }
+    // this rank's part of the bucket lands at its place in the shard
+    size_t at = begin > z->begin ? begin : z->begin;
+    float *recv = z->grad + (at < z->end ? at - z->begin : 0);
+    if (comm_ireduce_scatter(comm, grads + begin, recv, z->bcounts + (size_t)b * comm->size, &z->reqs[b]) != 0) {
+        z->failed = 1;
+        snprintf(z->err, sizeof z->err, "%s", bs_errmsg());
+        return;
+    }
+    z->started++;
+    for (int i = 0; i < z->started; i++) {  // drive the collectives in flight
+        int done;
+        if (z->reqs[i].active) comm_test(comm, &z->reqs[i], &done);
+    }
+}
+
 int zero1_reduce(Zero1 *z, Comm *comm, const float *grads) {
-    return comm_reduce_scatter(comm, grads, z->grad, z->counts);
+    while (!z->failed && z->started < z->n_buckets)
+        zero1_start(z, comm, grads, z->bucket[z->started][0], z->bucket[z->started][1]);
+    for (int b = 0; b < z->n_buckets; b++)
+        if (comm_wait(comm, &z->reqs[b]) != 0 && !z->failed) {
+            z->failed = 1;
+            snprintf(z->err, sizeof z->err, "%s", bs_errmsg());
+        }
+    z->started = 0;
+    if (z->failed) {
+        z->failed = 0;
+        return bs_fail("gradient reduce-scatter: %s", z->err);
+    }
+    return 0;
 }
 
 int zero1_sumsq(Zero1 *z, Comm *comm, double *sumsq) {

@@ -110,7 +110,7 @@ int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
     int rc = sampler_init(&t->sampler, &t->data.index, cfg->seed);
     if (rc == 0) rc = batch_init(&t->batch, 64);
     if (rc == 0) rc = llama_init(&t->llama, mc, (int)t->capacity);
-    if (rc == 0) rc = zero1_init(&t->zero, comm, t->llama.n_params);
+    if (rc == 0) rc = zero1_init(&t->zero, comm, &t->llama);
     if (rc == 0) rc = (t->times = bs_calloc((size_t)t->n_ranks, sizeof *t->times)) ? 0 : -1;
     if (rc == 0) {
         llama_init_weights(&t->llama, cfg->seed);
@@ -131,6 +131,7 @@ int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
         return -1;
     }
     executor_init(&t->exec, comm, &t->llama);
+    t->exec.zero = &t->zero;
     t->sched = (LrSchedule){.max_lr = cfg->lr,
                             .min_lr = cfg->min_lr,
                             .warmup_steps = cfg->warmup,

@@ -27,7 +27,7 @@ static Comm *mpi_comm;
 
 #define CHECK_OK(call) CHECK((call) == 0, "%s", bs_errmsg())
 
-static void mpi_test_init(int *argc, char ***argv) {
+static inline void mpi_test_init(int *argc, char ***argv) {
     if (comm_mpi_init(&mpi_comm, argc, argv) != 0) {
         fprintf(stderr, "MPI: %s\n", bs_errmsg());
         exit(1);
@@ -35,7 +35,7 @@ static void mpi_test_init(int *argc, char ***argv) {
 }
 
 // ||a - b|| / ||b|| over n floats, the sums of squares added over all ranks (each holds a part).
-static double rel_error_all(const float *a, const float *b, size_t n) {
+static inline double rel_error_all(const float *a, const float *b, size_t n) {
     double s[2] = {0, 0};
     for (size_t i = 0; i < n; i++) {
         double d = (double)a[i] - b[i];
@@ -47,7 +47,7 @@ static double rel_error_all(const float *a, const float *b, size_t n) {
 }
 
 // A scratch directory every rank sees: rank 0 makes it under the build tree.
-static const char *mpi_tmpdir(const char *name) {
+static inline const char *mpi_tmpdir(const char *name) {
     static char buf[512];
     snprintf(buf, sizeof buf, "test-tmp/%s-np%d", name, mpi_comm->size);
     if (mpi_comm->rank == 0) {
@@ -59,7 +59,7 @@ static const char *mpi_tmpdir(const char *name) {
     return buf;
 }
 
-static int mpi_test_done(const char *name, int passed) {
+static inline int mpi_test_done(const char *name, int passed) {
     if (mpi_comm->rank == 0) printf("%s on %d ranks: %d passed, 0 failed\n", name, mpi_comm->size, passed);
     comm_mpi_finalize();
     return 0;
