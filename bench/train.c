@@ -229,10 +229,13 @@ static int cmp_double(const void *a, const void *b) {
 
 // Median of n values picked by get(i); sorts a copy.
 static double median_of(const StepRec *r, int n, double (*get)(const StepRec *, int), int arg) {
-    double v[n > 0 ? n : 1];
+    double *v = malloc((size_t)n * sizeof *v);
+    if (!v) bs_die("out of memory");
     for (int i = 0; i < n; i++) v[i] = get(&r[i], arg);
     qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    double m = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    free(v);
+    return m;
 }
 static double get_seconds(const StepRec *r, int a) { return (void)a, r->seconds; }
 static double get_tps(const StepRec *r, int a) { return (void)a, r->tokens_per_s; }
@@ -336,8 +339,11 @@ static const char *tokens_text(char *buf, size_t n, int64_t v) {
     return buf;
 }
 
-static void report(const Opts *o, int R, StepRec rec[N_POLICIES][o->steps], double n_params, double seconds) {
+// rec: N_POLICIES runs of o->steps measured steps, policy j's at rec + j * o->steps.
+static void report(const Opts *o, int R, const StepRec *all, double n_params, double seconds) {
     int n = o->steps;
+    const StepRec *rec[N_POLICIES];
+    for (int j = 0; j < N_POLICIES; j++) rec[j] = all + (size_t)j * n;
     char a[24], b[24], c[24];
     int64_t d_cp = (o->context + o->capacity - 1) / o->capacity;
     printf("bench_train: HDP training on this machine: %d ranks x 1 core x 1 OpenBLAS thread, one run, every policy\n"
@@ -427,18 +433,18 @@ int main(int argc, char **argv) {
     if (lead) fprintf(stderr, "bench_train: note: built without optimization (a Debug build): the figures mean little\n");
 #endif
 
-    StepRec(*rec)[o.steps] = calloc(N_POLICIES, sizeof *rec);
+    int n_rec = N_POLICIES * o.steps;  // policy j's measured steps are rec[j * steps ..]
+    StepRec *rec = calloc((size_t)n_rec, sizeof *rec);
     if (!rec) rank_die(comm, "out of memory");
     double n_params = 0;
-    for (int j = 0; j < N_POLICIES; j++) run_policy(comm, &o, POLICIES[j], rec[j], &n_params);
+    for (int j = 0; j < N_POLICIES; j++) run_policy(comm, &o, POLICIES[j], rec + (size_t)j * o.steps, &n_params);
     double seconds = now_seconds() - t0;
     if (lead) {
-        fprintf(stderr, "bench_train: simulating the %d plans\n", N_POLICIES * o.steps);
-        for (int j = 0; j < N_POLICIES; j++) simulate(&o, R, rec[j], o.steps);
+        fprintf(stderr, "bench_train: simulating the %d plans\n", n_rec);
+        simulate(&o, R, rec, n_rec);
         report(&o, R, rec, n_params, seconds);
     }
-    for (int j = 0; j < N_POLICIES; j++)
-        for (int i = 0; i < o.steps; i++) free(rec[j][i].wait), free(rec[j][i].wire);
+    for (int i = 0; i < n_rec; i++) free(rec[i].wait), free(rec[i].wire);
     free(rec);
     comm_mpi_finalize();
     return 0;

@@ -1,11 +1,13 @@
 #!/bin/sh
-# demo.sh: the planner on the paper's case study (PAPER.md section 7): LLaMA-7B on 1,024 GPUs
+# demo.sh: the planner on the paper's case study (docs/planner.md): LLaMA-7B on 1,024 GPUs
 # (512 HDP ranks of TP 2, C = 8K tokens), 2M context, a 32M-token global batch of the Byted
 # dataset. Compares the three policies, then prints the balanced plan's summary and writes it.
-# Then training for real on this machine (docs/training.md): the Go standard library, byte-level,
-# prepared into data/go-byte if it is not there yet; the tiny model trained for 100 steps of 16K
-# tokens with contexts up to 4K (about 3 minutes on one core); metrics, checkpoints and the loss
-# plot under out/demo/.
+# Then HDP training for real on this machine, on 2 MPI ranks (docs/runtime.md): the Go standard
+# library, byte-level, prepared into data/go-byte if it is not there yet; the tiny model with
+# contexts up to 16K tokens and a capacity of 8K per rank, so long files train as 2-rank rings with
+# ring attention while short ones are packed; 60 steps of 32K tokens (about 3 minutes on 2 cores);
+# metrics, checkpoints, the loss plot and a Perfetto trace under out/demo/. Last, a short measured
+# comparison of the three policies on the same batches.
 #   usage: scripts/demo.sh [build-dir]      (make demo)
 set -eu
 BUILD=${1:-build}
@@ -14,7 +16,15 @@ if [ ! -x "$BIN" ]; then
     echo "demo: $BIN not found; build first (make)" >&2
     exit 1
 fi
+if ! command -v mpirun >/dev/null; then
+    echo "demo: mpirun not found (apt-get install openmpi-bin, or make deps)" >&2
+    exit 1
+fi
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# one rank per core; a one-core machine still runs the demo, oversubscribed
+MPIRUN="mpirun -np 2 --bind-to core"
+if [ "$(nproc)" -lt 2 ]; then MPIRUN="mpirun -np 2 --oversubscribe"; fi
 
 echo "== the three policies on one global batch (estimated step compute time vs the lower bound)"
 "$BIN" plan --policy all
@@ -23,7 +33,8 @@ echo "== the balanced plan"
 "$BIN" plan --policy balance --out "$BUILD/demo-plan.json"
 
 echo
-echo "== training: the tiny model on the Go standard library (bytes), contexts up to 4K tokens"
+echo "== HDP training on 2 ranks: the tiny model on the Go standard library (bytes), contexts up to 16K,"
+echo "   capacity 8K per rank: files longer than 8K train as 2-rank rings, shorter ones are packed"
 DATA_DIR=data/go-byte
 OUT=out/demo
 if [ ! -f "$DATA_DIR/index.bin" ]; then
@@ -31,12 +42,35 @@ if [ ! -f "$DATA_DIR/index.bin" ]; then
 fi
 rm -rf "$OUT/ckpt"  # a fresh run: no checkpoints of an earlier demo left beside the new ones
 mkdir -p "$OUT"
-"$BIN" train --data "$DATA_DIR" --model tiny --context 4K --capacity 4K --tokens 16K --steps 100 \
-    --lr 3e-3 --warmup 10 --ckpt-dir "$OUT/ckpt" --ckpt-every 50 --metrics "$OUT/metrics.jsonl" --plot "$OUT/loss"
+TRAIN="$BIN train --data $DATA_DIR --model tiny --context 16K --capacity 8K --tokens 32K --lr 3e-3 --warmup 10"
+$MPIRUN $TRAIN --steps 60 --ckpt-dir "$OUT/ckpt" --ckpt-every 30 --metrics "$OUT/metrics.jsonl" \
+    --plot "$OUT/loss" --trace "$OUT/trace.json"
+
+echo
+echo "== the three policies measured on this machine: the same 5 batches each, 2 ranks"
+printf '%-8s %12s %10s %16s\n' policy "tokens/s" "vs static" "rings per step"
+base=""
+for policy in static naive balance; do
+    BS_QUIET=1 $MPIRUN $TRAIN --policy "$policy" --steps 5 --metrics "$OUT/policy-$policy.jsonl" >/dev/null
+    # steps 2..5 (the first includes start-up): tokens over seconds
+    line=$(awk '
+        { t = $0; sub(/.*"tokens":/, "", t); sub(/,.*/, "", t)
+          s = $0; sub(/.*"seconds":/, "", s); sub(/,.*/, "", s)
+          r = $0; sub(/.*"plan_rings":/, "", r); sub(/,.*/, "", r)
+          if (NR > 1) { tok += t; sec += s; rings += r; n++ } }
+        END { if (sec > 0) printf "%.0f %.1f", tok / sec, rings / n }' "$OUT/policy-$policy.jsonl")
+    tps=${line% *}
+    rings=${line#* }
+    if [ -z "$base" ]; then base=$tps; fi
+    printf '%-8s %12s %9sx %16s\n' "$policy" "$tps" "$(awk -v a="$tps" -v b="$base" 'BEGIN { printf "%.2f", a / b }')" "$rings"
+done
+
 echo
 echo "== where everything went"
 echo "  plan of the case study:   $BUILD/demo-plan.json"
 echo "  dataset:                  $DATA_DIR"
-echo "  metrics (one JSON/step):  $OUT/metrics.jsonl"
-echo "  checkpoints:              $OUT/ckpt/  (continue with: $BIN train --resume $OUT/ckpt/ckpt-000100.bin --steps 150)"
+echo "  metrics (one JSON/step):  $OUT/metrics.jsonl  (every rank's compute / comm / wait seconds)"
+echo "  checkpoints:              $OUT/ckpt/  (continue on any number of ranks: $MPIRUN $BIN train --resume $OUT/ckpt/ckpt-000060.bin --steps 90)"
 echo "  loss plot:                $OUT/loss.png, $OUT/loss.svg"
+echo "  trace (Perfetto):         $OUT/trace.json  (ui.perfetto.dev or chrome://tracing, one track per rank)"
+echo "  per-policy metrics:       $OUT/policy-*.jsonl"
