@@ -11,8 +11,10 @@
 //          slices: attn_forward + attn_merge, delta, then attn_backward for every key block.
 // Each repetition starts from a barrier; a figure is the slowest rank's time (a ring ends when its
 // slowest member does), and the table shows the median over the repetitions, after one warm-up.
-// RING and LOCAL alternate which runs first. Both ranks compute at once in both, so they share the
-// memory system alike.
+// RING and LOCAL run back to back in every repetition, alternating which goes first, and RING/LOCAL
+// is the median of the per-repetition ratios: a pair sees the same machine, so another process
+// taking a core for a while moves both of its times alike. Both ranks compute at once in both
+// variants, so they share the memory system alike.
 //
 // Beside the times: the ring's own split (RingStats: block compute, time blocked in waits, the
 // rest: packing, summing partials, progress calls), the bytes each rank sends per layer, what those
@@ -245,7 +247,8 @@ static void local_backward(Case *c) {
 enum {
     M_RING_FWD, M_RING_BWD, M_RING, M_COMPUTE, M_WAIT_FWD, M_WAIT_BWD,  // the ring's; split of the slowest
     M_LOCAL_FWD, M_LOCAL_BWD, M_LOCAL,
-    N_MEASURES
+    N_MEASURES,
+    M_OTHER = N_MEASURES, M_RATIO, N_DERIVED  // per repetition: the slowest ring rank's rest, RING / LOCAL
 };
 
 static void zero(float *x, int64_t n) { memset(x, 0, (size_t)n * sizeof(float)); }
@@ -318,7 +321,7 @@ static double exchange_seconds(size_t bytes) {
 typedef struct {
     int S, rows, slice;           // tokens in the sequence, the most rows a rank holds, rows per call
     double gflop;                 // attention FLOPs of the whole sequence (all ranks), forward + backward
-    double med[N_MEASURES];       // medians over the repetitions of the slowest rank's figures
+    double med[N_DERIVED];        // medians over the repetitions of the slowest rank's figures
     double bytes_sent;            // per rank and layer (the most any rank sent)
     int msgs;                     // messages a rank sends per layer
     double xchg;                  // seconds of one exchange of a block alone
@@ -329,7 +332,7 @@ static void bench_case(AttnShape s, int S, int slice, int reps, Row *row) {
     Case c;
     case_init(&c, s, S, slice);
     int D = c.D;
-    double *m = xmalloc(sizeof(double) * (size_t)reps * N_MEASURES);
+    double *m = xmalloc(sizeof(double) * (size_t)reps * N_DERIVED);
     double mine[N_MEASURES], *all = xmalloc(sizeof(double) * (size_t)D * N_MEASURES);
     char note[64];
     for (int rep = -1; rep < reps; rep++) {  // rep -1: the warm-up
@@ -349,16 +352,19 @@ static void bench_case(AttnShape s, int S, int slice, int reps, Row *row) {
                 double w = 0;
                 for (int r = 0; r < D; r++) w = all[r * N_MEASURES + i] > w ? all[r * N_MEASURES + i] : w;
                 if (i == M_COMPUTE || i == M_WAIT_FWD || i == M_WAIT_BWD) w = all[slowest * N_MEASURES + i];
-                m[rep * N_MEASURES + i] = w;
+                m[rep * N_DERIVED + i] = w;
             }
+            double *x = &m[rep * N_DERIVED];
+            x[M_OTHER] = x[M_RING] - x[M_COMPUTE] - x[M_WAIT_FWD] - x[M_WAIT_BWD];
+            x[M_RATIO] = x[M_RING] / x[M_LOCAL];
         }
         snprintf(note, sizeof note, "hd %d, %dK tokens: ring %.2f s, local %.2f s", s.head_dim, S / 1024,
                  mine[M_RING], mine[M_LOCAL]);
         progress_update(&progress, ++reps_done, note);
     }
     double *col = xmalloc(sizeof(double) * (size_t)reps);
-    for (int i = 0; i < N_MEASURES; i++) {
-        for (int rep = 0; rep < reps; rep++) col[rep] = m[rep * N_MEASURES + i];
+    for (int i = 0; i < N_DERIVED; i++) {
+        for (int rep = 0; rep < reps; rep++) col[rep] = m[rep * N_DERIVED + i];
         row->med[i] = median(col, reps);
     }
     // bytes: the last repetition's (every repetition sends the same); the most any rank sent
@@ -390,7 +396,7 @@ static void print_rows(const ModelConfig *mc, const Row *rows, int n, int D, int
            "bwd", "total", "RING fwd", "bwd", "total", "RING/LOCAL", "target", "", "GF/s LOCAL", "RING");
     for (int i = 0; i < n; i++) {
         const Row *r = &rows[i];
-        double ratio = r->med[M_RING] / r->med[M_LOCAL];
+        double ratio = r->med[M_RATIO];
         printf("%6d %6d %8.1f | %8.3f %8.3f %8.3f | %8.3f %8.3f %8.3f | %10.3f %6s %4s | %9.1f %9.1f\n", r->S,
                r->rows, r->gflop, r->med[M_LOCAL_FWD], r->med[M_LOCAL_BWD], r->med[M_LOCAL], r->med[M_RING_FWD],
                r->med[M_RING_BWD], r->med[M_RING], ratio, "<=1.10", ratio <= 1.10 ? "ok" : "MISS",
@@ -403,7 +409,7 @@ static void print_rows(const ModelConfig *mc, const Row *rows, int n, int D, int
         double rate = (double)r->block_bytes / r->xchg;  // bytes per second, one direction
         double transfer = r->bytes_sent / rate, wait = r->med[M_WAIT_FWD] + r->med[M_WAIT_BWD];
         printf("%6d | %8.3f %8.4f %8.4f %8.4f | %8.1f %4d %8.2f %8.2f %10.4f %8.4f %6.0f%%\n", r->S, r->med[M_COMPUTE],
-               r->med[M_WAIT_FWD], r->med[M_WAIT_BWD], r->med[M_RING] - r->med[M_COMPUTE] - wait, r->bytes_sent / 1e6,
+               r->med[M_WAIT_FWD], r->med[M_WAIT_BWD], r->med[M_OTHER], r->bytes_sent / 1e6,
                r->msgs, (double)r->block_bytes / 1e6, rate / 1e9, transfer, wait, 100 * (1 - wait / transfer));
     }
     printf("\n");
@@ -423,7 +429,8 @@ int main(int argc, char **argv) {
             if (*end || reps < 1 || reps > 100) bs_die("--reps %s: want a number in [1, 100]", argv[i]);
         } else if (strcmp(argv[i], "--slice-rows") == 0 && i + 1 < argc) {
             slice = (int)strtol(argv[++i], &end, 10);
-            if (*end || slice < 1 || slice > (1 << 20)) bs_die("--slice-rows %s: want a number in [1, 1048576]", argv[i]);
+            if (*end || slice < 1 || slice > (1 << 20))
+                bs_die("--slice-rows %s: want a number in [1, 1048576]", argv[i]);
         } else if (strcmp(argv[i], "--max-tokens") == 0 && i + 1 < argc) {
             max_tokens = (int)strtol(argv[++i], &end, 10);
             if (*end || max_tokens < 1024 || max_tokens > (1 << 20))
@@ -447,7 +454,8 @@ int main(int argc, char **argv) {
     }
     int D = world->size, root = world->rank == 0;
 #ifndef __OPTIMIZE__
-    if (root) fprintf(stderr, "bench_ring: note: built without optimization (a Debug build): the figures mean little\n");
+    if (root)
+        fprintf(stderr, "bench_ring: note: built without optimization (a Debug build): the figures mean little\n");
 #endif
     if (quick) max_tokens = max_tokens < 8192 ? max_tokens : 8192;
     const char *models[2] = {"small", "tiny"};
@@ -476,11 +484,12 @@ int main(int argc, char **argv) {
         for (int mi = 0; mi < n_models; mi++) print_rows(model_find(models[mi]), rows[mi], n_sizes, D, reps);
         double least = 1;
         for (int r = 0; r < D; r++) least = cpus[r] < least ? cpus[r] : least;
-        printf("rows: the most query rows a rank holds; GFLOP: forward + backward of the whole sequence; GF/s: per\n"
-               "rank. compute / wait: RingStats of the slowest rank (block kernels / blocked on messages, in forward and\n"
-               "backward); other = its RING total - both (packing K/V, summing dK/dV partials, delta). p2p GB/s: one\n"
-               "block exchanged with the neighbours alone; transfer s: the layer's bytes at that rate; hidden = 1 -\n"
-               "wait / transfer. %d ranks, wall %.0f s; the least busy rank had %.0f%% of a core",
+        printf("rows: the most query rows a rank holds; GFLOP: forward + backward of the whole sequence; GF/s:\n"
+               "per rank; RING/LOCAL: the median of the per-repetition ratios. compute / wait: RingStats of the\n"
+               "slowest rank (block kernels / blocked on messages, in forward and backward); other = its RING\n"
+               "total - both (packing K/V, summing dK/dV partials, delta). p2p GB/s: one block exchanged with\n"
+               "the neighbours alone; transfer s: the layer's bytes at that rate; hidden = 1 - wait / transfer.\n"
+               "%d ranks, wall %.0f s; the least busy rank had %.0f%% of a core",
                D, wall, 100 * least);
         if (least < 0.9) printf(" -- other processes shared the cores: expect noise");
         printf(".\n");
