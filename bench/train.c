@@ -4,6 +4,10 @@
 // One run trains the same model three times, once per policy, over MPI ranks of one core and one
 // OpenBLAS thread each. The seed is the same for every policy, so every policy trains on the same
 // global batches (checked: the table says so) from the same initial weights; only the plans differ.
+// The three trainers live side by side and take their steps in turn (step 1 of each, step 2 of each,
+// ..., the order rotating), so a change in the machine's load falls on all three alike; each step
+// also records how much of a core every rank got (CPU / wall seconds), which says when the machine
+// was shared and the times are not to be trusted.
 // Defaults: model tiny, the Go corpus (data/go-byte, `bytescale prepare`), 64K tokens per step,
 // context 16K, capacity C = 8K, so a file longer than 8K tokens is a ring over 2 ranks (and the static
 // mesh is d_cp = ceil(16K / 8K) = 2: every micro-batch is a 2-rank ring). Each policy runs 1 warm-up
@@ -31,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bytescale/cluster.h"
@@ -61,6 +66,7 @@ typedef struct {
 // One measured step as rank 0 saw it (every rank's times are gathered by the trainer).
 typedef struct {
     double seconds, tokens_per_s, sync_exposed, data_wait, est_seconds;
+    double core_share;      // the least CPU seconds per wall second of any rank over the step
     double *wait;           // (n_ranks,) wait / step seconds
     int n_items, n_rings;
     uint64_t batch_hash;    // the global batch's sequences: equal across policies = same batches
@@ -245,6 +251,7 @@ static double get_data_wait(const StepRec *r, int a) { return (void)a, r->data_w
 static double get_est(const StepRec *r, int a) { return (void)a, r->est_seconds; }
 static double get_items(const StepRec *r, int a) { return (void)a, r->n_items; }
 static double get_rings(const StepRec *r, int a) { return (void)a, r->n_rings; }
+static double get_share(const StepRec *r, int a) { return (void)a, r->core_share; }
 static double get_sim(const StepRec *r, int a) { return (void)a, r->sim_seconds; }
 static double get_sim_wait(const StepRec *r, int a) { return (void)a, r->sim_wait_max; }
 static double get_sim_diff(const StepRec *r, int a) { return (void)a, r->sim_seconds / r->seconds - 1; }
@@ -259,8 +266,8 @@ static uint64_t batch_hash(const GlobalBatch *b) {
     return h;
 }
 
-// Train o->steps + 1 steps with one policy and record the measured ones. Every rank calls it.
-static void run_policy(Comm *comm, const Opts *o, const char *policy, StepRec *rec, double *n_params) {
+// One trainer per policy, all made the same way but for the policy. Every rank calls it.
+static Trainer *make_trainer(Comm *comm, const Opts *o, const char *policy) {
     TrainConfig cfg = train_defaults();
     snprintf(cfg.model, sizeof cfg.model, "%s", o->model);
     snprintf(cfg.policy, sizeof cfg.policy, "%s", policy);
@@ -274,40 +281,56 @@ static void run_policy(Comm *comm, const Opts *o, const char *policy, StepRec *r
     Trainer *t = malloc(sizeof *t);  // large, and it must not move
     if (!t) rank_die(comm, "out of memory");
     if (trainer_init_comm(t, &cfg, comm) != 0) rank_die(comm, bs_errmsg());
-    *n_params = (double)t->llama.n_params;
+    return t;
+}
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// One step of trainer t; step s of the run (0 = the warm-up), recorded into *r unless it is the warm-up.
+static void run_step(Comm *comm, Trainer *t, const Opts *o, int s, StepRec *r) {
     int lead = comm->rank == 0;
-    for (int s = 0; s <= o->steps; s++) {
-        StepStats st;
-        if (trainer_step(t, &st) != 0) rank_die(comm, bs_errmsg());
-        // Slot step % 2 still holds this step's plan: the background thread now reads the rows of the
-        // next step's plan (the other slot) and this slot is only replaced when the next trainer_step
-        // broadcasts the plan of step + 2.
-        const Plan *p = &t->plans[t->step % 2];
-        if (t->plan_of[t->step % 2] != t->step) rank_die(comm, "the trainer no longer holds the plan of its last step");
-        if (lead) {
-            fprintf(stderr, "bench_train: %-7s step %d/%d%s: %6.2f s, %6.0f tok/s, wait", policy, s, o->steps,
-                    s == 0 ? " (warm-up)" : "", st.seconds, st.tokens_per_s);
-            for (int r = 0; r < st.n_ranks; r++) fprintf(stderr, " %4.1f%%", 100 * st.ranks[r].wait / st.seconds);
-            fprintf(stderr, ", %d items (%d rings), loss %.4f\n", st.n_items, st.n_rings, st.loss);
-        }
-        if (s == 0) continue;  // the warm-up step planned its batch on the clock and warmed the caches
-        StepRec *r = &rec[s - 1];
-        r->seconds = st.seconds;
-        r->tokens_per_s = st.tokens_per_s;
-        r->sync_exposed = st.sync_exposed;
-        r->data_wait = st.data_wait;
-        r->est_seconds = st.est_seconds;
-        r->n_items = st.n_items;
-        r->n_rings = st.n_rings;
-        r->wait = malloc((size_t)st.n_ranks * sizeof *r->wait);
-        if (!r->wait) rank_die(comm, "out of memory");
-        for (int k = 0; k < st.n_ranks; k++) r->wait[k] = st.ranks[k].wait / st.seconds;
-        r->batch_hash = batch_hash(&p->batch);
-        // kept packed and simulated after all training, so the simulator takes no core from the ranks
-        if (lead && plan_pack(p, &r->wire, &r->wire_size) != 0) rank_die(comm, bs_errmsg());
+    double c0 = cpu_seconds(), w0 = now_seconds();
+    StepStats st;
+    if (trainer_step(t, &st) != 0) rank_die(comm, bs_errmsg());
+    // The core share: this process's CPU seconds per wall second of the step. A rank polls while it
+    // waits (MPI spins), so on a core of its own this is about 1 (a little more with the prefetch
+    // thread); well below 1 means other processes took the core and the step's time is not ours.
+    double share = (cpu_seconds() - c0) / (now_seconds() - w0), shares[64], least = share;
+    if (comm->size <= 64) {
+        if (comm_allgather(comm, &share, shares, sizeof share) != 0) rank_die(comm, bs_errmsg());
+        for (int k = 0; k < comm->size; k++) least = fmin(least, shares[k]);
     }
-    trainer_free(t);
-    free(t);
+    // Slot step % 2 still holds this step's plan: the background thread now reads the rows of the
+    // next step's plan (the other slot), and this slot is only replaced when the next trainer_step
+    // broadcasts the plan of step + 2.
+    const Plan *p = &t->plans[t->step % 2];
+    if (t->plan_of[t->step % 2] != t->step) rank_die(comm, "the trainer no longer holds the plan of its last step");
+    if (lead) {
+        fprintf(stderr, "bench_train: step %d/%d%s %-7s %6.2f s, %6.0f tok/s, wait", s, o->steps,
+                s == 0 ? " (warm-up)" : "", t->cfg.policy, st.seconds, st.tokens_per_s);
+        for (int k = 0; k < st.n_ranks; k++) fprintf(stderr, " %4.1f%%", 100 * st.ranks[k].wait / st.seconds);
+        fprintf(stderr, ", core share %3.0f%%, %d items (%d rings), loss %.4f\n", 100 * least, st.n_items, st.n_rings,
+                st.loss);
+    }
+    if (s == 0) return;  // the warm-up step planned its batch on the clock and warmed the caches
+    r->seconds = st.seconds;
+    r->tokens_per_s = st.tokens_per_s;
+    r->sync_exposed = st.sync_exposed;
+    r->data_wait = st.data_wait;
+    r->est_seconds = st.est_seconds;
+    r->core_share = least;
+    r->n_items = st.n_items;
+    r->n_rings = st.n_rings;
+    r->wait = malloc((size_t)st.n_ranks * sizeof *r->wait);
+    if (!r->wait) rank_die(comm, "out of memory");
+    for (int k = 0; k < st.n_ranks; k++) r->wait[k] = st.ranks[k].wait / st.seconds;
+    r->batch_hash = batch_hash(&p->batch);
+    // kept packed and simulated after all training, so the simulator takes no core from the ranks
+    if (lead && plan_pack(p, &r->wire, &r->wire_size) != 0) rank_die(comm, bs_errmsg());
 }
 
 // Rank 0: simulate every measured step's plan on the cpu profile, the cost model the trainer plans with.
@@ -332,6 +355,15 @@ static void simulate(const Opts *o, int n_ranks, StepRec *rec, int n) {
     }
 }
 
+// The 1-minute load average (/proc/loadavg), -1 where there is none.
+static double loadavg(void) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    double v = -1;
+    if (f && fscanf(f, "%lf", &v) != 1) v = -1;
+    if (f) fclose(f);
+    return v;
+}
+
 static const char *tokens_text(char *buf, size_t n, int64_t v) {
     if (v % (1 << 20) == 0) snprintf(buf, n, "%lldM", (long long)(v >> 20));
     else if (v % (1 << 10) == 0) snprintf(buf, n, "%lldK", (long long)(v >> 10));
@@ -340,7 +372,7 @@ static const char *tokens_text(char *buf, size_t n, int64_t v) {
 }
 
 // rec: N_POLICIES runs of o->steps measured steps, policy j's at rec + j * o->steps.
-static void report(const Opts *o, int R, const StepRec *all, double n_params, double seconds) {
+static void report(const Opts *o, int R, const StepRec *all, double n_params, double seconds, const double load[2]) {
     int n = o->steps;
     const StepRec *rec[N_POLICIES];
     for (int j = 0; j < N_POLICIES; j++) rec[j] = all + (size_t)j * n;
@@ -358,8 +390,8 @@ static void report(const Opts *o, int R, const StepRec *all, double n_params, do
     printf("Table 1: measured (wait = blocked on ring messages and at the gradient sync, / step time)\n");
     printf("%-8s %9s %9s %8s", "policy", "tok/s", "vs static", "step s");
     for (int r = 0; r < R; r++) printf("  wait r%-2d", r);
-    printf(" %11s %11s %6s %6s\n", "sync exp s", "data wait s", "items", "rings");
-    double tps[N_POLICIES], wmax[N_POLICIES];
+    printf(" %11s %11s %6s %6s %6s\n", "sync exp s", "data wait s", "items", "rings", "core");
+    double tps[N_POLICIES], wmax[N_POLICIES], share[N_POLICIES];
     for (int j = 0; j < N_POLICIES; j++) tps[j] = median_of(rec[j], n, get_tps, 0);
     for (int j = 0; j < N_POLICIES; j++) {
         printf("%-8s %9.0f %8.2fx %8.2f", POLICIES[j], tps[j], tps[j] / tps[0], median_of(rec[j], n, get_seconds, 0));
@@ -369,13 +401,27 @@ static void report(const Opts *o, int R, const StepRec *all, double n_params, do
             wmax[j] = fmax(wmax[j], w);
             printf("  %7.1f%%", 100 * w);
         }
-        printf(" %11.3f %11.3f %6.1f %6.1f\n", median_of(rec[j], n, get_sync, 0), median_of(rec[j], n, get_data_wait, 0),
-               median_of(rec[j], n, get_items, 0), median_of(rec[j], n, get_rings, 0));
+        share[j] = median_of(rec[j], n, get_share, 0);
+        printf(" %11.3f %11.3f %6.1f %6.1f %5.0f%%\n", median_of(rec[j], n, get_sync, 0),
+               median_of(rec[j], n, get_data_wait, 0), median_of(rec[j], n, get_items, 0), median_of(rec[j], n, get_rings, 0),
+               100 * share[j]);
     }
+    printf("(core: the least CPU seconds per wall second of any rank during the step; a rank spins while it\n"
+           "waits, so ~100%% = a core of its own. Load average (1 min): %.2f at the start, %.2f at the end.)\n",
+           load[0], load[1]);
+    double least = fmin(share[0], fmin(share[1], share[2]));
+    if (least < 0.9)
+        printf("NOTE: a rank had only %.0f%% of a core in the median step: other processes shared the cores, so\n"
+               "these times are the machine's load as much as the policy's. Run again on a quiet machine.\n",
+               100 * least);
     int bal = N_POLICIES - 1;
     printf("targets (balance):\n");
-    printf("  ahead of static in tokens/s            %5.2fx   %s\n", tps[bal] / tps[0],
-           tps[bal] > tps[0] ? "ok" : "MISSED");
+    // the batches are the same, so step i of balance and step i of static can be compared directly
+    int faster = 0;
+    for (int i = 0; i < n; i++) faster += rec[bal][i].seconds < rec[0][i].seconds;
+    double ahead = tps[bal] / tps[0];
+    printf("  ahead of static in tokens/s           %6.3fx  %s  (faster on %d of %d batches%s)\n", ahead,
+           ahead > 1 ? "ok" : "MISSED", faster, n, fabs(ahead - 1) < 0.02 ? "; within 2%: a tie" : "");
     printf("  every rank waits < %.0f%% of the step     %5.1f%%   %s  (most waiting rank)\n", 100 * WAIT_TARGET,
            100 * wmax[bal], wmax[bal] < WAIT_TARGET ? "ok" : "MISSED");
     int same = 1, first_diff = 0;
@@ -414,7 +460,7 @@ int main(int argc, char **argv) {
     }
     if (!comm_launched_by_mpi()) relaunch(argc, argv);
 
-    double t0 = now_seconds();
+    double t0 = now_seconds(), load[2] = {loadavg(), 0};
     Comm *comm;
     if (comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
     openblas_set_num_threads(1);  // also when someone ran mpirun without OPENBLAS_NUM_THREADS=1
@@ -436,13 +482,24 @@ int main(int argc, char **argv) {
     int n_rec = N_POLICIES * o.steps;  // policy j's measured steps are rec[j * steps ..]
     StepRec *rec = calloc((size_t)n_rec, sizeof *rec);
     if (!rec) rank_die(comm, "out of memory");
-    double n_params = 0;
-    for (int j = 0; j < N_POLICIES; j++) run_policy(comm, &o, POLICIES[j], rec + (size_t)j * o.steps, &n_params);
+    // All three trainers live at once and take their steps in turn (step 1 of each, then step 2 of
+    // each, ...), the order rotating every step: a change in the machine's load during the run (another
+    // process, a thermal limit) then falls on every policy alike instead of on whichever ran last.
+    Trainer *t[N_POLICIES];
+    for (int j = 0; j < N_POLICIES; j++) t[j] = make_trainer(comm, &o, POLICIES[j]);
+    double n_params = (double)t[0]->llama.n_params;
+    for (int s = 0; s <= o.steps; s++)
+        for (int k = 0; k < N_POLICIES; k++) {
+            int j = (k + s) % N_POLICIES;
+            run_step(comm, t[j], &o, s, s > 0 ? &rec[(size_t)j * o.steps + (s - 1)] : NULL);
+        }
+    for (int j = 0; j < N_POLICIES; j++) trainer_free(t[j]), free(t[j]);
     double seconds = now_seconds() - t0;
+    load[1] = loadavg();
     if (lead) {
         fprintf(stderr, "bench_train: simulating the %d plans\n", n_rec);
         simulate(&o, R, rec, n_rec);
-        report(&o, R, rec, n_params, seconds);
+        report(&o, R, rec, n_params, seconds, load);
     }
     for (int i = 0; i < n_rec; i++) free(rec[i].wait), free(rec[i].wire);
     free(rec);
