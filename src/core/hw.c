@@ -19,7 +19,7 @@ static const HardwareProfile profiles[] = {
     {"h800-sxm", 8, 989e12, 0.5, 80e9, 200e9, 50e9, 5e-6, 10e-6, 50e9, 2, 0.35, 3.35e12},
     // this machine: one core per rank, fp32 AVX2 FMA (2 x 8 lanes x 2 FLOPs x 2.6 GHz), 2 cores per node;
     // "links" are MPI shared-memory copies and "host" offload is a memcpy.
-    {"cpu", 2, 83.2e9, 0.7, 8e9, 5e9, 5e9, 1e-6, 1e-6, 10e9, 4, 0.3, 20e9},
+    {"cpu", 2, 83.2e9, 0.7, 8e9, 5e9, 5e9, 1e-6, 1e-6, 10e9, 4, 0.7, 20e9},
 };
 
 enum { N_PROFILES = (int)(sizeof profiles / sizeof profiles[0]) };
