@@ -132,6 +132,24 @@ static int recv_block(RingAttn *r, float *buf, int j, int tag, CommReq *req) {
     return comm_irecv(r->comm, buf, (size_t)block_floats(r, j) * sizeof(float), r->ranks[0], tag, req);
 }
 
+// A layer's start: its rows must be the ones the plan gives this member; its own K/V go in hand.
+static int begin_layer(RingAttn *r, AttnRows rows, const float *k, const float *v, AttnRows *mine) {
+    *mine = member_rows(r, r->me);
+    if (rows.n != mine->n)
+        return bs_fail("ring attention: %d local rows, the plan gives this rank %d", rows.n, mine->n);
+    pack_kv(r->kv[0], k, v, (int64_t)mine->n * r->shape.n_kv_heads * r->shape.head_dim);
+    return 0;
+}
+
+// Step t of D: the next block arrives into the spare buffer while the block in hand (member j's,
+// in kv[cur]) is computed and passed on. The last step has nothing left to pass.
+static int post_kv_step(RingAttn *r, int t, int cur, int tag, CommReq reqs[2]) {
+    int D = r->D, j = (r->me - t + D) % D, jn = (r->me - t - 1 + 2 * D) % D;
+    if (t == D - 1) return 0;
+    if (recv_block(r, r->kv[1 - cur], jn, tag, &reqs[0]) != 0) return -1;
+    return send_block(r, r->kv[cur], j, tag, &reqs[1]);
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 static int ring_forward(void *ctx, int layer, float *out, float *lse, const float *q, const float *k, const float *v,
@@ -140,17 +158,13 @@ static int ring_forward(void *ctx, int layer, float *out, float *lse, const floa
     RingAttn *r = ctx;
     int D = r->D, me = r->me, H = s.n_heads;
     int64_t Q = (int64_t)s.n_heads * s.head_dim, KV = (int64_t)s.n_kv_heads * s.head_dim;
-    AttnRows mine = member_rows(r, me);
-    if (rows.n != mine.n) return bs_fail("ring attention: %d local rows, the plan gives this rank %d", rows.n, mine.n);
-    pack_kv(r->kv[0], k, v, (int64_t)mine.n * KV);
+    AttnRows mine;
+    if (begin_layer(r, rows, k, v, &mine) != 0) return -1;
     int cur = 0;
     for (int t = 0; t < D; t++) {
-        int j = (me - t + D) % D, jn = (me - t - 1 + 2 * D) % D;
+        int j = (me - t + D) % D;
         CommReq reqs[2] = {{0}};
-        if (t < D - 1) {  // the next block arrives while this one is computed and passed on
-            if (recv_block(r, r->kv[1 - cur], jn, RING_TAG_FWD_KV, &reqs[0]) != 0) return -1;
-            if (send_block(r, r->kv[cur], j, RING_TAG_FWD_KV, &reqs[1]) != 0) return -1;
-        }
+        if (post_kv_step(r, t, cur, RING_TAG_FWD_KV, reqs) != 0) return -1;
         AttnRows kr = member_rows(r, j);
         const float *kb = r->kv[cur], *vb = r->kv[cur] + (int64_t)kr.n * KV;
         double t0 = now_seconds();
@@ -184,18 +198,14 @@ static int ring_backward(void *ctx, int layer, float *dq, float *dk, float *dv, 
     RingAttn *r = ctx;
     int D = r->D, me = r->me, H = s.n_heads;
     int64_t Q = (int64_t)s.n_heads * s.head_dim, KV = (int64_t)s.n_kv_heads * s.head_dim;
-    AttnRows mine = member_rows(r, me);
-    if (rows.n != mine.n) return bs_fail("ring attention: %d local rows, the plan gives this rank %d", rows.n, mine.n);
-    pack_kv(r->kv[0], k, v, (int64_t)mine.n * KV);
+    AttnRows mine;
+    if (begin_layer(r, rows, k, v, &mine) != 0) return -1;
     int cur = 0;
     CommReq sent = {0};  // the dK/dV partial that left last step (its buffer is reused the step after)
     for (int t = 0; t < D; t++) {
-        int j = (me - t + D) % D, jn = (me - t - 1 + 2 * D) % D;
+        int j = (me - t + D) % D;
         CommReq reqs[4] = {{0}};
-        if (t < D - 1) {
-            if (recv_block(r, r->kv[1 - cur], jn, RING_TAG_BWD_KV, &reqs[0]) != 0) return -1;
-            if (send_block(r, r->kv[cur], j, RING_TAG_BWD_KV, &reqs[1]) != 0) return -1;
-        }
+        if (post_kv_step(r, t, cur, RING_TAG_BWD_KV, reqs) != 0) return -1;
         // block j's partial dK/dV from the members before this one arrives while this one computes
         if (t > 0 && recv_block(r, r->inc, j, RING_TAG_BWD_DKV, &reqs[2]) != 0) return -1;
         reqs[3] = sent;

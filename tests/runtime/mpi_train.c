@@ -7,6 +7,7 @@
 //     and the same checkpoint resumed on one process continues it (loss within fp32 rounding).
 // ranks: 1 2 3 4 5 8
 #include "mpi_util.h"
+#include "test_corpus.h"
 
 #include "bytescale/fileio.h"
 #include "bytescale/prepare.h"
@@ -14,33 +15,10 @@
 #include "bytescale/sampler.h"
 #include "bytescale/train.h"
 
-// Rank 0 writes n files of Go-like text with lengths in [lo, hi) and prepares them byte-level.
+// Rank 0 makes the corpus; every rank reads it.
 static void make_dataset(const char *dir, int n, int lo, int hi, uint64_t seed, char *out, size_t cap) {
-    snprintf(out, cap, "%s/data", dir);
-    if (mpi_comm->rank == 0) {
-        static const char *words[] = {"func ", "return ", "if ", "err ", "!= ", "nil ", "{\n", "}\n", "x ", ":= ",
-                                      "for ", "range ", "i ", "package ", "main\n", "(", ")", "\t", "int "};
-        char in[600], path[700];
-        snprintf(in, sizeof in, "%s/in", dir);
-        CHECK_OK(make_dirs(in));
-        Rng rng;
-        rng_seed(&rng, seed);
-        char *text = malloc((size_t)hi + 16);
-        for (int f = 0; f < n; f++) {
-            int len = lo + (int)rng_below(&rng, (uint64_t)(hi - lo)), at = 0;
-            while (at < len) {
-                const char *w = words[rng_below(&rng, sizeof words / sizeof words[0])];
-                for (const char *c = w; *c && at < len; c++) text[at++] = *c;
-            }
-            snprintf(path, sizeof path, "%s/f%03d.go", in, f);
-            CHECK_OK(file_write_atomic(path, text, (size_t)len));
-        }
-        free(text);
-        const char *inputs[] = {in};
-        PrepareConfig pc = {.inputs = inputs, .n_inputs = 1, .tokenizer = "byte", .out_dir = out, .quiet = 1};
-        PrepareStats st;
-        CHECK_OK(prepare_run(&pc, &st));
-    }
+    if (mpi_comm->rank == 0) CHECK_OK(test_corpus_make(dir, n, lo, hi, seed, out, cap));
+    else snprintf(out, cap, "%s/data", dir);
     CHECK_OK(comm_barrier(mpi_comm));
 }
 

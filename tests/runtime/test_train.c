@@ -2,6 +2,7 @@
 // does not depend on how the batch was cut into micro-batches), learning on an easy corpus,
 // refusal of bad checkpoints, and the metrics file across a crash and resume.
 #include "test_util.h"
+#include "test_corpus.h"
 
 #include <math.h>
 
@@ -14,33 +15,8 @@
 
 // ---- datasets made inside the test ---------------------------------------------------------------------
 
-// n files of random lengths in [lo, hi) of Go-like text from a small word list, prepared byte-level
-// into <dir>/data, whose path is written to out.
 static void make_dataset(const char *dir, int n, int lo, int hi, uint64_t seed, char *out, size_t cap) {
-    static const char *words[] = {"func ", "return ", "if ", "err ", "!= ", "nil ", "{\n", "}\n", "x ", ":= ",
-                                  "for ", "range ", "i ", "package ", "main\n", "(", ")", "\t", "int ", "// note\n"};
-    char path[700], in[600];
-    snprintf(in, sizeof in, "%s/in", dir);
-    assert_int_equal(make_dirs(in), 0);
-    Rng rng;
-    rng_seed(&rng, seed);
-    char *text = malloc((size_t)hi + 16);
-    for (int f = 0; f < n; f++) {
-        int len = lo + (int)rng_below(&rng, (uint64_t)(hi - lo)), at = 0;
-        while (at < len) {
-            const char *w = words[rng_below(&rng, sizeof words / sizeof words[0])];
-            for (const char *c = w; *c && at < len; c++) text[at++] = *c;
-        }
-        snprintf(path, sizeof path, "%s/f%03d.go", in, f);
-        assert_int_equal(file_write_atomic(path, text, (size_t)len), 0);
-    }
-    free(text);
-    snprintf(out, cap, "%s/data", dir);
-    const char *inputs[] = {in};
-    PrepareConfig pc = {.inputs = inputs, .n_inputs = 1, .tokenizer = "byte", .out_dir = out, .quiet = 1};
-    PrepareStats st;
-    if (prepare_run(&pc, &st) != 0) fail_msg("prepare: %s", bs_errmsg());
-    assert_int_equal(st.n_files, n);
+    if (test_corpus_make(dir, n, lo, hi, seed, out, cap) != 0) fail_msg("corpus: %s", bs_errmsg());
 }
 
 static TrainConfig small_config(const char *data) {
