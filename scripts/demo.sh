@@ -7,7 +7,7 @@
 # contexts up to 16K tokens and a capacity of 8K per rank, so long files train as 2-rank rings with
 # ring attention while short ones are packed; 60 steps of 32K tokens (about 3 minutes on 2 cores);
 # metrics, checkpoints, the loss plot and a Perfetto trace under out/demo/. Last, a short measured
-# comparison of the three policies on the same batches.
+# comparison of the three policies on the same batches, at C = 8K and C = 16K (about 2 minutes).
 #   usage: scripts/demo.sh [build-dir]      (make demo)
 set -eu
 BUILD=${1:-build}
@@ -48,23 +48,28 @@ $MPIRUN $TRAIN --steps 60 --ckpt-dir "$OUT/ckpt" --ckpt-every 30 --metrics "$OUT
 
 echo
 echo "== the three policies measured on this machine: the same 5 batches each, 2 ranks"
-printf '%-8s %12s %10s %16s\n' policy "tokens/s" "vs static" "rings per step"
-base=""
-for policy in static naive balance; do
-    BS_QUIET=1 $MPIRUN $TRAIN --policy "$policy" --steps 5 --metrics "$OUT/policy-$policy.jsonl" >/dev/null
-    # steps 2..5 (the first includes start-up): tokens over seconds
-    line=$(awk '
-        { t = $0; sub(/.*"tokens":/, "", t); sub(/,.*/, "", t)
-          s = $0; sub(/.*"seconds":/, "", s); sub(/,.*/, "", s)
-          r = $0; sub(/.*"plan_rings":/, "", r); sub(/,.*/, "", r)
-          if (NR > 1) { tok += t; sec += s; rings += r; n++ } }
-        END { if (sec > 0) printf "%.0f %.1f", tok / sec, rings / n }' "$OUT/policy-$policy.jsonl")
-    tps=${line% *}
-    rings=${line#* }
-    if [ -z "$base" ]; then base=$tps; fi
-    printf '%-8s %12s %9sx %16s\n' "$policy" "$tps" "$(awk -v a="$tps" -v b="$base" 'BEGIN { printf "%.2f", a / b }')" "$rings"
+echo "   C = 8K: the static mesh is one 2-rank ring (d_cp 2, d_dp 1), balanced by construction;"
+echo "   C = 16K: the static mesh is 2-way data parallel, and its packs leave ranks unequal work"
+printf '%-9s %-8s %10s %10s %15s\n' capacity policy "tokens/s" "vs static" "rings per step"
+for cap in 8K 16K; do
+    base=""
+    for policy in static naive balance; do
+        m="$OUT/policy-$policy-$cap.jsonl"
+        BS_QUIET=1 $MPIRUN $TRAIN --capacity "$cap" --policy "$policy" --steps 5 --metrics "$m" >/dev/null
+        # steps 2..5 (the first includes start-up): the batch's tokens over the step's seconds
+        line=$(awk '
+            { match($0, /"tokens":[0-9]+/); t = substr($0, RSTART + 9, RLENGTH - 9)
+              match($0, /"seconds":[0-9.e+-]+/); s = substr($0, RSTART + 10, RLENGTH - 10)
+              match($0, /"plan_rings":[0-9]+/); r = substr($0, RSTART + 13, RLENGTH - 13)
+              if (NR > 1) { tok += t; sec += s; rings += r; n++ } }
+            END { if (sec > 0) printf "%.0f %.1f", tok / sec, rings / n }' "$m")
+        tps=${line% *}
+        rings=${line#* }
+        if [ -z "$base" ]; then base=$tps; fi
+        printf '%-9s %-8s %10s %9sx %15s\n' "$cap" "$policy" "$tps" \
+            "$(awk -v a="$tps" -v b="$base" 'BEGIN { printf "%.2f", a / b }')" "$rings"
+    done
 done
-
 echo
 echo "== where everything went"
 echo "  plan of the case study:   $BUILD/demo-plan.json"
@@ -73,4 +78,4 @@ echo "  metrics (one JSON/step):  $OUT/metrics.jsonl  (every rank's compute / co
 echo "  checkpoints:              $OUT/ckpt/  (continue on any number of ranks: $MPIRUN $BIN train --resume $OUT/ckpt/ckpt-000060.bin --steps 90)"
 echo "  loss plot:                $OUT/loss.png, $OUT/loss.svg"
 echo "  trace (Perfetto):         $OUT/trace.json  (ui.perfetto.dev or chrome://tracing, one track per rank)"
-echo "  per-policy metrics:       $OUT/policy-*.jsonl"
+echo "  per-policy metrics:       $OUT/policy-<policy>-<capacity>.jsonl"
