@@ -7,7 +7,7 @@
 # contexts up to 16K tokens and a capacity of 8K per rank, so long files train as 2-rank rings with
 # ring attention while short ones are packed; 60 steps of 32K tokens (about 3 minutes on 2 cores);
 # metrics, checkpoints, the loss plot and a Perfetto trace under out/demo/. Last, a short measured
-# comparison of the three policies on the same batches, at C = 8K and C = 16K (about 2 minutes).
+# comparison of the three policies on the same batches, at C = 8K and C = 16K (about 3 minutes).
 #   usage: scripts/demo.sh [build-dir]      (make demo)
 set -eu
 BUILD=${1:-build}
@@ -47,7 +47,7 @@ $MPIRUN $TRAIN --steps 60 --ckpt-dir "$OUT/ckpt" --ckpt-every 30 --metrics "$OUT
     --plot "$OUT/loss" --trace "$OUT/trace.json"
 
 echo
-echo "== the three policies measured on this machine: the same 5 batches each, 2 ranks"
+echo "== the three policies measured on this machine: the same 5 batches of 64K tokens each, 2 ranks"
 echo "   C = 8K: the static mesh is one 2-rank ring (d_cp 2, d_dp 1), balanced by construction;"
 echo "   C = 16K: the static mesh is 2-way data parallel, and its packs leave ranks unequal work"
 printf '%-9s %-8s %10s %10s %15s\n' capacity policy "tokens/s" "vs static" "rings per step"
@@ -55,7 +55,7 @@ for cap in 8K 16K; do
     base=""
     for policy in static naive balance; do
         m="$OUT/policy-$policy-$cap.jsonl"
-        BS_QUIET=1 $MPIRUN $TRAIN --capacity "$cap" --policy "$policy" --steps 5 --metrics "$m" >/dev/null
+        BS_QUIET=1 $MPIRUN $TRAIN --tokens 64K --capacity "$cap" --policy "$policy" --steps 5 --metrics "$m" >/dev/null
         # steps 2..5 (the first includes start-up): the batch's tokens over the step's seconds
         line=$(awk '
             { match($0, /"tokens":[0-9]+/); t = substr($0, RSTART + 9, RLENGTH - 9)
