@@ -34,6 +34,7 @@
 #include "bytescale/shard.h"
 
 enum { TRAIN_PATH_MAX = 1024 };
+#define TRAIN_MAX_LR 1.0  // the largest peak learning rate train_config_check accepts
 
 typedef struct {
     // settings: a resumed run must keep them (trainer_load refuses a checkpoint made with others)
@@ -46,7 +47,7 @@ typedef struct {
     int64_t warmup;           // linear warmup steps
     int64_t schedule_steps;   // length of the cosine schedule; 0 = steps
     double weight_decay;      // AdamW, matrices only
-    double clip;              // global gradient norm limit; <= 0 disables clipping
+    double clip;              // global gradient norm limit; 0 disables clipping
     uint64_t seed;            // initial weights and the data order
     // the run: where the data is, how far to go, what to write (free to change on resume)
     char data[TRAIN_PATH_MAX];      // a prepared dataset (`bytescale prepare`)
@@ -160,7 +161,9 @@ int trainer_init(Trainer *t, const TrainConfig *cfg);
 int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm);
 void trainer_free(Trainer *t);
 
-// One step as above; fills *st (may be NULL). -1 + error (a bad plan, an unreadable token range).
+// One step as above; fills *st (may be NULL). -1 + error (a bad plan, an unreadable token range, or
+// divergence: a loss or gradient norm that is not finite stops the step before the update, so the
+// parameters, moments, step and data position stay those of the last good step).
 int trainer_step(Trainer *t, StepStats *st);
 
 // The gradient half of a step on a given batch: zero the gradients, plan b, run this rank's items,

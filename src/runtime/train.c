@@ -43,15 +43,20 @@ int train_config_check(const TrainConfig *c) {
                                         (long long)c->capacity);
     int64_t C = c->capacity ? c->capacity : c->context;
     if (C > (1 << 30)) return bs_fail("capacity %lld is too large for one micro-batch (at most 1G tokens)", (long long)C);
-    if (!(c->lr > 0) || !isfinite(c->lr)) return bs_fail("learning rate must be positive (got %g)", c->lr);
+    // Adam moves a weight by about lr per step whatever the gradient's scale: above 1 every weight
+    // leaves its range in a step or two (and 1e39 is infinity in fp32), so such a run can only diverge
+    if (!(c->lr > 0 && c->lr <= TRAIN_MAX_LR))
+        return bs_fail("learning rate must be in (0, %g] (got %g)", TRAIN_MAX_LR, c->lr);
     if (!(c->min_lr >= 0 && c->min_lr <= c->lr))
         return bs_fail("min learning rate must be in [0, lr = %g] (got %g)", c->lr, c->min_lr);
     if (c->warmup < 0) return bs_fail("warmup must be >= 0 steps (got %lld)", (long long)c->warmup);
     if (c->steps < 0) return bs_fail("steps must be >= 0 (got %lld)", (long long)c->steps);
     if (c->schedule_steps < 0) return bs_fail("schedule steps must be >= 0 (got %lld)", (long long)c->schedule_steps);
-    if (!(c->weight_decay >= 0) || !isfinite(c->weight_decay))
-        return bs_fail("weight decay must be >= 0 (got %g)", c->weight_decay);
-    if (!isfinite(c->clip)) return bs_fail("clip must be a finite number (got %g)", c->clip);
+    // decoupled decay multiplies weights by (1 - lr * wd) each step: above 1 it flips their sign
+    if (!(c->weight_decay >= 0 && c->weight_decay <= 1))
+        return bs_fail("weight decay must be in [0, 1] (got %g)", c->weight_decay);
+    if (!(c->clip >= 0) || !isfinite(c->clip))
+        return bs_fail("clip must be a gradient norm >= 0, 0 for no clipping (got %g)", c->clip);
     if (c->ckpt_every < 0) return bs_fail("checkpoint interval must be >= 0 steps (got %lld)", (long long)c->ckpt_every);
     if (c->ckpt_keep < 0) return bs_fail("checkpoints to keep must be >= 0 (got %d)", c->ckpt_keep);
     if (c->seed >= (1ull << 53))  // checkpoints and metrics keep it exact as a JSON number
@@ -312,6 +317,13 @@ int trainer_step(Trainer *t, StepStats *out) {
     if (zero1_sumsq(&t->zero, t->comm, &sumsq) != 0) return bs_fail_ctx("step %lld: gradient norm", (long long)s);
     double lr = lr_schedule(&t->sched, t->step);
     st.clip_scale = grad_clip_scale(sumsq, t->cfg.clip, &st.grad_norm);
+    // a non-finite loss or gradient would poison every weight and both moments: stop before the
+    // update, so the trainer (and any checkpoint written from it) keeps the last good state. Every
+    // rank sees the same all-reduced values, so every rank stops here.
+    if (!isfinite(st.loss) || !isfinite(st.grad_norm))
+        return bs_fail("step %lld: the loss is %g and the gradient norm %g: training diverged; the step's update was "
+                       "not applied and the model is as it was after step %lld (try a lower --lr)",
+                       (long long)s, st.loss, st.grad_norm, (long long)t->step);
     adamw_step(&t->opt, t->llama.params + t->zero.begin, t->zero.grad, (float)lr, (float)st.clip_scale);
     if (zero1_gather(&t->zero, t->comm, t->llama.params) != 0)
         return bs_fail_ctx("step %lld: parameter all-gather", (long long)s);

@@ -1,5 +1,6 @@
 // train_ckpt.c: a trainer's checkpoint - what it holds, how it is checked against the trainer it is
 // loaded into, and how a run is resumed from it (see train.h, docs/training.md).
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -227,10 +228,36 @@ static int gather_moments(const Trainer *t, float **m, float **v) {
     return 0;
 }
 
+// The index of the first value of x (n) that is not finite, or -1.
+static int64_t first_non_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return (int64_t)i;
+    return -1;
+}
+
+// A checkpoint must be a state training can continue from: a NaN or an infinity anywhere is refused
+// before anything is written, so it can never replace (or, with --ckpt-keep, delete) a good one.
+static int check_finite(const Trainer *t, const char *path, const float *m, const float *v) {
+    size_t n = t->llama.n_params;
+    const struct {
+        const char *name;
+        const float *x;
+    } arrays[] = {{"parameter", t->llama.params}, {"Adam first moment", m}, {"Adam second moment", v}};
+    for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
+        int64_t i = first_non_finite(arrays[a].x, n);
+        if (i >= 0)
+            return bs_fail("not writing checkpoint %s: %s %lld is %g: the model diverged, and the newest checkpoint "
+                           "before this one is the last good state",
+                           path, arrays[a].name, (long long)i, arrays[a].x[i]);
+    }
+    return 0;
+}
+
 int trainer_save(const Trainer *t, const char *path) {
     // every rank takes part in the gather; rank 0 writes; everyone learns whether it worked
     float *m = NULL, *v = NULL;
     int rc = gather_moments(t, &m, &v);
+    if (rc == 0 && t->rank == 0) rc = check_finite(t, path, m, v);
     if (rc == 0 && t->rank == 0) rc = save_file(t, path, m, v);
     free(m);
     free(v);

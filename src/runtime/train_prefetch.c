@@ -170,7 +170,8 @@ int train_prefetch_ready(Trainer *t, int64_t s) {
         if (read_rows(t, s) != 0) return -1;
         t->rows_of[s % 2] = s;
     }
-    if (s + 1 > t->cfg.steps) return 0;
+    // the next step: already prepared when this step is being retried (a refused update)
+    if (s + 1 > t->cfg.steps || t->plan_of[(s + 1) % 2] == s + 1) return 0;
     if (plan_step(t, s + 1) != 0) return -1;
     t->pf = (Prefetch){.t = t, .read_step = s + 1, .plan_step = t->rank == 0 && s + 2 <= t->cfg.steps ? s + 2 : 0};
     if (pthread_create(&t->thread, NULL, prefetch_main, &t->pf) != 0) {

@@ -75,10 +75,6 @@ int trainer_run(Trainer *t, TrainSummary *sum) {
             rc = -1;
             break;
         }
-        if (!isfinite(st.loss)) {
-            rc = bs_fail("step %lld: the loss is %g: training diverged (try a lower --lr)", (long long)st.step, st.loss);
-            break;
-        }
         if (metrics && train_metrics_write(metrics, &st) != 0) rc = bs_fail_ctx("%s", c->metrics);
         int64_t done = t->step - sum->first_step;
         if (done == 1) sum->first_loss = st.loss;

@@ -126,7 +126,14 @@ static void test_train_bad_flags_and_data(void **state) {
     expect("train --bogus 1", 2, "unknown flag '--bogus'");
     expect("train --steps", 2, "--steps needs a value");
     expect("train --steps abc", 2, "--steps: 'abc' is not an integer");
-    expect("train --lr -1", 2, "learning rate must be positive");
+    expect("train --lr -1", 2, "learning rate must be in (0, 1]");
+    // settings that can only diverge are refused before anything runs or is written
+    expect("train --data " DIR "/data --model tiny --lr 1e3 --ckpt-every 1 --ckpt-keep 1 --ckpt-dir " DIR "/ckd", 2,
+           "learning rate must be in (0, 1]");
+    expect("train --lr 1e39", 2, "learning rate must be in (0, 1]");
+    expect("train --clip -1", 2, "clip must be a gradient norm >= 0");
+    expect("train --weight-decay 3", 2, "weight decay must be in [0, 1]");
+    assert_int_equal(access(DIR "/ckd", F_OK), -1);
     expect("train stray", 2, "unexpected argument 'stray'");
     expect("train --data " DIR "/data --context 256 --capacity 128", 2, "mpirun");
     // run errors: exit 1

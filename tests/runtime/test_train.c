@@ -5,6 +5,7 @@
 #include "test_corpus.h"
 
 #include <math.h>
+#include <unistd.h>
 
 #include "bytescale/checkpoint.h"
 #include "bytescale/error.h"
@@ -555,6 +556,76 @@ static void test_bad_configs_are_refused(void **state) {
     c = small_config(data);
     c.tokens = 0;
     expect_init_fails(&c, "tokens");
+    // settings no run can survive: refused up front, not found out as NaN weights
+    double bad_lr[] = {1e3, 1e39, -1, 0, NAN};
+    for (size_t i = 0; i < sizeof bad_lr / sizeof bad_lr[0]; i++) {
+        c = small_config(data);
+        c.lr = bad_lr[i];
+        c.min_lr = 0;
+        expect_init_fails(&c, "learning rate must be in (0, 1]");
+    }
+    c = small_config(data);
+    c.clip = -1;
+    expect_init_fails(&c, "clip must be");
+    c = small_config(data);
+    c.weight_decay = 5;
+    expect_init_fails(&c, "weight decay must be in [0, 1]");
+}
+
+// ---- divergence: the update is not applied, no checkpoint is written, the run can go on ----------------
+
+static void test_divergence_keeps_the_last_good_state(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("train_diverge");
+    char data[600], ckpt[700];
+    make_dataset(dir, 24, 20, 300, 11, data, sizeof data);
+    TrainConfig c = small_config(data);
+    Trainer *t = malloc(sizeof *t), *ref = malloc(sizeof *ref);
+    init_ok(t, &c);
+    init_ok(ref, &c);
+    StepStats st, sr;
+    for (int i = 0; i < 2; i++) {
+        step_ok(t, &st);
+        step_ok(ref, &sr);
+    }
+    // one weight of the head becomes infinite: the next loss and gradient are not finite
+    const ParamTensor *head = llama_find_tensor(&t->llama, "lm_head");
+    float *w = t->llama.params + head->offset;
+    float saved = w[0];
+    w[0] = INFINITY;
+    size_t bytes = t->llama.n_params * sizeof(float);
+    float *params = malloc(bytes), *m = malloc(bytes), *v = malloc(bytes);
+    memcpy(params, t->llama.params, bytes);
+    memcpy(m, t->opt.m, bytes);
+    memcpy(v, t->opt.v, bytes);
+    assert_int_not_equal(trainer_step(t, &st), 0);
+    if (!strstr(bs_errmsg(), "diverged") || !strstr(bs_errmsg(), "not applied"))
+        fail_msg("unexpected message: %s", bs_errmsg());
+    // nothing moved: no update, no step, the same moments
+    assert_int_equal(t->step, 2);
+    assert_true(same_bits(params, t->llama.params, bytes));
+    assert_true(same_bits(m, t->opt.m, bytes));
+    assert_true(same_bits(v, t->opt.v, bytes));
+    // a checkpoint of a non-finite state is refused and nothing is written
+    snprintf(ckpt, sizeof ckpt, "%s/bad.bin", dir);
+    assert_int_not_equal(trainer_save(t, ckpt), 0);
+    assert_non_null(strstr(bs_errmsg(), "not writing checkpoint"));
+    assert_int_equal(access(ckpt, F_OK), -1);
+    // with the weight put back, training continues exactly as the run that never diverged
+    w[0] = saved;
+    for (int i = 0; i < 2; i++) {
+        step_ok(t, &st);
+        step_ok(ref, &sr);
+        assert_true(st.loss == sr.loss);
+    }
+    assert_true(same_bits(ref->llama.params, t->llama.params, bytes));
+    free(params);
+    free(m);
+    free(v);
+    trainer_free(t);
+    trainer_free(ref);
+    free(t);
+    free(ref);
 }
 
 // ---- metrics file: only whole lines up to the kept step survive ------------------------------------------
@@ -591,6 +662,7 @@ int main(void) {
         cmocka_unit_test(test_settings_round_trip_exactly),
         cmocka_unit_test(test_run_crash_and_resume),
         cmocka_unit_test(test_bad_configs_are_refused),
+        cmocka_unit_test(test_divergence_keeps_the_last_good_state),
         cmocka_unit_test(test_metrics_keep_through),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
