@@ -214,6 +214,23 @@ typedef struct {
 // file keeps its lines up to that step and is appended to; otherwise it is started afresh.
 int trainer_run(Trainer *t, TrainSummary *sum);
 
+// ---- what a run writes (train_paths.c) -----------------------------------------------------------
+// Checked by trainer_run on rank 0 before the first step: --ckpt-dir is (or is made as) a writable
+// directory and locked for this run (<dir>/.lock), with stale ckpt-*.bin.tmp.* files of a killed
+// write removed; --metrics is absent or a metrics file (never another file), in a writable
+// directory, locked (<metrics>.lock, removed at the end); --trace is absent or a trace.
+typedef struct {
+    int ckpt_lock, metrics_lock;  // file descriptors holding the locks, -1 = none
+    char metrics_lock_path[TRAIN_PATH_MAX + 8];
+} TrainPaths;
+int train_paths_open(TrainPaths *p, const TrainConfig *c);
+void train_paths_close(TrainPaths *p);
+// An output file at path: its directory made if needed and writable; the file absent, empty, or
+// starting with magic (what the command writes there), never something else. -1 + error naming flag.
+int train_check_output(const char *path, const char *flag, const char *magic);
+// Whether path holds a metrics file (its first line is a step record) or is empty.
+int train_file_is_metrics(const char *path);
+
 // ---- metrics (JSONL, one object per step) -------------------------------------------------------------
 // Open path for appending. keep_through < 0: start an empty file. Otherwise keep the lines whose
 // "step" is <= keep_through (dropping later ones and any broken line a crash left), rewritten

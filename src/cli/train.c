@@ -267,6 +267,13 @@ int cmd_train(int argc, char **argv) {
         if (find_plot_script(script, sizeof script) != 0) bs_die_errmsg();
         if (!have_gnuplot())
             bs_die("--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or drop --plot");
+        // the pictures replace only pictures, in a directory that takes them: found out now, not
+        // after the run
+        char png[TRAIN_PATH_MAX + 8], svg[TRAIN_PATH_MAX + 8];
+        snprintf(png, sizeof png, "%s.png", plot);
+        snprintf(svg, sizeof svg, "%s.svg", plot);
+        if (train_check_output(png, "--plot", "\x89PNG") != 0 || train_check_output(svg, "--plot", "<?xml") != 0)
+            bs_die_errmsg();
     }
 
     // the ranks: MPI when an MPI launcher started us, else this process alone

@@ -23,6 +23,7 @@ static int64_t line_step(const char *line, size_t n) {
 }
 
 // Rewrite path with only its lines up to step keep_through (atomically: a crash now loses nothing).
+// A damaged line (a crash mid-write, a stray edit) costs only itself; the lines after it stay.
 static int keep_lines(const char *path, int64_t keep_through) {
     char *text;
     size_t size;
@@ -30,15 +31,17 @@ static int keep_lines(const char *path, int64_t keep_through) {
     if (!probe) return errno == ENOENT ? 0 : bs_fail("%s: cannot open: %s", path, strerror(errno));
     fclose(probe);
     if (file_read_all(path, &text, &size) != 0) return -1;
-    size_t kept = 0;
+    size_t kept = 0;  // the kept lines are moved down in place
     for (size_t at = 0; at < size;) {
         char *nl = memchr(text + at, '\n', size - at);
         if (!nl) break;  // an unfinished last line
         size_t len = (size_t)(nl - (text + at)) + 1;
         int64_t step = line_step(text + at, len - 1);
-        if (step < 0 || step > keep_through) break;  // everything from here on is past the checkpoint
+        if (step >= 0 && step <= keep_through) {  // past the checkpoint, or damaged: dropped
+            memmove(text + kept, text + at, len);
+            kept += len;
+        }
         at += len;
-        kept = at;
     }
     int rc = kept == size ? 0 : file_write_atomic(path, text, kept);
     free(text);

@@ -48,17 +48,26 @@ int trainer_run(Trainer *t, TrainSummary *sum) {
     sum->first_step = sum->last_step = t->step;
     FILE *metrics = NULL;
     Kept kept = {.keep = c->ckpt_keep};
+    // a resumed run with nothing left to do touches nothing: no metrics rewritten, no checkpoint
+    if (t->step >= c->steps) return 0;
     int lead = t->rank == 0;  // the rank that writes files and the progress line
-    if (lead && c->ckpt_dir[0] && make_dirs(c->ckpt_dir) != 0) return bs_fail_ctx("checkpoint directory");
-    if (kept.keep > 0 && !(kept.steps = bs_calloc((size_t)kept.keep, sizeof *kept.steps))) return -1;
+    // everything the run writes is checked and locked now, not found broken at the first checkpoint
+    TrainPaths paths = {.ckpt_lock = -1, .metrics_lock = -1};
+    if (lead && train_paths_open(&paths, c) != 0) return -1;
+    if (kept.keep > 0 && !(kept.steps = bs_calloc((size_t)kept.keep, sizeof *kept.steps))) {
+        train_paths_close(&paths);
+        return -1;
+    }
     if (lead && c->metrics[0] && train_metrics_open(&metrics, c->metrics, t->step > 0 ? t->step : -1) != 0) {
         free(kept.steps);
+        train_paths_close(&paths);
         return -1;
     }
     RtTrace trace;
     if (rtrace_init(&trace, c->trace, t->rank, t->n_ranks, t->trace_origin) != 0) {
         free(kept.steps);
         if (metrics) fclose(metrics);
+        train_paths_close(&paths);
         return bs_fail_ctx("--trace");
     }
     if (rtrace_on(&trace)) train_trace_attach(t, &trace);
@@ -111,5 +120,6 @@ int trainer_run(Trainer *t, TrainSummary *sum) {
         if (rc == 0 && lead && rtrace_merge(c->trace, t->n_ranks) != 0) rc = bs_fail_ctx("--trace");
     }
     rtrace_free(&trace);
+    train_paths_close(&paths);
     return rc;
 }

@@ -138,6 +138,13 @@ static void test_train_bad_flags_and_data(void **state) {
     expect("train --data " DIR "/data --context 256 --capacity 128", 2, "mpirun");
     // run errors: exit 1
     expect("train --data " DIR "/nothing", 1, "run `bytescale prepare`");
+    // outputs that would be lost or would destroy something: refused before the first step
+    assert_int_equal(file_write_atomic(DIR "/notes.png", "my notes", 8), 0);
+    expect("train --data " DIR "/data --model tiny --steps 1 --plot " DIR "/notes", 1, "refusing to overwrite");
+    expect("train --data " DIR "/data --model tiny --steps 1 --ckpt-dir " DIR "/notes.png", 1,
+           "is a file, not a directory");
+    expect("train --data " DIR "/data --model tiny --steps 1 --metrics " DIR "/data/index.bin", 1,
+           "refusing to overwrite");
     expect("train --data " DIR "/data --model tiny --policy fastest", 1, "unknown policy 'fastest'");
     expect("train --data " DIR "/data --model huge", 1, "unknown model");
     // a GPT-2 dataset for a byte-level model (the rank file comes through BS_SOURCE_DIR)

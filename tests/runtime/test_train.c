@@ -5,6 +5,8 @@
 #include "test_corpus.h"
 
 #include <math.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "bytescale/checkpoint.h"
@@ -628,6 +630,107 @@ static void test_divergence_keeps_the_last_good_state(void **state) {
     free(ref);
 }
 
+// ---- run directories: checked and locked before the first step ------------------------------------------
+
+static int run_fails(Trainer *t, const char *want) {
+    TrainSummary sum;
+    bs_error_clear();
+    if (trainer_run(t, &sum) == 0) fail_msg("trainer_run succeeded; expected an error mentioning '%s'", want);
+    if (!strstr(bs_errmsg(), want)) fail_msg("'%s' does not mention '%s'", bs_errmsg(), want);
+    return 0;
+}
+
+static size_t file_bytes(const char *path, char **text) {
+    size_t n = 0;
+    assert_int_equal(file_read_all(path, text, &n), 0);
+    return n;
+}
+
+static void test_run_directories(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("train_dirs");
+    char data[600], path[700], ckdir[700], metrics[700], lock[760];
+    make_dataset(dir, 12, 20, 300, 5, data, sizeof data);
+    TrainConfig c = small_config(data);
+    c.steps = 2;
+    Trainer *t = malloc(sizeof *t);
+    TrainSummary sum;
+
+    // a file given as the checkpoint directory: refused before any step, not at the first checkpoint
+    snprintf(path, sizeof path, "%s/a-file", dir);
+    assert_int_equal(file_write_atomic(path, "x", 1), 0);
+    snprintf(c.ckpt_dir, sizeof c.ckpt_dir, "%s", path);
+    snprintf(metrics, sizeof metrics, "%s/m.jsonl", dir);
+    snprintf(c.metrics, sizeof c.metrics, "%s", metrics);
+    init_ok(t, &c);
+    run_fails(t, "is a file, not a directory");
+    assert_int_equal(t->step, 0);
+    assert_int_equal(access(metrics, F_OK), -1);
+    trainer_free(t);
+
+    // --metrics on a dataset's index: refused, the index untouched
+    TrainConfig d = small_config(data);
+    d.steps = 2;
+    snprintf(path, sizeof path, "%s/index.bin", data);
+    char *before, *after;
+    size_t n0 = file_bytes(path, &before);
+    snprintf(d.metrics, sizeof d.metrics, "%s", path);
+    init_ok(t, &d);
+    run_fails(t, "refusing to overwrite");
+    size_t n1 = file_bytes(path, &after);
+    assert_true(n0 == n1 && memcmp(before, after, n0) == 0);
+    free(before);
+    free(after);
+    trainer_free(t);
+
+    // a checkpoint directory another run holds: refused; a killed write's temp file is cleaned up
+    snprintf(ckdir, sizeof ckdir, "%s/ck", dir);
+    assert_int_equal(make_dirs(ckdir), 0);
+    snprintf(lock, sizeof lock, "%s/.lock", ckdir);
+    int fd = open(lock, O_RDWR | O_CREAT, 0644);
+    assert_true(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0);
+    snprintf(path, sizeof path, "%s/ckpt-000002.bin.tmp.4242", ckdir);
+    assert_int_equal(file_write_atomic(path, "partial", 7), 0);
+    d = small_config(data);
+    d.steps = 4;
+    d.ckpt_every = 2;
+    d.ckpt_keep = 0;
+    snprintf(d.ckpt_dir, sizeof d.ckpt_dir, "%s", ckdir);
+    snprintf(d.metrics, sizeof d.metrics, "%s", metrics);
+    init_ok(t, &d);
+    run_fails(t, "in use by another run");
+    close(fd);
+    assert_int_equal(access(path, F_OK), 0);  // not ours to remove while the other run held the lock
+    // a metrics file another run holds: refused too
+    snprintf(lock, sizeof lock, "%s.lock", metrics);
+    fd = open(lock, O_RDWR | O_CREAT, 0644);
+    assert_true(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0);
+    run_fails(t, "in use by another run");
+    close(fd);
+    unlink(lock);
+    if (trainer_run(t, &sum) != 0) fail_msg("run: %s", bs_errmsg());
+    assert_int_equal(access(path, F_OK), -1);  // the stale temp file is gone
+    assert_int_equal(access(lock, F_OK), -1);  // and so is our metrics lock
+    trainer_free(t);
+
+    // resuming a run that has nothing left to do changes nothing (the metrics keep all 4 steps)
+    n0 = file_bytes(metrics, &before);
+    d.steps = 2;
+    d.schedule_steps = 4;  // the checkpoint's schedule, as --resume takes it
+    init_ok(t, &d);
+    char ck2[760];
+    train_ckpt_path(ck2, sizeof ck2, ckdir, 2);
+    if (trainer_load(t, ck2) != 0) fail_msg("load: %s", bs_errmsg());
+    if (trainer_run(t, &sum) != 0) fail_msg("run: %s", bs_errmsg());
+    assert_int_equal(sum.last_step, 2);
+    n1 = file_bytes(metrics, &after);
+    assert_true(n0 == n1 && memcmp(before, after, n0) == 0);
+    free(before);
+    free(after);
+    trainer_free(t);
+    free(t);
+}
+
 // ---- metrics file: only whole lines up to the kept step survive ------------------------------------------
 
 static void test_metrics_keep_through(void **state) {
@@ -635,7 +738,9 @@ static void test_metrics_keep_through(void **state) {
     const char *dir = test_tmpdir("train_metrics");
     char path[600];
     snprintf(path, sizeof path, "%s/m.jsonl", dir);
-    const char *text = "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2}\n{\"step\":3,\"loss\":1}\n{\"step\":4,\"lo";
+    // a damaged line between good ones costs only itself; the unfinished last line goes too
+    const char *text = "{\"step\":1,\"loss\":3}\n{\"st#p\":9,\n{\"step\":2,\"loss\":2}\n{\"step\":3,\"loss\":1}\n"
+                       "{\"step\":4,\"lo";
     assert_int_equal(file_write_atomic(path, text, strlen(text)), 0);
     FILE *f;
     assert_int_equal(train_metrics_open(&f, path, 2), 0);
@@ -664,6 +769,7 @@ int main(void) {
         cmocka_unit_test(test_bad_configs_are_refused),
         cmocka_unit_test(test_divergence_keeps_the_last_good_state),
         cmocka_unit_test(test_metrics_keep_through),
+        cmocka_unit_test(test_run_directories),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
