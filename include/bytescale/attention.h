@@ -5,7 +5,7 @@
 //     kseg[j] == qseg[i]  &&  kpos[j] <= qpos[i]
 // The kernel takes ANY set of query rows and ANY set of key/value rows and returns a partial result
 // (output + log-sum-exp per row and head) that merges exactly with partial results over other key
-// rows, which is what ring attention (DESIGN.md) needs: it calls the kernel on (local queries,
+// rows, which is what ring attention (docs/runtime.md) needs: it calls the kernel on (local queries,
 // received K/V) pairs. In this tree the model calls it on one micro-batch (llama.h, AttnOps).
 //
 // Memory is O(rows): scores exist only one block at a time, never as an nq x nk matrix. Blocks

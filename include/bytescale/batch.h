@@ -34,8 +34,8 @@ int batch_cut(GlobalBatch *b, int64_t max_ctx);
 // b is an output (initialized here); ids are 0, 1, ... in file order, src = -1.
 int batch_read_file(GlobalBatch *b, const char *path);
 
-// A named length distribution: "github", "byted" (fitted to PAPER.md section 7, see
-// docs/datasets.md), "uniform:LO:HI", "lognormal:MU:SIGMA", "fixed:LEN".
+// A named length distribution: "github", "byted" (fitted to the paper's dataset
+// statistics, see docs/datasets.md), "uniform:LO:HI", "lognormal:MU:SIGMA", "fixed:LEN".
 typedef struct LengthDist LengthDist;
 int dist_parse(LengthDist **out, const char *spec);   // -1 + error listing the valid forms
 int64_t dist_sample(const LengthDist *d, Rng *rng);   // one length >= 1

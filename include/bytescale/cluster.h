@@ -4,7 +4,7 @@
 // Placement. Nodes hold G = gpus_per_node devices; device d lives on node d / G. HDP rank r is a
 // whole TP x PP group: it occupies devices [r*tp*pp, (r+1)*tp*pp), and its pipeline stage s the
 // tp consecutive devices starting at r*tp*pp + s*tp. tp divides G, so a TP group never straddles
-// a node (TP stays inside a node, PAPER.md section 2).
+// a node (TP stays inside a node, as in the paper).
 //
 // Links. Between stage s of rank a and stage s of rank b, device t of one TP group talks to device
 // t of the other, every device on its own link, so a message costs bytes_per_device / bw + lat

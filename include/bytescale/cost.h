@@ -1,4 +1,4 @@
-// cost.h: the cost model every planner and the simulator share (PAPER.md section 4, DESIGN.md).
+// cost.h: the cost model every planner and the simulator share (docs/cost-model.md).
 //
 // Per layer and per HDP rank (one rank = TP x PP devices):
 //   compute  T(s)   = a1*s^2 + b1*s + c     seconds, forward + backward of one layer for one
@@ -46,7 +46,7 @@ typedef struct {
 // gradient sync estimate; capacity C (tokens) sets the memory budget l * Act(C).
 int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
                 int64_t capacity);
-// Load / save the coefficients as JSON (what `bytescale profile` fits on this machine).
+// Load / save the coefficients as JSON (a measured profile; a `bytescale profile` command is planned).
 int cost_load(CostModel *cm, const char *path);
 int cost_save(const CostModel *cm, const char *path);
 
@@ -71,7 +71,7 @@ double cost_layer_act(const CostModel *cm, int64_t s);
 // backward); offload copies that compute cannot hide are added. docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
-// Eq. 3 of the paper (PAPER.md section 4): the fewest ranks D(s) that can hold a sequence of s
+// Eq. 3 of the paper (docs/cost-model.md section 5): the fewest ranks D(s) that can hold a sequence of s
 // tokens with capacity C, and the offload ratio r that achieves it (0 without offloading).
 // Returns D >= 1, or -1 + error when s does not fit even on max_ranks ranks.
 int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out);
@@ -80,9 +80,10 @@ int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int m
 // l Act(C) whose copies the layer's compute hides (T(s)/D >= r Act(s/D) / offload_bw); else 0.
 int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double *r);
 
-// Device memory with ZeRO-1 (PAPER.md section 2), bytes per device of the most loaded pipeline stage:
-// parameters and gradients in elem_bytes replicated over HDP ranks and sharded by TP; fp32 master
-// weights (only when elem_bytes < 4) and Adam m, v sharded over TP x HDP ranks; activations l*Act(C).
+// Device memory with ZeRO-1 over all HDP ranks (docs/cost-model.md), bytes per device of the most
+// loaded pipeline stage: parameters and gradients in elem_bytes replicated over HDP ranks and
+// sharded by TP; fp32 master weights (only when elem_bytes < 4) and Adam m, v sharded over TP x HDP
+// ranks; activations l*Act(C).
 typedef struct {
     double param_bytes;
     double grad_bytes;

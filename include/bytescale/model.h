@@ -1,7 +1,8 @@
 // model.h: the model catalogue. Shapes only; weights live in src/nn.
 //
-// The six models of the ByteScale evaluation (PAPER.md section 7) with the FFN sizes and
-// vocabularies of their public families, plus tiny configurations that train on a CPU.
+// The six models of the ByteScale evaluation (docs/architecture.md, "The paper: evaluation setup")
+// with the FFN sizes and vocabularies of their public families, plus tiny configurations that train
+// on a CPU.
 #ifndef BYTESCALE_MODEL_H
 #define BYTESCALE_MODEL_H
 

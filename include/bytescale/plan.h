@@ -1,4 +1,4 @@
-// plan.h: the plan, the one data structure every part of bytescale shares (DESIGN.md).
+// plan.h: the plan, the one data structure every part of bytescale shares (docs/architecture.md).
 //
 // A plan assigns a global batch to n_ranks HDP ranks as a list of items:
 //   - a pack: whole sequences (segments) on one rank, total length <= capacity;

@@ -1,4 +1,4 @@
-// sampler.h: global batches drawn from a document index (DESIGN.md "Data path").
+// sampler.h: global batches drawn from a document index (docs/architecture.md, "The data path").
 //
 // Documents are taken in a seeded random order, a fresh order each epoch, until the batch holds
 // exactly token_budget tokens. The document that crosses the budget is split: its first part ends

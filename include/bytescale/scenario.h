@@ -1,11 +1,12 @@
 // scenario.h: named simulation set-ups and the runner that plans a global batch with each policy
 // variant and simulates the step (docs/simulator.md).
 //
-// Presets: the paper's grid (PAPER.md section 7): six models on their GPU counts, both datasets,
-// contexts 256K to 2M, 32M tokens per step, named "<model>-<gpus>-<dataset>-<context>", e.g.
-// "7b-1024-byted-2m"; and "case-study" (LLaMA-7B, 2M, 1,024 GPUs, Byted: the static baseline gets
-// d_cp = 256 and 8 micro-batches per step). TP and PP degrees are ours (the paper gives none but
-// "TP inside a node, PP for 70B and the MoE models"); the table in scenario.c says why each.
+// Presets: the paper's grid (docs/architecture.md, "The paper: evaluation setup"): six models on
+// their GPU counts, both datasets, contexts 256K to 2M, 32M tokens per step, named
+// "<model>-<gpus>-<dataset>-<context>", e.g. "7b-1024-byted-2m"; and "case-study" (LLaMA-7B, 2M,
+// 1,024 GPUs, Byted: the static baseline gets d_cp = 256 and 8 micro-batches per step). TP and PP
+// degrees are ours (the paper gives none but "TP inside a node, PP for 70B and the MoE models");
+// the table in scenario.c says why each.
 #ifndef BYTESCALE_SCENARIO_H
 #define BYTESCALE_SCENARIO_H
 

@@ -17,8 +17,9 @@
 #include "bytescale/timer.h"
 #include "cli/cli.h"
 
-// Defaults: the paper's case study (PAPER.md section 7): LLaMA-7B, 1,024 GPUs, 2M context, the Byted
-// dataset, 32M tokens; TP 2 gives 512 HDP ranks of C = 8K tokens each (the baseline's d_cp = 256).
+// Defaults: the paper's case study (docs/architecture.md, "The paper: evaluation setup"): LLaMA-7B,
+// 1,024 GPUs, 2M context, the Byted dataset, 32M tokens; TP 2 gives 512 HDP ranks of C = 8K tokens
+// each (the baseline's d_cp = 256).
 typedef struct {
     int32_t ranks, tp, pp;
     int64_t capacity, context, tokens;
@@ -48,7 +49,7 @@ static void usage(FILE *f) {
             "  --model NAME         llama-7b, llama-13b, llama-30b, llama-70b, mixtral-8x7b, ... (default llama-7b)\n"
             "  --hardware NAME      a built-in hardware profile (default h800-sxm)\n"
             "  --hardware-file F    a hardware profile from a JSON file instead\n"
-            "  --cost-file F        cost-model coefficients from a profile file (bytescale profile); overrides\n"
+            "  --cost-file F        cost-model coefficients from a JSON file (docs/cost-model.md); overrides\n"
             "                       what --model / --hardware / --tp / --pp derive\n"
             "  --tp N               tensor-parallel degree inside a rank (default 2)\n"
             "  --pp N               pipeline stages per rank (default 1; > 1 plans with PP-Balance)\n"

@@ -38,7 +38,7 @@ static void usage(FILE *f) {
             "                      (+ offloading), balance (+ balance scheduler), any planner, or all (default)\n"
             "  --plan FILE         simulate this plan file (docs/plan-format.md) instead of planning; the\n"
             "                      cluster is --gpus (default: the plan's ranks x tp x pp) with --tp\n"
-            "  --cost FILE         cost model coefficients (`bytescale profile`); default: derived from\n"
+            "  --cost FILE         cost model coefficients, JSON (docs/cost-model.md); default: derived from\n"
             "                      --model and --hardware\n"
             "\n"
             "Outputs (a table on stdout by default):\n"

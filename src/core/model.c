@@ -1,8 +1,9 @@
 // model.c: the model catalogue and parameter counts (see model.h, docs/cost-model.md).
 //
-// The six evaluation models take layers, heads, K/V groups and hidden size from PAPER.md section 7
-// and FFN size, vocabulary and RoPE base from their public families (LLaMA-1/2, Mixtral). The
-// three small ones train on a CPU with a byte-level vocabulary.
+// The six evaluation models take layers, heads, K/V groups and hidden size from the paper's
+// evaluation setup (docs/architecture.md, "The paper: evaluation setup") and FFN size, vocabulary
+// and RoPE base from their public families (LLaMA-1/2, Mixtral). The three small ones train on a
+// CPU with a byte-level vocabulary.
 #include "bytescale/model.h"
 
 #include <stdio.h>

@@ -13,7 +13,7 @@
 
 // ---- the fitted tables ------------------------------------------------------------------------
 //
-// PAPER.md section 7 states a few facts about each dataset (fractions of samples and of tokens
+// The paper states a few facts about each dataset (fractions of samples and of tokens
 // above or below 4K, 128K, 256K, 2M). Each table cuts the lengths at those thresholds; inside a
 // bucket the density of x falls as x^-a and a length is floor(x). The bucket masses and exponents
 // were solved so that every stated fact holds exactly in expectation (for the integer lengths, not

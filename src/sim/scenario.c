@@ -7,7 +7,8 @@
 #include "bytescale/error.h"
 #include "bytescale/policy.h"
 
-// The paper's grid (PAPER.md section 7). GPU counts are the paper's; TP / PP are ours:
+// The paper's grid (docs/architecture.md, "The paper: evaluation setup").
+// GPU counts are the paper's; TP / PP are ours:
 //   7B   tp 2:        the case study fixes it: 1,024 GPUs, d_cp = 256 and 8 micro-batches of 2M per
 //                     step (32M tokens) leave d_dp = 2, so tp = 1024 / (256 x 2) = 2.
 //   13B  tp 4, 30B tp 8: the same 512 HDP ranks as 7B (TP grows with the model, inside a node).
@@ -38,7 +39,7 @@ enum {
     N_GRID = N_GRID_MODELS * N_GRID_DATASETS * N_GRID_CONTEXTS,
 };
 
-#define SIM_DEFAULT_HARDWARE "h100-sxm"  // the paper does not disclose its GPUs (PAPER.md section 7)
+#define SIM_DEFAULT_HARDWARE "h100-sxm"  // the paper does not disclose its GPUs (docs/hardware.md)
 #define SIM_CAPACITY (8 << 10)           // C = 8K tokens, the paper's running example
 #define SIM_TOKENS (32 << 20)            // 32M tokens per global batch
 

@@ -89,7 +89,7 @@ static void test_json_results_of_a_small_cluster(void **state) {
         assert_close(tps * step, (double)(4 << 20), 1e-9, 0);
         assert_true(step >= lb && mfu > 0 && mfu < 1);
     }
-    // the same run with the cost model from a file (what `bytescale profile` writes): here the
+    // the same run with the cost model from a file (what a measured profile would be): here the
     // derived one saved, so the results must not move
     double step0;
     assert_int_equal(json_get_double(cJSON_GetArrayItem(results, 1), "step_time", &step0, "result"), 0);

@@ -31,7 +31,8 @@ static void test_catalogue_names_and_check(void **state) {
     assert_non_null(strstr(bs_errmsg(), "llama-8b"));
     assert_non_null(strstr(bs_errmsg(), "mixtral-8x22b"));  // the message lists the known names
 
-    // the shapes PAPER.md section 7 gives: layers, heads, kv groups, hidden
+    // the shapes the paper gives (docs/architecture.md, "The paper: evaluation setup"):
+    // layers, heads, kv groups, hidden
     const struct {
         const char *name;
         int layers, heads, kv, hidden;

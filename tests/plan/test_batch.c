@@ -522,7 +522,7 @@ typedef struct {
     const char *what;
     int tokens;       // 1: fraction of tokens, 0: fraction of samples
     int64_t lo, hi;   // lengths lo..hi
-    double stated;    // PAPER.md section 7
+    double stated;    // the paper's figure (docs/datasets.md, "The facts")
 } Fact;
 
 static const Fact BYTED_FACTS[] = {
