@@ -228,10 +228,15 @@ static int gather_moments(const Trainer *t, float **m, float **v) {
     return 0;
 }
 
-// The index of the first value of x (n) that is not finite, or -1.
-static int64_t first_non_finite(const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return (int64_t)i;
+// The index of the first of the n floats at x that is not finite, or -1. x may be unaligned (a
+// section inside a checkpoint file's buffer), so each float is copied out.
+static int64_t first_non_finite(const void *x, size_t n) {
+    const unsigned char *b = x;
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        memcpy(&f, b + i * sizeof f, sizeof f);
+        if (!isfinite(f)) return (int64_t)i;
+    }
     return -1;
 }
 
@@ -392,6 +397,26 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
                        "%llu / %llu",
                        path, (unsigned long long)np, (unsigned long long)nm, (unsigned long long)nv,
                        (unsigned long long)want_p, (unsigned long long)want_s, (unsigned long long)want_s);
+    // a NaN or infinity would poison the run from its first step: such a file is not a state to resume
+    const struct {
+        const char *name;
+        const void *x;
+    } arrays[] = {{"params", params}, {"adam.m", m}, {"adam.v", v}};
+    for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
+        int64_t bad = first_non_finite(arrays[a].x, t->llama.n_params);
+        if (bad >= 0)
+            return bs_fail("%s: section %s holds a value that is not finite (element %lld): not a state training can "
+                           "continue from",
+                           path, arrays[a].name, (long long)bad);
+    }
+    for (size_t i = 0; i < t->llama.n_params; i++) {  // a second moment is a mean of squares
+        float x;
+        memcpy(&x, (const unsigned char *)v + i * sizeof x, sizeof x);
+        if (x < 0)
+            return bs_fail("%s: section adam.v holds a negative second moment (element %zu): not a state training can "
+                           "continue from",
+                           path, i);
+    }
     uint64_t w[ST_WORDS];
     for (int i = 0; i < ST_WORDS; i++) w[i] = get_u64(state + 8 * i);
     if (w[ST_DATA_FINGERPRINT] != t->data_fingerprint)
