@@ -1,9 +1,14 @@
 // prepare.h: text files -> token shards + document index (`bytescale prepare`).
 //
-// Every input file is one document. Directories are walked recursively (symbolic links are not
-// followed) and their files taken in byte order of their paths, so the same inputs always give the
-// same dataset. A file that cannot be read fails the whole run (a dataset silently missing files
-// is worse than no dataset); nothing is left half-written either way (shard.h).
+// Every input file is one document. Directories are walked recursively and their files taken in
+// byte order of their paths, so the same inputs always give the same dataset. Symbolic links are
+// followed (a link to a directory that the walk is already inside is a loop, and skipped: its files
+// are being taken anyway). A file that cannot be read, a dangling link or a FIFO that the extension
+// filter would take fails the whole run: a dataset silently missing files is worse than no dataset.
+//
+// The output directory may hold a dataset already: it stays readable, whole, until the new one
+// replaces it in one step, and a run that fails or is killed leaves it as it was (shard.h,
+// docs/data-format.md). An output directory inside an input directory is refused.
 #ifndef BYTESCALE_PREPARE_H
 #define BYTESCALE_PREPARE_H
 

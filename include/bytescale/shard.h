@@ -1,7 +1,7 @@
 // shard.h: a prepared dataset on disk - token shards plus one document index (docs/data-format.md).
 //
-//   <dir>/shard-00000.bin ...   tokens, 1, 2 or 4 bytes each, with a checksummed header
-//   <dir>/index.bin             per document: shard, offset, length (+ its source path)
+//   <dir>/shard-g1-00000.bin ...   tokens, 1, 2 or 4 bytes each, with a checksummed header
+//   <dir>/index.bin                per document: shard, offset, length (+ its source path)
 //
 // Documents are laid out one after another in index order, so each has a *global* token offset
 // (`start`): the tokens of all earlier shards plus its offset in its own shard. A batch's
@@ -56,6 +56,10 @@ int docindex_read(DocIndex *ix, const char *path);
 void docindex_free(DocIndex *ix);
 // The source file a document came from, or NULL when the index has no path table.
 const char *docindex_source(const DocIndex *ix, int64_t doc);
+// Can a model be trained on this index? Training predicts each token from the ones before it in
+// its document, so it needs a document of at least 2 tokens (one labelled token). -1 + error naming
+// the dataset when there are no documents, no tokens, or only documents of 0 or 1 token.
+int docindex_check_trainable(const DocIndex *ix);
 
 // The index plus every shard, validated against it and memory-mapped.
 typedef struct {
@@ -77,11 +81,17 @@ int dataset_read_span(const Dataset *ds, int64_t doc, int64_t src, int64_t n, ui
 
 // ---- writing ---------------------------------------------------------------------------------
 
-// Writes a dataset one document at a time. Each shard is written through a temporary file and
-// renamed when complete; the index is written last, so a failed or interrupted prepare leaves
-// no index that points at missing or partial shards.
+// Writes a dataset one document at a time, beside the one already in the directory, and replaces it
+// in one step (docs/data-format.md, "Replacing a dataset"). The index is the commit point: each run
+// writes its shards under names no earlier run used (shard-g<generation>-NNNNN.bin), each through a
+// temporary file renamed when complete, then renames its index over index.bin, and only then
+// removes the shards the old index named. Killed, failed or out of disk at any moment, the
+// directory holds the old dataset or the new one, whole; a failed run removes what it wrote, and the
+// next run removes what a killed one left. An exclusive lock on the directory keeps two runs apart.
 typedef struct {
     char dir[4096];
+    int dir_fd;            // the output directory, open and flock'ed while the writer lives
+    int64_t gen;           // this run's generation: in every shard name it writes
     TokenizerKind tokenizer;
     uint32_t vocab;
     uint32_t width;
@@ -106,13 +116,17 @@ typedef struct {
 uint32_t token_width(uint32_t vocab);
 
 // shard_bytes: the most payload bytes per shard (a single larger document gets a shard of its own).
-// Removes an existing index.bin in dir first (it would describe shards about to be replaced).
+// Creates dir if needed and locks it (another writer there: an error); refuses an index.bin that is
+// not a bytescale index; removes what killed runs left (temporary files, shards no index names).
+// The dataset already in dir stays readable until shard_writer_finish replaces it.
 int shard_writer_open(ShardWriter *w, const char *dir, const Tokenizer *tok, int64_t shard_bytes);
 // One document; source may be NULL. Ids must be < vocab.
 int shard_writer_add(ShardWriter *w, const uint32_t *ids, int64_t n, const char *source);
-// Close the last shard and write the index. The writer is freed either way.
+// Close the last shard, switch index.bin to the new dataset, remove the shards of the old one.
+// The writer is freed and the directory unlocked either way; on failure as shard_writer_abort.
 int shard_writer_finish(ShardWriter *w);
-// Stop: remove the open temporary file and the shards written so far; write no index.
+// Stop: remove the open temporary file and the shards written so far; the dataset that was in the
+// directory before is untouched.
 void shard_writer_abort(ShardWriter *w);
 
 #endif

@@ -15,7 +15,8 @@ static void usage(FILE *f) {
             "usage: bytescale prepare [flags]\n"
             "\n"
             "Turn text files into token shards plus a document index (docs/data-format.md). Every file is\n"
-            "one document; directories are walked recursively, files taken in sorted path order.\n"
+            "one document; directories are walked recursively, symbolic links followed, files taken in\n"
+            "sorted path order.\n"
             "\n"
             "  --input PATH       a file or directory; repeatable (default: %s, *.go)\n"
             "  --ext EXT          keep only files in directories whose name ends in EXT\n"
@@ -30,6 +31,9 @@ static void usage(FILE *f) {
             "  --help             this text\n"
             "\n"
             "A file that cannot be read stops the run with an error; nothing half-written is left behind.\n"
+            "A dataset already in --out stays usable until the new one replaces it in one step: a run that\n"
+            "fails or is killed leaves it as it was, and the next run removes what a killed one left.\n"
+            "--out may not lie inside an --input directory.\n"
             "Set BS_QUIET=1 to hide the progress line.\n",
             PREPARE_DEFAULT_CORPUS, RANKS_REL);
 }

@@ -3,10 +3,12 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "bytescale/error.h"
 #include "bytescale/fileio.h"
@@ -50,11 +52,55 @@ static int has_ext(const char *name, const char *ext) {
     return n >= e && memcmp(name + n - e, ext, e) == 0;
 }
 
-// Every regular file under dir whose name ends in ext (symbolic links are not followed).
-static int walk(PathList *l, const char *dir, const char *ext) {
+// child is parent or lies under it (both absolute, resolved paths).
+static int path_inside(const char *child, const char *parent) {
+    size_t n = strlen(parent);
+    if (n == 1 && parent[0] == '/') return 1;
+    return strncmp(child, parent, n) == 0 && (child[n] == '\0' || child[n] == '/');
+}
+
+enum { WALK_DEPTH_MAX = 512 };
+
+// One input directory being walked.
+typedef struct {
+    PathList *list;
+    const char *ext;
+    const char *input;     // as given, for messages
+    const char *out_real;  // the output directory, resolved (resolve_dir); NULL = no check
+    struct {
+        dev_t dev;
+        ino_t ino;
+    } open[WALK_DEPTH_MAX];  // the directories from the input down to the current one
+    int depth;
+} Walk;
+
+// Refuse an output directory that lies in a directory the walk reads: prepare would take its own
+// shards (or the temporary files of this very run) as input.
+static int check_out(const Walk *wk, const char *dir, const char *via) {
+    if (!wk->out_real) return 0;
+    char real[PATH_MAX];
+    if (!realpath(dir, real)) return bs_fail("%s: cannot resolve: %s", dir, strerror(errno));
+    if (!path_inside(wk->out_real, real)) return 0;
+    return bs_fail("the output directory %s is inside the input %s%s%s%s: prepare would read its own shards; choose "
+                   "an output outside every input",
+                   wk->out_real, wk->input, via ? " (through the symbolic link " : "", via ? via : "", via ? ")" : "");
+}
+
+// Every file under dir whose name ends in ext, symbolic links followed: a link to a file is that
+// file, a link to a directory is walked like one, except a link back to a directory the walk is
+// already inside (a loop: its files are being taken already). What cannot be taken (a dangling
+// link, a FIFO, a socket) and would have been is an error, never a silent omission.
+static int walk(Walk *wk, const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) return bs_fail("%s: cannot stat: %s", dir, strerror(errno));
+    for (int k = 0; k < wk->depth; k++)
+        if (wk->open[k].dev == st.st_dev && wk->open[k].ino == st.st_ino) return 0;  // a loop
+    if (wk->depth == WALK_DEPTH_MAX) return bs_fail("%s: directories nested more than %d deep", dir, WALK_DEPTH_MAX);
+    wk->open[wk->depth].dev = st.st_dev;
+    wk->open[wk->depth].ino = st.st_ino;
+    wk->depth++;
     DIR *d = opendir(dir);
-    if (!d) return bs_fail("%s: cannot open directory: %s", dir, strerror(errno));
-    int rc = 0;
+    int rc = d ? 0 : bs_fail("%s: cannot open directory: %s", dir, strerror(errno));
     struct dirent *ent;
     char path[4096];
     while (rc == 0 && (ent = readdir(d)) != NULL) {
@@ -63,29 +109,45 @@ static int walk(PathList *l, const char *dir, const char *ext) {
             rc = bs_fail("%s/%s: path too long", dir, ent->d_name);
             break;
         }
-        struct stat st;
+        int wanted = has_ext(ent->d_name, wk->ext);
         if (lstat(path, &st) != 0) {
             rc = bs_fail("%s: cannot stat: %s", path, strerror(errno));
-        } else if (S_ISDIR(st.st_mode)) {
-            rc = walk(l, path, ext);
-        } else if (S_ISREG(st.st_mode) && has_ext(ent->d_name, ext)) {
-            rc = list_push(l, path);
+            break;
+        }
+        int link = S_ISLNK(st.st_mode);
+        if (link && stat(path, &st) != 0) {
+            // dangling: whether it meant a file or a directory is unknown; only a name the filter
+            // takes is worth stopping for
+            if (wanted) rc = bs_fail("%s: symbolic link to a missing file: %s", path, strerror(errno));
+            continue;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            if (link) rc = check_out(wk, path, path);
+            if (rc == 0) rc = walk(wk, path);
+        } else if (wanted) {
+            if (S_ISREG(st.st_mode)) rc = list_push(wk->list, path);
+            else rc = bs_fail("%s: not a regular file (a FIFO, socket or device cannot be a document)", path);
         }
     }
-    closedir(d);
+    if (d) closedir(d);
+    wk->depth--;
     return rc;
 }
 
 static int cmp_path(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-int prepare_list_files(const char *const *inputs, int n_inputs, const char *ext, char ***files, int64_t *n_files) {
+static int list_files(const char *const *inputs, int n_inputs, const char *ext, const char *out_real, char ***files,
+                      int64_t *n_files) {
     *files = NULL;
     *n_files = 0;
     PathList l = {0};
+    Walk *wk = bs_malloc(sizeof *wk);  // the ancestor table is large for a stack frame
+    if (!wk) return -1;
     for (int i = 0; i < n_inputs; i++) {
         struct stat st;
         if (stat(inputs[i], &st) != 0) {
             list_free(&l);
+            free(wk);
             return bs_fail("input %s: %s", inputs[i], strerror(errno));
         }
         int64_t first = l.n;
@@ -95,7 +157,9 @@ int prepare_list_files(const char *const *inputs, int n_inputs, const char *ext,
             char dir[4096];
             snprintf(dir, sizeof dir, "%s", inputs[i]);
             for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--) dir[n - 1] = '\0';
-            rc = walk(&l, dir, ext);
+            *wk = (Walk){.list = &l, .ext = ext, .input = inputs[i], .out_real = out_real};
+            rc = check_out(wk, dir, NULL);
+            if (rc == 0) rc = walk(wk, dir);
             if (rc == 0 && l.n - first > 1) qsort(l.paths + first, (size_t)(l.n - first), sizeof *l.paths, cmp_path);
         } else if (S_ISREG(st.st_mode)) {
             rc = list_push(&l, inputs[i]);  // named files are taken whatever their extension
@@ -104,11 +168,59 @@ int prepare_list_files(const char *const *inputs, int n_inputs, const char *ext,
         }
         if (rc != 0) {
             list_free(&l);
+            free(wk);
             return -1;
         }
     }
+    free(wk);
     *files = l.paths;
     *n_files = l.n;
+    return 0;
+}
+
+int prepare_list_files(const char *const *inputs, int n_inputs, const char *ext, char ***files, int64_t *n_files) {
+    return list_files(inputs, n_inputs, ext, NULL, files, n_files);
+}
+
+// The absolute path dir has, or will have once created, with every symbolic link in the part that
+// exists resolved: the longest existing prefix through realpath(3), the rest appended by name.
+static int resolve_dir(const char *dir, char *out, size_t cap) {
+    char buf[2 * PATH_MAX];
+    if (dir[0] == '/') {
+        snprintf(buf, sizeof buf, "%s", dir);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) return bs_fail("cannot get the current directory: %s", strerror(errno));
+        snprintf(buf, sizeof buf, "%s/%s", cwd, dir);
+    }
+    // cut = the end of the longest prefix that exists ("/" always does)
+    size_t cut = strlen(buf);
+    char real[PATH_MAX];
+    for (;;) {
+        char saved = buf[cut];
+        buf[cut] = '\0';
+        int ok = realpath(cut ? buf : "/", real) != NULL;
+        buf[cut] = saved;
+        if (ok) break;
+        while (cut > 0 && buf[cut - 1] != '/') cut--;  // back over one name...
+        while (cut > 0 && buf[cut - 1] == '/') cut--;  // ...and the slashes before it
+    }
+    if (strlen(real) >= cap) return bs_fail("%s: path too long", dir);
+    strcpy(out, real);
+    // the names that do not exist yet: none is a link, so "." and ".." are plain steps
+    char *save;
+    for (char *name = strtok_r(buf + cut, "/", &save); name; name = strtok_r(NULL, "/", &save)) {
+        size_t n = strlen(out);
+        if (!strcmp(name, ".")) continue;
+        if (!strcmp(name, "..")) {
+            char *slash = strrchr(out, '/');
+            if (slash == out) out[1] = '\0';
+            else *slash = '\0';
+            continue;
+        }
+        if (n + 1 + strlen(name) >= cap) return bs_fail("%s: path too long", dir);
+        snprintf(out + n, cap - n, "%s%s", n > 1 ? "/" : "", name);
+    }
     return 0;
 }
 
@@ -153,9 +265,12 @@ int prepare_run(const PrepareConfig *cfg, PrepareStats *stats) {
         n_inputs = 1;
         if (!ext) ext = PREPARE_DEFAULT_EXT;
     }
+    if (!cfg->out_dir || !*cfg->out_dir) return bs_fail("no output directory given");
+    char out_real[PATH_MAX];
+    if (resolve_dir(cfg->out_dir, out_real, sizeof out_real) != 0) return -1;
     char **files;
     int64_t n_files;
-    if (prepare_list_files(inputs, n_inputs, ext, &files, &n_files) != 0) return -1;
+    if (list_files(inputs, n_inputs, ext, out_real, &files, &n_files) != 0) return -1;
     if (n_files == 0) {
         free(files);
         return bs_fail("no input files (%d input%s%s%s)", n_inputs, n_inputs == 1 ? "" : "s",

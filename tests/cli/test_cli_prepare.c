@@ -1,24 +1,27 @@
 // test_cli_prepare.c: `bytescale prepare` end to end - a temp corpus becomes a readable dataset,
-// and bad flags or inputs give the documented exit code and a message naming the problem.
+// and bad flags or inputs give the documented exit code and a message naming the problem; a dataset
+// already in --out survives a run that fails, even for want of disk space.
 #include "cli/cli_run.h"
 
+#include <dirent.h>
 #include <unistd.h>
 
+#include "bytescale/error.h"
 #include "bytescale/fileio.h"
 #include "bytescale/shard.h"
 
-#define DIR "test-tmp/cli_prepare"
+#define PDIR "test-tmp/cli_prepare"
 
 static int run_prepare(const char *args) {
     char a[4096];
     snprintf(a, sizeof a, "prepare %s", args);
-    return cli_run(DIR, "", a);
+    return cli_run(PDIR, "", a);
 }
 
 static void expect(const char *args, int code, const char *in_stderr) {
     char a[4096];
     snprintf(a, sizeof a, "prepare %s", args);
-    cli_expect(DIR, a, code, in_stderr);
+    cli_expect(PDIR, a, code, in_stderr);
 }
 
 static void write_text(const char *path, const char *text) { assert_int_equal(file_write_atomic(path, text, strlen(text)), 0); }
@@ -89,10 +92,89 @@ static void test_prepare_bad_flags_and_inputs(void **state) {
     assert_int_equal(access("test-tmp/cli_prepare/o/index.bin", F_OK), -1);  // nothing written
 }
 
+// A directory holding a file and a symbolic link to another file is two documents (it was one: the
+// link was dropped without a word).
+static void test_prepare_follows_symlinks(void **state) {
+    (void)state;
+    test_tmpdir("cli_prepare");
+    assert_int_equal(make_dirs(PDIR "/in"), 0);
+    assert_int_equal(make_dirs(PDIR "/other"), 0);
+    write_text(PDIR "/in/a.go", "package a\n");
+    write_text(PDIR "/other/b.go", "package b\n");
+    assert_int_equal(symlink("../other/b.go", PDIR "/in/b.go"), 0);
+    int rc = run_prepare("--input " PDIR "/in --out " PDIR "/out");
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "prepared 2 files"));
+}
+
+// An output directory inside the input (it would read its own shards next time, or this time) is
+// refused before anything is written.
+static void test_prepare_refuses_output_inside_input(void **state) {
+    (void)state;
+    test_tmpdir("cli_prepare");
+    assert_int_equal(make_dirs(PDIR "/in"), 0);
+    write_text(PDIR "/in/a.go", "package a\n");
+    expect("--input " PDIR "/in --out " PDIR "/in/ds", 1, "is inside the input " PDIR "/in");
+    expect("--input " PDIR " --out " PDIR "/in/../ds", 1, "is inside the input");
+    expect("--input " PDIR "/in --out " PDIR "/in", 1, "is inside the input");
+    assert_int_equal(access(PDIR "/in/ds", F_OK), -1);
+}
+
+static int count_tmp_files(const char *dir, int *all) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int tmp = 0;
+    *all = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        (*all)++;
+        tmp += strstr(e->d_name, ".tmp.") != NULL;
+    }
+    closedir(d);
+    return tmp;
+}
+
+// A disk that fills up half-way (a file size limit: writes past it fail with EFBIG, as they would
+// with ENOSPC) stops the run with an error; the dataset that was there reads back whole, and the
+// run's own files are gone (they were hundreds of MB of .tmp, and index.bin was already deleted).
+static void test_prepare_full_disk_keeps_old_dataset(void **state) {
+    (void)state;
+    test_tmpdir("cli_prepare");
+    assert_int_equal(make_dirs(PDIR "/old"), 0);
+    assert_int_equal(make_dirs(PDIR "/new"), 0);
+    write_text(PDIR "/old/a.go", "package old\n");
+    write_text(PDIR "/old/b.go", "package old // two\n");
+    int rc = run_prepare("--input " PDIR "/old --out " PDIR "/ds");
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    // the new corpus: small files that fit, then one far larger than the limit
+    static char big[1 << 20];
+    memset(big, 'x', sizeof big - 1);
+    write_text(PDIR "/new/a.go", "package small\n");
+    write_text(PDIR "/new/b.go", "package small // too\n");
+    write_text(PDIR "/new/c.go", big);
+    // 64 blocks: 32 KB under dash, 64 KB under bash; SIGXFSZ ignored so the write fails instead
+    rc = cli_run(PDIR, "trap '' XFSZ; ulimit -f 64;", "prepare --input " PDIR "/new --out " PDIR "/ds --shard-size 16");
+    if (rc != 1 || !strstr(cli_err, "File too large")) fail_msg("exit %d: %s", rc, cli_err);
+    Dataset ds;
+    if (dataset_open(&ds, PDIR "/ds") != 0) fail_msg("the old dataset is gone: %s", bs_errmsg());
+    assert_int_equal(ds.index.n_docs, 2);
+    uint32_t ids[32];
+    assert_int_equal(dataset_read(&ds, 1, 0, ds.index.docs[1].len, ids), 0);
+    for (int64_t i = 0; i < ds.index.docs[1].len; i++) assert_int_equal(ids[i], (uint8_t)"package old // two\n"[i]);
+    int all;
+    assert_int_equal(count_tmp_files(PDIR "/ds", &all), 0);
+    assert_int_equal(all, 1 + ds.index.n_shards);  // the index and its shards, nothing of the failed run
+    dataset_close(&ds);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prepare_corpus_and_read_back),
         cmocka_unit_test(test_prepare_bad_flags_and_inputs),
+        cmocka_unit_test(test_prepare_follows_symlinks),
+        cmocka_unit_test(test_prepare_refuses_output_inside_input),
+        cmocka_unit_test(test_prepare_full_disk_keeps_old_dataset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
