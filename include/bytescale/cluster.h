@@ -29,8 +29,14 @@ typedef struct {
     double inter_lat;    // seconds per message across nodes
 } Cluster;
 
+// The largest cluster we model: 4M devices (256 x the paper's 16,384), tp and pp at most 1,024
+// each. The simulator allocates per (rank, stage) and per device pair, so these bounds keep every
+// product of them inside an int and every allocation reasonable.
+#define CLUSTER_MAX_GPUS (1 << 22)
+#define CLUSTER_MAX_DEGREE (1 << 10)
+
 // Take G and the links from a hardware profile. -1 + error when the shape does not fit
-// (n_gpus not a multiple of tp * pp, tp not dividing G, non-positive sizes).
+// (n_gpus not a multiple of tp * pp, tp not dividing G, sizes outside [1, the limits above]).
 int cluster_init(Cluster *c, const HardwareProfile *hw, int n_gpus, int tp, int pp);
 
 // First device of stage `stage` of HDP rank `rank`, and its node.

@@ -11,6 +11,8 @@
 #include <stdio.h>
 
 // Read a whole file into a fresh NUL-terminated buffer (free() it). -1 + error naming the path.
+// Reads to EOF whatever the file says its size is, so FIFOs, /dev/stdin and /proc files work
+// (streams up to 4 GiB); a directory is refused as "<path>: is a directory".
 int file_read_all(const char *path, char **data, size_t *size);
 
 typedef struct {

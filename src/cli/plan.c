@@ -93,6 +93,7 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
                     .seed = 1, .offload = 1, .model = "llama-7b", .hardware = "h800-sxm", .policy = "balance",
                     .dist = "byted"};
     int hardware_given = 0;
+    unsigned char given[OPT_JSON - OPT_RANKS + 1] = {0};  // given[OPT_x - OPT_RANKS]: on the command line
     int64_t v = 0;
     optind = 0;  // rescan from the start (glibc), whatever ran before
     opterr = 0;  // we print our own messages
@@ -100,6 +101,7 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
         int c = getopt_long(argc, argv, ":h", OPTIONS, NULL);
         if (c == -1) break;
         const char *flag = argv[optind - 1];
+        if (c >= OPT_RANKS && c <= OPT_JSON) given[c - OPT_RANKS] = 1;
         switch (c) {
         case OPT_RANKS: if (arg_positive("--ranks", optarg, 1 << 20, &v)) return -1; a->ranks = (int32_t)v; break;
         case OPT_CAPACITY: if (arg_positive("--capacity", optarg, 1ll << 24, &a->capacity)) return -1; break;
@@ -129,6 +131,27 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
     }
     if (optind < argc) return bs_fail("unexpected argument '%s' (bytescale plan --help)", argv[optind]);
     if (hardware_given && a->hardware_file) return bs_fail("give --hardware or --hardware-file, not both");
+    // A flag the other flags make pointless is an error, never silently dropped.
+    const struct {
+        int on;
+        const char *mode, *why;
+        int flags[5];  // OPT_ codes, 0-terminated
+    } ignored[] = {
+        {a->dataset != NULL, "--dataset", "the lengths come from the file", {OPT_DIST, OPT_TOKENS, OPT_SEED, 0}},
+        {a->cost_file != NULL, "--cost-file", "the file holds the cost model they would derive",
+         {OPT_MODEL, OPT_HARDWARE, OPT_HARDWARE_FILE, OPT_TP, 0}},
+        {!strcmp(a->policy, "static"), "--policy static", "the static mesh never offloads", {OPT_OFFLOAD, 0}},
+    };
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+        if (!ignored[i].on) continue;
+        for (const int *f = ignored[i].flags; *f; f++) {
+            if (!given[*f - OPT_RANKS]) continue;
+            const char *name = "?";
+            for (const struct option *o = OPTIONS; o->name; o++)
+                if (o->val == *f) name = o->name;
+            return bs_fail("--%s has no effect with %s (%s); leave it out", name, ignored[i].mode, ignored[i].why);
+        }
+    }
     if (strcmp(a->policy, "all") != 0 && !policy_find(a->policy)) return -1;
     if (a->out && !strcmp(a->policy, "all")) return bs_fail("--out writes one plan: pick one --policy, not all");
     return 0;

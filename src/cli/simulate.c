@@ -112,16 +112,25 @@ static void trace_path(char *buf, size_t n, const char *path, const char *label,
     else snprintf(buf, n, "%s-%s", path, label);
 }
 
-// A flag's integer value, at least min (1 for sizes and counts).
-static int int64_flag(const char *flag, const char *text, int64_t *out, int64_t min) {
+// Bounds of the numeric flags. Beyond them the model means nothing and the products the simulator
+// forms (GPUs = ranks x tp x pp, tokens per rank, sequences per batch) would overflow or allocate
+// absurdly; the cluster's own bounds are in cluster.h.
+#define MAX_CAPACITY (1ll << 24)  // tokens per rank per micro-batch, as `bytescale plan`
+#define MAX_TOKENS (1ll << 40)    // tokens per global batch (and the longest context)
+#define MAX_TRACE_RANKS (1 << 20)
+
+// A flag's integer value within [min, max].
+static int int64_flag(const char *flag, const char *text, int64_t *out, int64_t min, int64_t max) {
     if (arg_int64(flag, text, out) != 0) return -1;
-    if (*out < min) return bs_fail("%s: '%s' must be at least %lld", flag, text, (long long)min);
+    if (*out < min || *out > max)
+        return bs_fail("%s: '%s' is out of range [%lld, %lld]", flag, text, (long long)min, (long long)max);
     return 0;
 }
 
-static int int_flag(const char *flag, const char *text, int *out) {
-    if (arg_int(flag, text, out) != 0) return -1;
-    if (*out < 1) return bs_fail("%s: '%s' must be at least 1", flag, text);
+static int int_flag(const char *flag, const char *text, int *out, int max) {
+    int64_t v = 0;  // set by int64_flag on success (GCC cannot see that bs_fail returns -1)
+    if (int64_flag(flag, text, &v, 1, max) != 0) return -1;
+    *out = (int)v;
     return 0;
 }
 
@@ -130,6 +139,7 @@ typedef struct {
     int gpus, tp, pp, trace_ranks, json, grid, no_plot;
     int64_t capacity, context, tokens, seed;
     int set_gpus, set_tp, set_pp, set_capacity, set_context, set_tokens;
+    unsigned char given[32];  // given[F_x - F_FIRST]: the flag was on the command line
 } Flags;
 
 // Simulate a plan file on the cluster the flags describe.
@@ -141,7 +151,15 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
         plan_free(&p);
         return bad_usage("--pp does not match the plan's pipeline stages (%s)", fl->plan);
     }
-    int gpus = fl->set_gpus ? fl->gpus : p.n_ranks * tp * pp;
+    // the plan's ranks x tp x pp, formed in 64 bits: a file may hold any n_ranks and pp
+    int64_t gpus64 = fl->set_gpus ? fl->gpus : (int64_t)p.n_ranks * tp * pp;
+    if (gpus64 > CLUSTER_MAX_GPUS) {
+        bs_fail("%s: %d HDP ranks x tp %d x pp %d = %lld GPUs, more than the %d the simulator models", fl->plan,
+                p.n_ranks, tp, pp, (long long)gpus64, CLUSTER_MAX_GPUS);
+        plan_free(&p);
+        return fail();
+    }
+    int gpus = (int)gpus64;
     SimSetup s;
     memset(&s, 0, sizeof s);
     s.sc = *sc;
@@ -246,7 +264,7 @@ int cmd_simulate(int argc, char **argv) {
     fl.policy = "all";
     fl.seed = 1;
     fl.trace_ranks = 64;
-    enum { F_SCENARIO = 256, F_MODEL, F_HW, F_GPUS, F_TP, F_PP, F_CAP, F_CTX, F_DATA, F_TOKENS, F_SEED, F_POLICY,
+    enum { F_FIRST = 256, F_SCENARIO = F_FIRST, F_MODEL, F_HW, F_GPUS, F_TP, F_PP, F_CAP, F_CTX, F_DATA, F_TOKENS, F_SEED, F_POLICY,
            F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_HELP };
     static const struct option opts[] = {
         {"scenario", required_argument, 0, F_SCENARIO}, {"model", required_argument, 0, F_MODEL},
@@ -269,25 +287,26 @@ int cmd_simulate(int argc, char **argv) {
         if (c == -1) break;
         const char *a = optarg;
         int bad = 0;
+        if (c >= F_FIRST && c - F_FIRST < (int)sizeof fl.given) fl.given[c - F_FIRST] = 1;
         switch (c) {
         case 'h':
         case F_HELP: usage(stdout); return 0;
         case F_SCENARIO: fl.scenario = a; break;
         case F_MODEL: fl.model = a; break;
         case F_HW: fl.hardware = a; break;
-        case F_GPUS: bad = int_flag("--gpus", a, &fl.gpus), fl.set_gpus = 1; break;
-        case F_TP: bad = int_flag("--tp", a, &fl.tp), fl.set_tp = 1; break;
-        case F_PP: bad = int_flag("--pp", a, &fl.pp), fl.set_pp = 1; break;
-        case F_CAP: bad = int64_flag("--capacity", a, &fl.capacity, 1), fl.set_capacity = 1; break;
-        case F_CTX: bad = int64_flag("--context", a, &fl.context, 1), fl.set_context = 1; break;
+        case F_GPUS: bad = int_flag("--gpus", a, &fl.gpus, CLUSTER_MAX_GPUS), fl.set_gpus = 1; break;
+        case F_TP: bad = int_flag("--tp", a, &fl.tp, CLUSTER_MAX_DEGREE), fl.set_tp = 1; break;
+        case F_PP: bad = int_flag("--pp", a, &fl.pp, CLUSTER_MAX_DEGREE), fl.set_pp = 1; break;
+        case F_CAP: bad = int64_flag("--capacity", a, &fl.capacity, 1, MAX_CAPACITY), fl.set_capacity = 1; break;
+        case F_CTX: bad = int64_flag("--context", a, &fl.context, 1, MAX_TOKENS), fl.set_context = 1; break;
         case F_DATA: fl.dataset = a; break;
-        case F_TOKENS: bad = int64_flag("--tokens", a, &fl.tokens, 1), fl.set_tokens = 1; break;
-        case F_SEED: bad = int64_flag("--seed", a, &fl.seed, 0); break;
+        case F_TOKENS: bad = int64_flag("--tokens", a, &fl.tokens, 1, MAX_TOKENS), fl.set_tokens = 1; break;
+        case F_SEED: bad = int64_flag("--seed", a, &fl.seed, 0, INT64_MAX); break;
         case F_POLICY: fl.policy = a; break;
         case F_PLAN: fl.plan = a; break;
         case F_COST: fl.cost = a; break;
         case F_TRACE: fl.trace = a; break;
-        case F_TRACE_RANKS: bad = int_flag("--trace-ranks", a, &fl.trace_ranks); break;
+        case F_TRACE_RANKS: bad = int_flag("--trace-ranks", a, &fl.trace_ranks, MAX_TRACE_RANKS); break;
         case F_SWEEP: fl.sweep = a; break;
         case F_GRID: fl.grid = 1; break;
         case F_OUT: fl.out = a; break;
@@ -299,7 +318,45 @@ int cmd_simulate(int argc, char **argv) {
         if (bad) return bad_usage("%s", bs_errmsg());
     }
     if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-    if (fl.scenario && !strcmp(fl.scenario, "list")) {
+    // A flag the chosen mode would not use is an error, never silently dropped: each entry is a
+    // mode, the flags it ignores and why.
+    int list = fl.scenario && !strcmp(fl.scenario, "list");
+    const struct {
+        int on;
+        const char *mode, *why;
+        int flags[16];  // F_ codes, 0-terminated
+    } ignored[] = {
+        {list, "--scenario list", "it only lists the presets",
+         {F_MODEL, F_HW, F_GPUS, F_TP, F_PP, F_CAP, F_CTX, F_DATA, F_TOKENS, F_SEED, F_POLICY, F_PLAN, F_COST,
+          F_TRACE, F_TRACE_RANKS, 0}},
+        {list, "--scenario list", "it only lists the presets", {F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, 0}},
+        {fl.plan != NULL, "--plan", "the plan file fixes the batch, the capacity and the schedule",
+         {F_CAP, F_CTX, F_DATA, F_TOKENS, F_SEED, F_POLICY, F_OUT, F_NOPLOT, 0}},
+        {fl.grid, "--grid", "the grid runs the paper's presets (only --hardware, --policy and --seed change it)",
+         {F_SCENARIO, F_MODEL, F_GPUS, F_TP, F_PP, F_CAP, F_CTX, F_DATA, F_TOKENS, F_TRACE_RANKS, 0}},
+        {fl.sweep && !strcmp(fl.sweep, "contexts"), "--sweep contexts", "the sweep sets the context of each point",
+         {F_CTX, F_TRACE_RANKS, 0}},
+        {fl.sweep && !strcmp(fl.sweep, "gpus"), "--sweep gpus", "a sweep writes no trace", {F_TRACE_RANKS, 0}},
+        {!fl.grid && !fl.sweep, "a single run", "only sweeps and the grid write files there", {F_OUT, F_NOPLOT, 0}},
+        {!fl.trace, "a run without --trace", "it only applies to a trace", {F_TRACE_RANKS, 0}},
+    };
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+        if (!ignored[i].on) continue;
+        for (const int *f = ignored[i].flags; *f; f++) {
+            if (!fl.given[*f - F_FIRST]) continue;
+            const char *name = "?";
+            for (const struct option *o = opts; o->name; o++)
+                if (o->val == *f) {
+                    name = *f == F_DATA ? "dataset (or --dist)" : o->name;
+                    break;
+                }
+            fprintf(stderr, "bytescale simulate: error: --%s has no effect with %s (%s); leave it out\n"
+                            "(bytescale simulate --help lists the flags)\n",
+                    name, ignored[i].mode, ignored[i].why);
+            return 2;
+        }
+    }
+    if (list) {
         list_scenarios();
         return 0;
     }

@@ -274,8 +274,10 @@ int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int m
     if (offload && l > 2) {
         // With r = 1 only the two resident layers count: 2 * Act(s/D) <= l * Act(C) bounds D below.
         double room = l * (cm->act_token * (double)C + cm->act_const) / 2.0 - cm->act_const;
-        d_lo = (int64_t)floor(cm->act_token * (double)s / room);
-        if (d_lo < 1) d_lo = 1;
+        // clamp in double before converting: with extreme coefficients (a cost file may hold 1e308)
+        // the quotient is huge, infinite or NaN, and converting that to an integer is undefined
+        double lo = floor(cm->act_token * (double)s / room);
+        d_lo = !(lo >= 1) ? 1 : lo >= (double)d_hi ? d_hi : (int64_t)lo;
     }
     for (int64_t D = d_lo; D <= d_hi; D++) {
         if (D >= d_plain) return (int)D;  // fits without copying: r = 0

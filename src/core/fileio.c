@@ -10,37 +10,77 @@
 
 #include "bytescale/error.h"
 
+// Pipes, FIFOs, /dev/stdin and /proc files report no useful size (0, or a directory's "size"):
+// they are read as a stream into a doubling buffer, and this bounds how much a stream may hold.
+#define STREAM_READ_MAX ((size_t)1 << 32)
+
 int file_read_all(const char *path, char **data, size_t *size) {
     *data = NULL;
     *size = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return bs_fail("%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
         fclose(f);
-        return bs_fail("%s: cannot seek: %s", path, strerror(errno));
+        return bs_fail("%s: cannot stat: %s", path, strerror(e));
     }
-    long n = ftell(f);
-    if (n < 0) {
+    // fopen opens a directory for reading on Linux and ftell then says LONG_MAX: refuse it by name
+    if (S_ISDIR(st.st_mode)) {
         fclose(f);
-        return bs_fail("%s: cannot tell size: %s", path, strerror(errno));
+        return bs_fail("%s: is a directory", path);
     }
-    rewind(f);
-    char *buf = bs_malloc((size_t)n + 1);
+    // A regular file's size is the first guess; anything else starts small and grows. Either way
+    // we read to EOF, so a file that grows or shrinks meanwhile is still read whole and consistent.
+    int regular = S_ISREG(st.st_mode);
+    size_t limit = regular ? (size_t)SIZE_MAX / 2 : STREAM_READ_MAX;
+    if (regular && (uint64_t)st.st_size >= limit) {
+        fclose(f);
+        return bs_fail("%s: %lld bytes is too large to read into memory", path, (long long)st.st_size);
+    }
+    // (/proc files are "regular" with st_size 0: they start small and grow like streams)
+    size_t cap = regular && st.st_size > 0 ? (size_t)st.st_size + 1 : (size_t)1 << 16, n = 0;
+    char *buf = bs_malloc(cap);
+    int rc = -1;
     if (!buf) {
-        fclose(f);
-        return bs_fail_ctx("%s", path);
+        bs_fail_ctx("%s", path);
+        goto out;
     }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    int err = ferror(f);
-    fclose(f);
-    if (err || got != (size_t)n) {
-        free(buf);
-        return bs_fail("%s: read %zu of %ld bytes", path, got, n);
+    for (;;) {
+        if (n + 1 == cap) {  // full but for the NUL: grow (a regular file's first read ends here exactly)
+            int c = fgetc(f);
+            if (c == EOF) break;
+            if (cap >= limit) {
+                bs_fail("%s: more than %zu bytes; refusing to read it into memory", path, limit - 1);
+                goto out;
+            }
+            size_t ncap = cap > limit / 2 ? limit : cap * 2;
+            char *nb = bs_realloc(buf, ncap);
+            if (!nb) {
+                bs_fail_ctx("%s", path);
+                goto out;
+            }
+            buf = nb;
+            cap = ncap;
+            buf[n++] = (char)c;
+        }
+        size_t want = cap - 1 - n, got = fread(buf + n, 1, want, f);
+        n += got;
+        if (got < want) break;  // fread stops short only at EOF or on an error (ferror below)
+    }
+    if (ferror(f)) {
+        bs_fail("%s: read failed after %zu bytes: %s", path, n, strerror(errno));
+        goto out;
     }
     buf[n] = '\0';
     *data = buf;
-    *size = (size_t)n;
-    return 0;
+    *size = n;
+    buf = NULL;
+    rc = 0;
+out:
+    free(buf);
+    fclose(f);
+    return rc;
 }
 
 int atomic_open(AtomicFile *af, const char *path) {

@@ -11,6 +11,13 @@ int sampler_init(Sampler *s, const DocIndex *ix, uint64_t seed) {
     memset(s, 0, sizeof *s);
     if (ix->n_docs <= 0 || ix->n_tokens <= 0)
         return bs_fail("sampler: the dataset in %s holds no tokens (%lld documents)", ix->dir, (long long)ix->n_docs);
+    // sampler_next walks the documents until it has its budget: with every document empty (the
+    // shards may still hold tokens no document names) it would walk forever
+    int64_t any = 0;
+    for (int64_t d = 0; d < ix->n_docs && !any; d++) any = ix->docs[d].len > 0;
+    if (!any)
+        return bs_fail("sampler: all %lld documents of the dataset in %s are empty (0 tokens)", (long long)ix->n_docs,
+                       ix->dir);
     s->perm = bs_malloc((size_t)ix->n_docs * sizeof *s->perm);
     if (!s->perm) return -1;
     s->index = ix;

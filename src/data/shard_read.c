@@ -94,6 +94,8 @@ static int parse_index(DocIndex *ix, const char *file, const uint8_t *b, size_t 
         sh->crc = get_u32(p + 56);
         if (sh->n_tokens < 0) return bs_fail("%s: shard %u: bad token count", file, s);
         sh->base = base;
+        if (sh->n_tokens > INT64_MAX - base)
+            return bs_fail("%s: shards 0 to %u hold more than %lld tokens", file, s, (long long)INT64_MAX);
         base += sh->n_tokens;
     }
     if (base != ix->n_tokens)
@@ -108,10 +110,15 @@ static int parse_index(DocIndex *ix, const char *file, const uint8_t *b, size_t 
         if (e->shard >= n_shards) return bs_fail("%s: document %lld: shard %u out of range [0, %u)", file, (long long)d, e->shard, n_shards);
         const ShardInfo *sh = &ix->shards[e->shard];
         if (e->offset < 0 || e->len < 0 || e->offset > sh->n_tokens || e->len > sh->n_tokens - e->offset)
-            return bs_fail("%s: document %lld: index points past the end of shard %u (%s: tokens [%lld, %lld) of %lld)",
-                           file, (long long)d, e->shard, sh->name, (long long)e->offset,
-                           (long long)(e->offset + e->len), (long long)sh->n_tokens);
+            return bs_fail("%s: document %lld: index points past the end of shard %u (%s: %lld tokens at %lld, "
+                           "of %lld)",
+                           file, (long long)d, e->shard, sh->name, (long long)e->len, (long long)e->offset,
+                           (long long)sh->n_tokens);
         e->start = sh->base + e->offset;
+        // documents may overlap in a damaged index, so their sum is not bounded by the shards
+        if (e->len > INT64_MAX - sum)
+            return bs_fail("%s: documents 0 to %lld hold more than %lld tokens", file, (long long)d,
+                           (long long)INT64_MAX);
         sum += e->len;
     }
     if (sum > ix->n_tokens)
@@ -168,6 +175,23 @@ const char *docindex_source(const DocIndex *ix, int64_t doc) {
     return ix->path_blob + ix->path_off[doc];
 }
 
+int docindex_check_trainable(const DocIndex *ix) {
+    int64_t nonempty = 0, labelled = 0;
+    for (int64_t d = 0; d < ix->n_docs; d++) {
+        nonempty += ix->docs[d].len > 0;
+        labelled += ix->docs[d].len >= 2;
+    }
+    if (ix->n_docs <= 0) return bs_fail("%s: the dataset holds no documents; nothing to train on", ix->dir);
+    if (nonempty == 0)
+        return bs_fail("%s: all %lld documents are empty (0 tokens); nothing to train on", ix->dir,
+                       (long long)ix->n_docs);
+    if (labelled == 0)
+        return bs_fail("%s: every one of the %lld documents has a single token, so no token has a next one to "
+                       "predict: no labelled token to train on (documents need at least 2 tokens)",
+                       ix->dir, (long long)ix->n_docs);
+    return 0;
+}
+
 // ---- shards ------------------------------------------------------------------------------------
 
 // Map shard s and check it against its own header and against the index.
@@ -176,12 +200,20 @@ static int open_shard(Dataset *ds, int s) {
     const ShardInfo *sh = &ix->shards[s];
     char file[4200];
     snprintf(file, sizeof file, "%s/%s", ix->dir, sh->name);
-    int fd = open(file, O_RDONLY);
+    // O_NONBLOCK: opening a FIFO put in a shard's place must not wait for a writer; it is refused
+    // below, as is a directory (neither can be mapped, and their st_size means nothing)
+    int fd = open(file, O_RDONLY | O_NONBLOCK);
     if (fd < 0) return bs_fail("%s: cannot open shard %d: %s", file, s, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return bs_fail("%s: cannot stat: %s", file, strerror(errno));
+        return bs_fail("%s: cannot stat: %s", file, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return bs_fail("%s: shard %d is %s, not a regular file", file, s,
+                       S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a special file");
     }
     size_t size = (size_t)st.st_size;
     void *map = NULL;
@@ -206,6 +238,9 @@ static int open_shard(Dataset *ds, int s) {
     if (n != (uint64_t)sh->n_tokens)
         return bs_fail("%s: holds %llu tokens but the index expects %lld (shard and index come from different runs?)",
                        file, (unsigned long long)n, (long long)sh->n_tokens);
+    // n comes from the file: n * width must not wrap around to a size that happens to match
+    if (n > (UINT64_MAX - HEADER_BYTES) / width)
+        return bs_fail("%s: header says %llu tokens, more than any file holds", file, (unsigned long long)n);
     uint64_t want = HEADER_BYTES + n * width;
     if (size != want)
         return bs_fail("%s: %s: expected %llu bytes, got %zu", file, size < want ? "truncated" : "trailing bytes",

@@ -15,12 +15,22 @@
 
 // ---- the list ---------------------------------------------------------------------------------
 
-// Most sequences a batch may hold: the allocation size must not overflow size_t.
-#define MAX_SEQS ((int64_t)(SIZE_MAX / 4 / sizeof(Sequence)))
+// Most sequences a batch may hold: 16M, over 400 MB of Sequence entries and several times that in
+// a plan of them. Far beyond any real global batch (the paper's 32M tokens hold a few thousand
+// sequences); a bound, so that a context of 1 token or a huge token budget is refused at once rather
+// than allocating and planning for minutes.
+#define MAX_SEQS ((int64_t)1 << 24)
+// Most tokens a batch may hold: 1T (the largest --tokens), 30,000 x the paper's 32M. Planning work
+// grows with tokens / capacity (the ranks every ring names), so a lengths file of a few huge
+// numbers must not set planners to work for hours; the bound also keeps every sum of lengths far
+// from overflowing an int64.
+#define MAX_TOKENS ((int64_t)1 << 40)
 
 int batch_init(GlobalBatch *b, int64_t cap_hint) {
     memset(b, 0, sizeof *b);
-    if (cap_hint > MAX_SEQS) return bs_fail("batch_init: %lld sequences is too many", (long long)cap_hint);
+    if (cap_hint > MAX_SEQS)
+        return bs_fail("batch_init: %lld sequences; a batch holds at most %lld", (long long)cap_hint,
+                       (long long)MAX_SEQS);
     int64_t cap = cap_hint > 16 ? cap_hint : 16;
     b->seqs = bs_malloc((size_t)cap * sizeof *b->seqs);
     if (!b->seqs) return bs_fail_ctx("batch_init: %lld sequences", (long long)cap);
@@ -33,7 +43,10 @@ int batch_init(GlobalBatch *b, int64_t cap_hint) {
 static int batch_reserve(GlobalBatch *b, int64_t need) {
     int64_t have = b->cap > b->n ? b->cap : b->n;
     if (need <= have && b->seqs) return 0;
-    if (need > MAX_SEQS) return bs_fail("batch: %lld sequences is too many", (long long)need);
+    if (need > MAX_SEQS)
+        return bs_fail("batch: %lld sequences; a batch holds at most %lld (a larger --context or a smaller token "
+                       "budget makes fewer)",
+                       (long long)need, (long long)MAX_SEQS);
     int64_t cap = have > 16 ? have : 16;
     while (cap < need) cap *= 2;
     if (cap > MAX_SEQS) cap = MAX_SEQS;
@@ -46,8 +59,9 @@ static int batch_reserve(GlobalBatch *b, int64_t need) {
 
 int batch_push(GlobalBatch *b, int64_t id, int64_t len, int64_t src) {
     if (len <= 0) return bs_fail("batch_push: sequence %lld: length must be positive, got %lld", (long long)id, (long long)len);
-    if (len > INT64_MAX - b->n_tokens)
-        return bs_fail("batch_push: sequence %lld: the batch would exceed %lld tokens", (long long)id, (long long)INT64_MAX);
+    if (len > MAX_TOKENS - b->n_tokens)
+        return bs_fail("batch_push: sequence %lld: %lld tokens; a batch holds at most %lld in all", (long long)id,
+                       (long long)len, (long long)MAX_TOKENS);
     if (b->n >= b->cap && batch_reserve(b, b->n + 1) != 0) return -1;
     b->seqs[b->n++] = (Sequence){.id = id, .len = len, .src = src};
     b->n_tokens += len;
@@ -65,7 +79,7 @@ static int64_t pieces_of(int64_t len, int64_t max_ctx) { return len / max_ctx + 
 
 int batch_cut(GlobalBatch *b, int64_t max_ctx) {
     if (max_ctx <= 0) return 0;
-    int64_t total = 0;
+    int64_t total = 0;  // pieces <= tokens, and the tokens fit an int64 (batch_push): no overflow
     for (int64_t i = 0; i < b->n; i++) total += pieces_of(b->seqs[i].len, max_ctx);
     if (total == b->n) return 0;
     if (batch_reserve(b, total) != 0) return -1;

@@ -25,6 +25,9 @@ static int check_header(const Plan *p) {
         if (s->len < 1)
             return bs_fail("sequence %lld (id %lld): length %lld must be >= 1", (long long)i, (long long)s->id,
                            (long long)s->len);
+        if (s->len > INT64_MAX - sum)
+            return bs_fail("the sequences hold more than %lld tokens (at sequence %lld)", (long long)INT64_MAX,
+                           (long long)i);
         sum += s->len;
     }
     if (sum != p->batch.n_tokens)
@@ -84,12 +87,17 @@ static int check_items(const Plan *p, const CostModel *cm) {
                 goto out;
             }
             int64_t len = p->batch.seqs[s->seq].len;
-            if (s->start < 0 || s->len < 1 || s->start + s->len > len) {
+            // start > len - s->len, not start + len > len: a start near INT64_MAX must not overflow
+            if (s->start < 0 || s->len < 1 || s->len > len || s->start > len - s->len) {
                 bs_fail("item %d: segment %d: tokens [%lld, +%lld) outside sequence %d (length %lld)", k, j,
                         (long long)s->start, (long long)s->len, s->seq, (long long)len);
                 goto out;
             }
-            tokens += s->len;
+            // segments may repeat a sequence (a fault coverage reports later), so the sum can overflow
+            if (__builtin_add_overflow(tokens, s->len, &tokens)) {
+                bs_fail("item %d: its segments hold more than %lld tokens", k, (long long)INT64_MAX);
+                goto out;
+            }
         }
         if (tokens != it->tokens) {
             bs_fail("item %d: says %lld tokens but its segments hold %lld", k, (long long)it->tokens,
@@ -113,7 +121,8 @@ static int check_items(const Plan *p, const CostModel *cm) {
             bs_fail("item %d: offload ratio %g outside [0, 1]", k, off);
             goto out;
         }
-        if (off == 0 && tokens > (int64_t)it->n_ranks * p->capacity) {
+        // D * C can exceed int64 (a file may give any capacity): compare tokens / D with C instead
+        if (off == 0 && tokens / it->n_ranks + (tokens % it->n_ranks != 0) > p->capacity) {
             bs_fail("item %d: %lld tokens on %d rank%s exceed the capacity of %lld tokens per rank "
                     "(and it does not offload)",
                     k, (long long)tokens, it->n_ranks, it->n_ranks > 1 ? "s" : "", (long long)p->capacity);

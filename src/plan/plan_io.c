@@ -199,8 +199,10 @@ int plan_read_json_cm(Plan *p, const char *path, const CostModel *cm) {
                 PLAN_FORMAT_VERSION);
         goto out;
     }
-    if (json_get_string(root, "policy", &policy, path) != 0 || get_int_in(root, "n_ranks", 1, INT32_MAX, &n_ranks, path) != 0 ||
-        get_int_in(root, "pp", 1, INT32_MAX, &pp, path) != 0 ||
+    // n_ranks and pp size the per-rank tables the reader allocates: bounded as `bytescale plan`'s
+    // --ranks and --pp, so a file cannot ask for gigabytes (or overflow ranks x tp x pp later)
+    if (json_get_string(root, "policy", &policy, path) != 0 || get_int_in(root, "n_ranks", 1, 1 << 20, &n_ranks, path) != 0 ||
+        get_int_in(root, "pp", 1, 1 << 10, &pp, path) != 0 ||
         get_int_in(root, "capacity", 1, INT64_MAX / 4, &capacity, path) != 0 ||
         json_opt_double(root, "makespan", &makespan, path) != 0 ||
         json_opt_double(root, "lower_bound", &lower_bound, path) != 0 ||

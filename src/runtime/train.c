@@ -85,6 +85,13 @@ static int open_dataset(Trainer *t) {
         memset(&t->data, 0, sizeof t->data);
         return rc;
     }
+    // a corpus with no labelled token would "train" on nothing and exit 0; an empty one would leave
+    // the sampler nothing to draw
+    if (docindex_check_trainable(ix) != 0) {
+        dataset_close(&t->data);
+        memset(&t->data, 0, sizeof t->data);
+        return -1;
+    }
     t->data_fingerprint = train_data_fingerprint(ix);
     return 0;
 }

@@ -7,12 +7,15 @@
 
 int cluster_init(Cluster *c, const HardwareProfile *hw, int n_gpus, int tp, int pp) {
     memset(c, 0, sizeof *c);
-    if (n_gpus < 1) return bs_fail("cluster: --gpus must be >= 1 (got %d)", n_gpus);
-    if (tp < 1 || pp < 1) return bs_fail("cluster: tp and pp must be >= 1 (got tp %d, pp %d)", tp, pp);
+    if (n_gpus < 1 || n_gpus > CLUSTER_MAX_GPUS)
+        return bs_fail("cluster: --gpus must be in [1, %d] (got %d)", CLUSTER_MAX_GPUS, n_gpus);
+    if (tp < 1 || pp < 1 || tp > CLUSTER_MAX_DEGREE || pp > CLUSTER_MAX_DEGREE)
+        return bs_fail("cluster: tp and pp must be in [1, %d] (got tp %d, pp %d)", CLUSTER_MAX_DEGREE, tp, pp);
     int g = hw->gpus_per_node;
     if (g < 1) return bs_fail("cluster: hardware '%s' has %d GPUs per node", hw->name, g);
     if (tp > g || g % tp != 0)
         return bs_fail("cluster: tp %d must divide the %d GPUs of a node (TP stays inside a node)", tp, g);
+    // tp * pp <= 2^20 with the bounds above: no overflow
     if (n_gpus % (tp * pp) != 0)
         return bs_fail("cluster: %d GPUs are not a multiple of tp x pp = %d x %d", n_gpus, tp, pp);
     if (!(hw->intra_bw > 0 && hw->inter_bw > 0 && hw->intra_lat >= 0 && hw->inter_lat >= 0))

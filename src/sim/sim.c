@@ -185,8 +185,15 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
     if (check_inputs(p, cfg) != 0) return -1;
     const Cluster *c = cfg->cluster;
     const CostModel *cm = cfg->cm;
+    // N * pp <= the cluster's GPUs (check_inputs matched N to it; cluster_init bounds those), but
+    // the operation counts grow with the plan's items, which a file may make arbitrarily many
     int pp = c->pp, N = p->n_ranks, n_res = N * pp;
-    int32_t n_items = p->n_items, n_ops = 2 * pp * n_items;
+    int64_t ops64 = 2 * (int64_t)pp * p->n_items, refs64 = 2 * (int64_t)pp * p->n_refs;
+    if (p->n_items < 0 || p->n_refs < 0 || ops64 > INT32_MAX || refs64 > INT32_MAX)
+        return bs_fail("simulate: %d items with %d rank refs on %d pipeline stages are more operations than the "
+                       "simulator takes (%d)",
+                       p->n_items, p->n_refs, pp, INT32_MAX);
+    int32_t n_items = p->n_items, n_ops = (int32_t)ops64;
 
     out->n_ranks = N;
     out->pp = pp;

@@ -146,6 +146,87 @@ static void test_bad_flags_and_files(void **state) {
                 "a sequence of 1048576 tokens needs 128 ranks of capacity 8192; only 4 given");
 }
 
+// Issue 8: extreme numbers in flags and lengths files are refused at once with the limit named,
+// never an endless planning run, an absurd allocation or a wrapped-around sum.
+static void test_extreme_numbers(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("cli_plan_extreme");
+    char path[600], args[2048];
+    expect_fail("--ranks 2147483648", "--ranks: 2147483648 is out of range [1, 1048576]");
+    expect_fail("--tokens 9223372036854775807", "--tokens: 9223372036854775807 is out of range");
+    expect_fail("--capacity 9223372036854775807", "--capacity: 9223372036854775807 is out of range [1, 16777216]");
+    // a context of 1 token cuts 32M tokens into 32M sequences: refused, not planned for minutes
+    expect_fail("--context 1", "a batch holds at most 16777216");
+    expect_fail("--tokens 1099511627776", "a batch holds at most 16777216");
+    // one length of INT64_MAX: the cut at the 2M context would make 2^42 pieces
+    snprintf(path, sizeof path, "%s/huge.txt", dir);
+    const char *huge = "9223372036854775807\n";
+    assert_int_equal(file_write_atomic(path, huge, strlen(huge)), 0);
+    snprintf(args, sizeof args, "--dataset %s", path);
+    expect_fail(args, "a batch holds at most 1099511627776");
+    // two lengths of 2^62 overflow the sum; and 2^53 in JSON (the largest exact integer)
+    const char *two = "4611686018427387904\n4611686018427387904\n";
+    assert_int_equal(file_write_atomic(path, two, strlen(two)), 0);
+    expect_fail(args, "huge.txt:1");
+    snprintf(path, sizeof path, "%s/huge.json", dir);
+    const char *js = "[9007199254740992, 9007199254740992]";
+    assert_int_equal(file_write_atomic(path, js, strlen(js)), 0);
+    snprintf(args, sizeof args, "--dataset %s --context 1099511627776 --capacity 16M --ranks 1048576", path);
+    expect_fail(args, "a batch holds at most 1099511627776");
+}
+
+// Flags the others make pointless are refused, naming both.
+static void test_ignored_flags_are_errors(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("cli_plan_ignored");
+    char lens[600], cost[600], args[2048];
+    snprintf(lens, sizeof lens, "%s/lengths.txt", dir);
+    snprintf(cost, sizeof cost, "%s/cost.json", dir);
+    assert_int_equal(file_write_atomic(lens, "100\n200\n", 8), 0);
+    CostModel cm;
+    assert_int_equal(cost_derive(&cm, model_find("llama-7b"), hw_find("h100-sxm"), 2, 1, 8, 4096), 0);
+    assert_int_equal(cost_save(&cm, cost), 0);
+    const char *with_dataset[] = {"--tokens 1M", "--seed 7", "--dist github"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "--ranks 8 --dataset %s %s", lens, with_dataset[i]);
+        expect_fail(args, "has no effect with --dataset");
+    }
+    const char *with_cost[] = {"--model llama-13b", "--hardware h100-sxm", "--hardware-file hw.json", "--tp 4"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "--ranks 8 --dataset %s --cost-file %s %s", lens, cost, with_cost[i]);
+        expect_fail(args, "has no effect with --cost-file");
+    }
+    expect_fail("--policy static --offload", "--offload has no effect with --policy static");
+}
+
+// Not regular files: a directory is "is a directory" (not "out of memory allocating
+// 9223372036854775808 bytes"), and a pipe on /dev/stdin is read as a stream.
+static void test_directories_and_pipes(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("cli_plan_streams");
+    char args[2048], lens[600];
+    snprintf(args, sizeof args, "--dataset %s", dir);
+    expect_fail(args, "is a directory");
+    snprintf(args, sizeof args, "--cost-file %s", dir);
+    expect_fail(args, "is a directory");
+    snprintf(args, sizeof args, "--hardware-file %s", dir);
+    expect_fail(args, "is a directory");
+    snprintf(lens, sizeof lens, "%s/lengths.txt", dir);
+    assert_int_equal(file_write_atomic(lens, "100\n2500\n700\n", 13), 0);
+    snprintf(args, sizeof args, "--ranks 4 --capacity 1K --dataset /dev/stdin < '%s'", lens);
+    assert_int_equal(run(args), 0);  // a regular file behind /dev/stdin
+    const char *bin = getenv("BS_BINARY");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cat '%s' | '%s' plan --ranks 4 --capacity 1K --dataset /dev/stdin 2>&1", lens, bin);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("--dataset /dev/stdin from a pipe:\n%s", out);
+    assert_non_null(strstr(out, "3300 tokens in 3 sequences"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help),
@@ -153,6 +234,9 @@ int main(void) {
         cmocka_unit_test(test_all_policies_json),
         cmocka_unit_test(test_dataset_and_cost_file),
         cmocka_unit_test(test_bad_flags_and_files),
+        cmocka_unit_test(test_extreme_numbers),
+        cmocka_unit_test(test_ignored_flags_are_errors),
+        cmocka_unit_test(test_directories_and_pipes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include "cli/cli_run.h"
 
 #include <math.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bytescale/batch.h"
@@ -219,7 +220,7 @@ static void test_bad_flags(void **state) {
     (void)state;
     expect("--bogus", 2, "unknown flag '--bogus'");
     expect("--gpus", 2, "--gpus needs a value");
-    expect("--gpus 0", 2, "--gpus: '0' must be at least 1");
+    expect("--gpus 0", 2, "--gpus: '0' is out of range [1, 4194304]");
     expect("--context 2Q", 2, "--context: '2Q' is not an integer");
     expect("--sweep hours", 2, "--sweep: 'hours' is not contexts or gpus");
     expect("--policy nope", 2, "unknown policy \"nope\"");
@@ -228,6 +229,130 @@ static void test_bad_flags(void **state) {
     expect("--gpus 100 --tp 8", 1, "100 GPUs are not a multiple of tp x pp");
     expect("--model llama-99b", 1, "unknown model \"llama-99b\"");
     expect("--plan /nonexistent/plan.json", 1, "/nonexistent/plan.json");
+}
+
+// Issue 8, "no overflow, no hang, no absurd allocation": numbers at the ends of every numeric flag's
+// range (and far past them) give exit 2 naming the flag and its range, never a crash (--pp 2^30
+// was a SIGFPE: tp x pp overflowed to 0), an endless run or a huge allocation.
+static void test_extreme_flag_values(void **state) {
+    (void)state;
+    expect("--pp 1073741824 --tp 4 --gpus 8", 2, "--pp: '1073741824' is out of range [1, 1024]");
+    expect("--pp 2147483647 --gpus 8", 2, "--pp: '2147483647' is out of range [1, 1024]");
+    expect("--tp 1073741824 --gpus 8", 2, "--tp: '1073741824' is out of range [1, 1024]");
+    expect("--gpus 2147483647 --tp 1", 2, "--gpus: '2147483647' is out of range [1, 4194304]");
+    expect("--gpus 2147483648", 2, "--gpus: '2147483648' is out of range");
+    expect("--gpus -8", 2, "--gpus: '-8' is out of range");
+    expect("--capacity 9223372036854775807", 2, "--capacity: '9223372036854775807' is out of range [1, 16777216]");
+    expect("--capacity 0", 2, "--capacity: '0' is out of range");
+    expect("--context 4611686018427387904", 2, "--context: '4611686018427387904' is out of range");
+    expect("--tokens 4611686018427387904", 2, "--tokens: '4611686018427387904' is out of range [1, 1099511627776]");
+    expect("--tokens 9223372036854775807", 2, "--tokens: '9223372036854775807' is out of range");
+    expect("--tokens 9223372036854775808", 2, "--tokens: '9223372036854775808' is not an integer");
+    expect("--seed -1", 2, "--seed: '-1' is out of range");
+    expect("--trace-ranks 2147483647 --trace t.json", 2, "--trace-ranks: '2147483647' is out of range [1, 1048576]");
+    // in range, but the batch would be absurd: refused at once, not after minutes of planning
+    expect("--gpus 16 --tp 2 --tokens 1099511627776", 1, "a batch holds at most 16777216");
+    expect("--gpus 16 --tp 2 --context 1", 1, "a batch holds at most 16777216");
+    // the largest cluster that fits is simulated (tp x pp = 2^20 must not overflow on the way)
+    expect("--gpus 4194304 --tp 1024 --pp 1024", 1, "tp 1024 must divide the 8 GPUs of a node");
+}
+
+// A one-sequence plan file with the given header fields (n_ranks, pp, capacity) and one item.
+static void write_plan(const char *path, const char *header, const char *ranks, int64_t len) {
+    char text[1 << 16];
+    int n = snprintf(text, sizeof text,
+                     "{\"version\": 1, \"policy\": \"hand\", %s, \"sequences\": [{\"id\": 0, \"len\": %lld}], "
+                     "\"items\": [{\"ranks\": [%s], \"offload\": 0, \"segments\": [[0, 0, %lld]]}]}\n",
+                     header, (long long)len, ranks, (long long)len);
+    assert_true(n > 0 && (size_t)n < sizeof text);
+    assert_int_equal(file_write_atomic(path, text, (size_t)n), 0);
+}
+
+// Plan files with extreme header numbers: bounded n_ranks and pp (a file must not make the reader
+// allocate gigabytes or ranks x tp x pp overflow), and D x C formed without overflow.
+static void test_extreme_plan_files(void **state) {
+    (void)state;
+    char path[700], args[1600];
+    snprintf(path, sizeof path, "%s/extreme-plan.json", dir);
+    write_plan(path, "\"n_ranks\": 2147483647, \"pp\": 1, \"capacity\": 1024", "0", 100);
+    snprintf(args, sizeof args, "--plan %s --tp 2", path);
+    expect(args, 1, "\"n_ranks\" is 2147483647, outside [1, 1048576]");
+    write_plan(path, "\"n_ranks\": 1, \"pp\": 2147483647, \"capacity\": 1024", "0", 100);
+    expect(args, 1, "\"pp\" is 2147483647, outside [1, 1024]");
+    // 2^20 ranks x tp 8 x pp 1: more GPUs than modelled, said so (the product used to overflow int)
+    write_plan(path, "\"n_ranks\": 1048576, \"pp\": 1, \"capacity\": 1024", "0", 100);
+    snprintf(args, sizeof args, "--plan %s --tp 8", path);
+    expect(args, 1, "1048576 HDP ranks x tp 8 x pp 1 = 8388608 GPUs, more than the 4194304");
+    // a ring of 2048 ranks with C = 2^52: D x C is 2^63, one past INT64_MAX; the item fits
+    static char ranks[16 * 2048];
+    size_t used = 0;
+    for (int r = 0; r < 2048; r++) used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%d", r ? "," : "", r);
+    write_plan(path, "\"n_ranks\": 2048, \"pp\": 1, \"capacity\": 4503599627370496", ranks, 5000);
+    snprintf(args, sizeof args, "--plan %s --tp 2", path);
+    int rc = run(args);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "1 items on 2048 HDP ranks (4096 GPUs"));
+    // a segment starting near the end of the int64 range: refused, not wrapped around
+    write_plan(path, "\"n_ranks\": 1, \"pp\": 1, \"capacity\": 1024", "0", 100);
+    char text[512];
+    int n = snprintf(text, sizeof text,
+                     "{\"version\": 1, \"policy\": \"hand\", \"n_ranks\": 1, \"pp\": 1, \"capacity\": 1024, "
+                     "\"sequences\": [{\"id\": 0, \"len\": 100}], \"items\": [{\"ranks\": [0], \"offload\": 0, "
+                     "\"segments\": [[0, 9007199254740992, 100]]}]}\n");
+    assert_int_equal(file_write_atomic(path, text, (size_t)n), 0);
+    snprintf(args, sizeof args, "--plan %s --tp 2", path);
+    expect(args, 1, "outside sequence 0");
+}
+
+// A flag the mode would ignore is refused (exit 2) with the flag and the reason named.
+static void test_ignored_flags_are_errors(void **state) {
+    (void)state;
+    char path[700], args[1600];
+    snprintf(path, sizeof path, "%s/ignored-plan.json", dir);
+    write_plan(path, "\"n_ranks\": 1, \"pp\": 1, \"capacity\": 1024", "0", 100);
+    snprintf(args, sizeof args, "--plan %s --capacity 64", path);
+    expect(args, 2, "--capacity has no effect with --plan");
+    const char *with_plan[] = {"--context 8K", "--tokens 1M", "--seed 3", "--dataset github", "--dist github",
+                               "--policy naive", "--out o", "--no-plot"};
+    for (size_t i = 0; i < sizeof with_plan / sizeof with_plan[0]; i++) {
+        snprintf(args, sizeof args, "--plan %s %s", path, with_plan[i]);
+        expect(args, 2, "has no effect with --plan");
+    }
+    expect("--gpus 16 --tp 2 --out somewhere", 2, "--out has no effect with a single run");
+    expect("--gpus 16 --tp 2 --no-plot", 2, "--no-plot has no effect with a single run");
+    expect("--gpus 16 --tp 2 --trace-ranks 8", 2, "--trace-ranks has no effect with a run without --trace");
+    expect("--grid --gpus 64", 2, "--gpus has no effect with --grid");
+    expect("--grid --scenario case-study", 2, "--scenario has no effect with --grid");
+    expect("--sweep contexts --context 1M", 2, "--context has no effect with --sweep contexts");
+    expect("--scenario list --gpus 8", 2, "--gpus has no effect with --scenario list");
+}
+
+// Files that are not regular files: a directory is named as one (it used to be "out of memory
+// allocating 9223372036854775808 bytes"); a pipe on /dev/stdin and a FIFO are read as streams.
+static void test_directories_pipes_and_fifos(void **state) {
+    (void)state;
+    char path[700], fifo[700], args[1600], env[2200];
+    snprintf(args, sizeof args, "--plan %s --tp 2", dir);
+    expect(args, 1, "is a directory");
+    snprintf(args, sizeof args, "--gpus 16 --tp 2 --tokens 64K --context 8K --cost %s", dir);
+    expect(args, 1, "is a directory");
+    snprintf(args, sizeof args, "--gpus 16 --tp 2 --tokens 64K --context 8K --hardware %s/", dir);
+    expect(args, 1, "is a directory");
+    snprintf(path, sizeof path, "%s/stream-plan.json", dir);
+    write_plan(path, "\"n_ranks\": 2, \"pp\": 1, \"capacity\": 1024", "0, 1", 1500);
+    snprintf(env, sizeof env, "cat '%s' |", path);
+    int rc = cli_run(dir, env, "simulate --plan /dev/stdin --tp 2");
+    if (rc != 0) fail_msg("--plan /dev/stdin from a pipe: exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "1 items on 2 HDP ranks"));
+    snprintf(fifo, sizeof fifo, "%s/plan.fifo", dir);
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    snprintf(env, sizeof env, "(cat '%s' > '%s' &);", path, fifo);
+    snprintf(args, sizeof args, "simulate --plan %s --tp 2", fifo);
+    rc = cli_run(dir, env, args);
+    if (rc != 0) fail_msg("--plan FIFO: exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "1 items on 2 HDP ranks"));
+    unlink(fifo);
 }
 
 int main(void) {
@@ -239,6 +364,10 @@ int main(void) {
         cmocka_unit_test(test_sweep_writes_csv_and_plots),
         cmocka_unit_test(test_grid_writes_the_results_page),
         cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_extreme_flag_values),
+        cmocka_unit_test(test_extreme_plan_files),
+        cmocka_unit_test(test_ignored_flags_are_errors),
+        cmocka_unit_test(test_directories_pipes_and_fifos),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

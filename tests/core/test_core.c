@@ -2,6 +2,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bytescale/arena.h"
@@ -115,6 +116,43 @@ static void test_json_errors_name_the_place(void **state) {
     cJSON_Delete(root);
 }
 
+// Issue 8: file_read_all on what is not a regular file. A directory is named as one (it used to be
+// "out of memory allocating 9223372036854775808 bytes": ftell of a directory); a FIFO and a /proc
+// file (st_size 0) are read to their end as streams.
+static void test_read_all_directories_fifos_proc(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("core_read_all");
+    char *data;
+    size_t n;
+    assert_int_equal(file_read_all(dir, &data, &n), -1);
+    assert_non_null(strstr(bs_errmsg(), "core_read_all: is a directory"));
+    // a FIFO with 200 KB behind it: more than the first stream buffer, so the buffer grows
+    char fifo[600], cmd[1400];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    snprintf(cmd, sizeof cmd, "head -c 200000 /dev/zero | tr '\\0' x > '%s' &", fifo);
+    assert_int_equal(system(cmd), 0);
+    if (file_read_all(fifo, &data, &n) != 0) fail_msg("%s", bs_errmsg());
+    assert_int_equal(n, 200000);
+    assert_int_equal(data[0], 'x');
+    assert_int_equal(data[n - 1], 'x');
+    assert_int_equal(data[n], '\0');
+    free(data);
+    unlink(fifo);
+    // /proc files say st_size 0 but are not empty
+    if (file_read_all("/proc/self/status", &data, &n) != 0) fail_msg("%s", bs_errmsg());
+    assert_true(n > 0 && strstr(data, "Name:") != NULL);
+    free(data);
+    // a regular file still reads exactly, the empty one too
+    char path[600];
+    snprintf(path, sizeof path, "%s/empty", dir);
+    assert_int_equal(file_write_atomic(path, "", 0), 0);
+    assert_int_equal(file_read_all(path, &data, &n), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(data[0], '\0');
+    free(data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rng_reproducible_and_uniform),
@@ -122,6 +160,7 @@ int main(void) {
         cmocka_unit_test(test_atomic_write_keeps_old_file_on_failure),
         cmocka_unit_test(test_crc32_known_value),
         cmocka_unit_test(test_json_errors_name_the_place),
+        cmocka_unit_test(test_read_all_directories_fifos_proc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

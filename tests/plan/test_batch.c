@@ -655,6 +655,33 @@ static void test_fit_facts_sampled(void **state) {
     check_sampled_facts("github", GITHUB_FACTS, 2, 2026);
 }
 
+// Issue 8: a batch is bounded (16M sequences, 2^40 tokens), so a 1-token context or a lengths file
+// of huge numbers is refused at once instead of allocating gigabytes and planning for minutes.
+static void test_batch_limits(void **state) {
+    (void)state;
+    GlobalBatch b;
+    assert_int_equal(batch_generate(&b, "fixed:8", 1, 1 << 25, 1), -1);
+    assert_non_null(strstr(bs_errmsg(), "a batch holds at most 16777216"));
+    assert_int_equal(batch_generate(&b, "fixed:1", 1, ((int64_t)1 << 24) + 1, 0), -1);
+    assert_non_null(strstr(bs_errmsg(), "a batch holds at most 16777216"));
+    assert_int_equal(batch_init(&b, 0), 0);
+    assert_int_equal(batch_push(&b, 0, (int64_t)1 << 40, -1), 0);
+    assert_int_equal(batch_push(&b, 1, 1, -1), -1);
+    assert_non_null(strstr(bs_errmsg(), "a batch holds at most 1099511627776"));
+    // one sequence of 2^40 tokens cut to 2 tokens: 2^39 pieces, refused before allocating them
+    assert_int_equal(batch_cut(&b, 2), -1);
+    assert_non_null(strstr(bs_errmsg(), "a batch holds at most 16777216"));
+    batch_free(&b);
+    const char *dir = test_tmpdir("batch_limits");
+    char path[600];
+    snprintf(path, sizeof path, "%s/huge.txt", dir);
+    const char *text = "9223372036854775807\n";
+    assert_int_equal(file_write_atomic(path, text, strlen(text)), 0);
+    assert_int_equal(batch_read_file(&b, path), -1);
+    assert_non_null(strstr(bs_errmsg(), "huge.txt:1"));
+    assert_non_null(strstr(bs_errmsg(), "a batch holds at most 1099511627776"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_lines_and_json),
@@ -667,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_fit_tables_follow_from_the_facts),
         cmocka_unit_test(test_fit_facts_exact_in_expectation),
         cmocka_unit_test(test_fit_facts_sampled),
+        cmocka_unit_test(test_batch_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -384,6 +384,37 @@ static void test_json_token_counts_cannot_overflow(void **state) {
     free(text);
 }
 
+// Issue 8: a plan's numbers near the ends of int64. D x C is formed as tokens / D against C (2048
+// ranks x C = 2^52 is 2^63, one past INT64_MAX: UBSan reported src/plan/plan_check.c), and a
+// segment's start + len is never formed when start is huge.
+static void test_validate_extreme_numbers(void **state) {
+    (void)state;
+    GlobalBatch b;
+    const int64_t lens[] = {5000};
+    b = make_batch(lens, 1);
+    Plan p;
+    assert_int_equal(plan_init(&p, &b, 2048, (int64_t)1 << 52, 1, "hand"), 0);
+    int32_t *ranks = malloc(2048 * sizeof *ranks);
+    for (int r = 0; r < 2048; r++) ranks[r] = r;
+    assert_int_equal(add(&p, 0, 5000, ranks, 2048), 0);
+    assert_int_equal(plan_finalize(&p, NULL), 0);
+    if (plan_validate(&p, NULL) != 0) fail_msg("%s", bs_errmsg());
+    // the same tokens on one rank of capacity 4999: over by one
+    plan_free(&p);
+    assert_int_equal(plan_init(&p, &b, 1, 4999, 1, "hand"), 0);
+    assert_int_equal(add(&p, 0, 5000, ranks, 1), 0);
+    assert_int_equal(plan_finalize(&p, NULL), 0);
+    assert_int_equal(plan_validate(&p, NULL), -1);
+    assert_non_null(strstr(bs_errmsg(), "exceed the capacity of 4999"));
+    // a segment starting at INT64_MAX - 10: outside its sequence, said so without overflowing
+    p.segs[0].start = INT64_MAX - 10;
+    assert_int_equal(plan_validate(&p, NULL), -1);
+    assert_non_null(strstr(bs_errmsg(), "outside sequence 0"));
+    plan_free(&p);
+    free(ranks);
+    batch_free(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunk_layout),
@@ -394,6 +425,7 @@ int main(void) {
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_json_errors_name_the_place),
         cmocka_unit_test(test_json_token_counts_cannot_overflow),
+        cmocka_unit_test(test_validate_extreme_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

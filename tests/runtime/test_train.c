@@ -566,6 +566,17 @@ static void test_bad_configs_are_refused(void **state) {
         c.min_lr = 0;
         expect_init_fails(&c, "learning rate must be in (0, 1]");
     }
+    // corpora with nothing to learn: refused, not trained on with exit 0
+    char one[700], empty[700];
+    snprintf(one, sizeof one, "%s/one", dir);
+    snprintf(empty, sizeof empty, "%s/empty", dir);
+    char d1[700], d0[700];
+    if (test_corpus_make(one, 5, 1, 2, 3, d1, sizeof d1) != 0) fail_msg("%s", bs_errmsg());
+    if (test_corpus_make(empty, 5, 0, 1, 3, d0, sizeof d0) != 0) fail_msg("%s", bs_errmsg());
+    c = small_config(d1);
+    expect_init_fails(&c, "no labelled token");
+    c = small_config(d0);
+    expect_init_fails(&c, "are empty");
     c = small_config(data);
     c.clip = -1;
     expect_init_fails(&c, "clip must be");

@@ -225,12 +225,32 @@ static void test_runner_runs_every_variant_on_a_small_scenario(void **state) {
     sim_setup_free(&s);
 }
 
+// Issue 8: tp x pp used to overflow int (tp 4 x pp 2^30 = 0: a SIGFPE in the modulo); every size is
+// now bounded by cluster.h's limits before any product is formed.
+static void test_cluster_bounds(void **state) {
+    (void)state;
+    HardwareProfile hw = hand_hw(8);
+    Cluster c;
+    assert_int_equal(cluster_init(&c, &hw, 8, 4, 1 << 30), -1);
+    assert_non_null(strstr(bs_errmsg(), "tp and pp must be in [1, 1024] (got tp 4, pp 1073741824)"));
+    assert_int_equal(cluster_init(&c, &hw, 8, 1 << 30, 2), -1);
+    assert_non_null(strstr(bs_errmsg(), "must be in [1, 1024]"));
+    assert_int_equal(cluster_init(&c, &hw, INT32_MAX, 1, 1), -1);
+    assert_non_null(strstr(bs_errmsg(), "--gpus must be in [1, 4194304] (got 2147483647)"));
+    assert_int_equal(cluster_init(&c, &hw, 0, 1, 1), -1);
+    // the largest cluster: 2^22 GPUs, tp 8, pp 1024 -> 512 ranks; devices up to 2^22 - 8
+    assert_int_equal(cluster_init(&c, &hw, CLUSTER_MAX_GPUS, 8, CLUSTER_MAX_DEGREE), 0);
+    assert_int_equal(c.n_ranks, 512);
+    assert_int_equal(cluster_device(&c, 511, 1023), CLUSTER_MAX_GPUS - 8);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cluster_placement_and_links),
         cmocka_unit_test(test_trace_is_json_and_tracks_add_up),
         cmocka_unit_test(test_scenarios_are_the_papers_grid_and_fit),
         cmocka_unit_test(test_runner_runs_every_variant_on_a_small_scenario),
+        cmocka_unit_test(test_cluster_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
