@@ -36,17 +36,14 @@
 #include "bytescale/rng.h"
 #include "bytescale/timer.h"
 #include "nn/ops.h"
+#include "bench_util.h"
 
 static double peak_gflops;  // the FMA loop's figure: every "% peak" column divides by it
 static Progress progress;
 static int64_t items_done;
 
 // CPU seconds of the calling thread, which does all the work (OpenBLAS runs on it with one thread)
-static double cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double cpu_seconds(void) { return bench_cpu_seconds(CLOCK_THREAD_CPUTIME_ID); }
 
 static void step_done(const char *what) { progress_update(&progress, ++items_done, what); }
 

@@ -21,6 +21,7 @@
 
 #include "bytescale/batch.h"
 #include "bytescale/error.h"
+#include "bench_util.h"
 #include "bytescale/hw.h"
 #include "bytescale/model.h"
 #include "bytescale/plan.h"
@@ -36,16 +37,6 @@ static const char *DISTS[] = {"byted", "github"};
 
 static void cost_for(CostModel *cm, int ranks) {
     if (cost_derive(cm, model_find("llama-7b"), hw_find("h800-sxm"), 2, 1, ranks, CAPACITY) != 0) bs_die_errmsg();
-}
-
-static int by_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), by_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // kB of a field of /proc/self/status, or -1.
@@ -136,7 +127,7 @@ static void table_speed(void) {
                 int exact = 1;
                 long peak = plan_peak_kb(DISTS[d], POLICIES[k], RANKS[ri], &exact);
                 all_exact &= exact;
-                double gmed = median(gen, REPEATS), pmed = median(plan, REPEATS);
+                double gmed = bench_median(gen, REPEATS), pmed = bench_median(plan, REPEATS);
                 char pcol[64];
                 snprintf(pcol, sizeof pcol, "%.2f (%.2f - %.2f)", pmed, plan[0], plan[REPEATS - 1]);
                 printf("| %-7s | %5d | %-7s | %11.2f | %-23s | %9d | %7.1f | %6d |\n", DISTS[d], RANKS[ri],

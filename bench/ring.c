@@ -52,6 +52,7 @@
 #include "bytescale/ring_attn.h"
 #include "bytescale/rng.h"
 #include "bytescale/timer.h"
+#include "bench_util.h"
 
 static Comm *world;
 static Progress progress;
@@ -75,47 +76,6 @@ static float *rand_floats(Rng *rng, int64_t n) {
     float *x = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     for (int64_t i = 0; i < n; i++) x[i] = (float)(rng_uniform(rng) * 2 - 1);
     return x;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static double cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-// ---- running under MPI --------------------------------------------------------------------------
-
-// Replace this process by `mpirun -np 2 --bind-to core <this executable> <args>`. Does not return.
-static _Noreturn void reexec_under_mpirun(int argc, char **argv) {
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n < 0) bs_die("bench_ring: cannot find its own path (/proc/self/exe): %s", strerror(errno));
-    self[n] = 0;
-    char **args = malloc(sizeof(char *) * (size_t)(argc + 6));
-    if (!args) bs_die("out of memory");
-    int a = 0;
-    args[a++] = (char *)"mpirun";
-    args[a++] = (char *)"-np";
-    args[a++] = (char *)"2";
-    args[a++] = (char *)"--bind-to";
-    args[a++] = (char *)"core";
-    args[a++] = self;
-    for (int i = 1; i < argc; i++) args[a++] = argv[i];
-    args[a] = NULL;
-    fprintf(stderr, "bench_ring: not started by an MPI launcher; running mpirun -np 2 --bind-to core %s\n", self);
-    fflush(stderr);
-    execvp("mpirun", args);
-    bs_die("bench_ring: cannot run mpirun (%s); start it as: mpirun -np 2 --bind-to core %s", strerror(errno), self);
 }
 
 // ---- one case: a sequence of S tokens over the D ranks, one attention shape ----------------------
@@ -313,7 +273,7 @@ static double exchange_seconds(size_t bytes) {
         for (int r = 0; r < D; r++) worst[i - 1] = all[r] > worst[i - 1] ? all[r] : worst[i - 1];
     }
     free(sbuf), free(rbuf);
-    return median(worst, 9);
+    return bench_median(worst, 9);
 }
 
 // ---- the report ---------------------------------------------------------------------------------
@@ -365,7 +325,7 @@ static void bench_case(AttnShape s, int S, int slice, int reps, Row *row) {
     double *col = xmalloc(sizeof(double) * (size_t)reps);
     for (int i = 0; i < N_DERIVED; i++) {
         for (int rep = 0; rep < reps; rep++) col[rep] = m[rep * N_DERIVED + i];
-        row->med[i] = median(col, reps);
+        row->med[i] = bench_median(col, reps);
     }
     // bytes: the last repetition's (every repetition sends the same); the most any rank sent
     double b = c.ring.stats.bytes_sent, ball[256];
@@ -444,7 +404,7 @@ int main(int argc, char **argv) {
                    argv[i]);
         }
     }
-    if (!comm_launched_by_mpi()) reexec_under_mpirun(argc, argv);
+    if (!comm_launched_by_mpi()) bench_relaunch_under_mpirun("bench_ring", "2", argc, argv);
     openblas_set_num_threads(1);
     check(comm_mpi_init(&world, &argc, &argv));
     if (world->size < 2) {
@@ -467,7 +427,7 @@ int main(int argc, char **argv) {
 
     progress_start(&progress, "bench_ring", (int64_t)n_models * n_sizes * (reps + 1));
     if (!root) progress.quiet = 1;
-    double wall0 = now_seconds(), cpu0 = cpu_seconds();
+    double wall0 = now_seconds(), cpu0 = bench_cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
     Row rows[2][16];
     for (int mi = 0; mi < n_models; mi++) {
         const ModelConfig *mc = model_find(models[mi]);
@@ -475,7 +435,7 @@ int main(int argc, char **argv) {
         AttnShape s = {mc->n_heads, mc->n_kv_heads, mc->head_dim};
         for (int i = 0; i < n_sizes; i++) bench_case(s, sizes[i], slice, reps, &rows[mi][i]);
     }
-    double wall = now_seconds() - wall0, cpu = cpu_seconds() - cpu0, cpus[256];
+    double wall = now_seconds() - wall0, cpu = bench_cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu0, cpus[256];
     if (D > 256) check(bs_fail("at most 256 ranks"));
     double share = cpu / wall;
     check(comm_allgather(world, &share, cpus, sizeof share));

@@ -8,16 +8,7 @@
 
 #include "bytescale/error.h"
 #include "bytescale/scenario.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
     int repeats = argc > 1 ? atoi(argv[1]) : 9;
@@ -47,9 +38,9 @@ int main(int argc, char **argv) {
                 n_ops = o.res.n_ops;
                 sim_outcome_free(&o);
             }
-            double sim_med = median(t, repeats);
+            double sim_med = bench_median(t, repeats);
             printf("%-24s %-12s %6d %5d %6d %7d %9.2f %9.2f %9.2f  %s\n", sc.name, v->label, sc.gpus,
-                   s.cluster.n_ranks, n_items, n_ops, 1e3 * median(tp, repeats), 1e3 * sim_med, 1e3 * worst,
+                   s.cluster.n_ranks, n_items, n_ops, 1e3 * bench_median(tp, repeats), 1e3 * sim_med, 1e3 * worst,
                    sim_med < 3.0 ? "ok (< 3 s)" : "SLOW (> 3 s)");
         }
         sim_setup_free(&s);

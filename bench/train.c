@@ -48,6 +48,7 @@
 #include "bytescale/sim.h"
 #include "bytescale/timer.h"
 #include "bytescale/train.h"
+#include "bench_util.h"
 
 #define N_POLICIES 3
 static const char *POLICIES[N_POLICIES] = {"static", "naive", "balance"};  // static first: the baseline
@@ -190,37 +191,6 @@ static int find_data(Opts *o) {
                    o->data, index);
 }
 
-// Not started by an MPI launcher: become `mpirun -np 2 --bind-to core <this program> <the same flags>`.
-static _Noreturn void relaunch(int argc, char **argv) {
-    if (getenv("BS_BENCH_TRAIN_RELAUNCHED"))  // mpirun ran us but set none of its variables: do not loop
-        bs_die("started through mpirun, but comm_launched_by_mpi() sees no MPI launcher: is mpirun Open MPI or MPICH?");
-    char self[TRAIN_PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) bs_die("cannot read /proc/self/exe to restart under mpirun: run mpirun -np 2 --bind-to core bench_train");
-    self[n] = '\0';
-    setenv("BS_BENCH_TRAIN_RELAUNCHED", "1", 1);
-    // one BLAS thread per rank: OpenBLAS sizes its thread pool when it loads, before main runs
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    if (geteuid() == 0) {  // Open MPI refuses root unless told twice; keep a caller's own choice
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-    }
-    char **av = calloc((size_t)argc + 8, sizeof *av);
-    if (!av) bs_die("out of memory");
-    int k = 0;
-    av[k++] = "mpirun", av[k++] = "-np", av[k++] = LAUNCH_RANKS, av[k++] = "--bind-to", av[k++] = "core";
-    av[k++] = self;
-    for (int i = 1; i < argc; i++) av[k++] = argv[i];
-    fprintf(stderr, "bench_train: starting %s ranks: mpirun -np %s --bind-to core %s ...\n", LAUNCH_RANKS, LAUNCH_RANKS,
-            self);
-    fflush(stdout);
-    fflush(stderr);
-    execvp("mpirun", av);
-    bs_die("cannot run mpirun (%s): install Open MPI (apt-get install openmpi-bin), or start this under an MPI "
-           "launcher yourself",
-           strerror(errno));
-}
-
 // A rank that cannot go on ends the job: the others would wait for it forever.
 static _Noreturn void rank_die(Comm *comm, const char *what) {
     fprintf(stderr, "bench_train: rank %d of %d: error: %s\n", comm->rank, comm->size, what);
@@ -228,18 +198,12 @@ static _Noreturn void rank_die(Comm *comm, const char *what) {
     exit(1);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 // Median of n values picked by get(i); sorts a copy.
 static double median_of(const StepRec *r, int n, double (*get)(const StepRec *, int), int arg) {
     double *v = malloc((size_t)n * sizeof *v);
     if (!v) bs_die("out of memory");
     for (int i = 0; i < n; i++) v[i] = get(&r[i], arg);
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    double m = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    double m = bench_median(v, n);
     free(v);
     return m;
 }
@@ -284,22 +248,16 @@ static Trainer *make_trainer(Comm *comm, const Opts *o, const char *policy) {
     return t;
 }
 
-static double cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // One step of trainer t; step s of the run (0 = the warm-up), recorded into *r unless it is the warm-up.
 static void run_step(Comm *comm, Trainer *t, const Opts *o, int s, StepRec *r) {
     int lead = comm->rank == 0;
-    double c0 = cpu_seconds(), w0 = now_seconds();
+    double c0 = bench_cpu_seconds(CLOCK_PROCESS_CPUTIME_ID), w0 = now_seconds();
     StepStats st;
     if (trainer_step(t, &st) != 0) rank_die(comm, bs_errmsg());
     // The core share: this process's CPU seconds per wall second of the step. A rank polls while it
     // waits (MPI spins), so on a core of its own this is about 1 (a little more with the prefetch
     // thread); well below 1 means other processes took the core and the step's time is not ours.
-    double share = (cpu_seconds() - c0) / (now_seconds() - w0), shares[64], least = share;
+    double share = (bench_cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0) / (now_seconds() - w0), shares[64], least = share;
     if (comm->size <= 64) {
         if (comm_allgather(comm, &share, shares, sizeof share) != 0) rank_die(comm, bs_errmsg());
         for (int k = 0; k < comm->size; k++) least = fmin(least, shares[k]);
@@ -458,7 +416,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train: %s\n", bs_errmsg());
         return 1;
     }
-    if (!comm_launched_by_mpi()) relaunch(argc, argv);
+    if (!comm_launched_by_mpi()) bench_relaunch_under_mpirun("bench_train", LAUNCH_RANKS, argc, argv);
 
     double t0 = now_seconds(), load[2] = {loadavg(), 0};
     Comm *comm;

@@ -31,6 +31,11 @@ static void fuzz_alarm(int sig) {
     _exit(3);
 }
 
+// A little-endian 32-bit word at p (repairing a mutant's checksums).
+static inline void fuzz_put_u32(uint8_t *p, uint32_t x) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(x >> (8 * i));
+}
+
 // Numbers that break careless arithmetic.
 static const char *const FUZZ_NUMBERS[] = {"0", "-1", "2147483647", "2147483648", "-2147483649",
                                            "9223372036854775807", "9223372036854775808", "18446744073709551616",

@@ -35,6 +35,7 @@
 
 enum { TRAIN_PATH_MAX = 1024 };
 #define TRAIN_MAX_LR 1.0  // the largest peak learning rate train_config_check accepts
+enum { TRAIN_RANK_FIELDS = 8 };  // numbers each rank reports per step (train.c run_plan)
 
 typedef struct {
     // settings: a resumed run must keep them (trainer_load refuses a checkpoint made with others)
@@ -147,6 +148,7 @@ struct Trainer {
     pthread_t thread;
     int thread_live;
     RankTimes *times;           // (n_ranks,) the last step's, gathered from every rank
+    double *gathered;           // (n_ranks, TRAIN_RANK_FIELDS) what the ranks send to make times
     double trace_origin;        // now_seconds() of the run's start on every rank
     RtTrace *trace;             // NULL = no trace
 };

@@ -124,6 +124,8 @@ int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
     if (rc == 0) rc = llama_init(&t->llama, mc, (int)t->capacity);
     if (rc == 0) rc = zero1_init(&t->zero, comm, &t->llama);
     if (rc == 0) rc = (t->times = bs_calloc((size_t)t->n_ranks, sizeof *t->times)) ? 0 : -1;
+    if (rc == 0)
+        rc = (t->gathered = bs_calloc((size_t)t->n_ranks * TRAIN_RANK_FIELDS, sizeof *t->gathered)) ? 0 : -1;
     if (rc == 0) {
         llama_init_weights(&t->llama, cfg->seed);
         DecayRange *ranges = bs_malloc((size_t)t->llama.n_tensors * sizeof *ranges);
@@ -168,6 +170,7 @@ void trainer_free(Trainer *t) {
     if (t->data.index.docs) dataset_close(&t->data);
     free(t->wire);
     free(t->times);
+    free(t->gathered);
     memset(t, 0, sizeof *t);
 }
 
@@ -242,19 +245,16 @@ static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *
         rtrace_add(t->trace, "grad reduce-scatter", "comm", arrive, synced, -1);
     }
     // every rank's times: wait at the sync = how long after this rank the last one arrived
-    double mine[8] = {ex.seconds - ex.ring_wait, ex.ring_wait, synced - arrive, arrive - t->trace_origin,
-                      ex.items, ex.rings, (double)ex.rows, ex.ring_bytes};
-    double *all = bs_malloc((size_t)t->n_ranks * sizeof mine);
-    if (!all || comm_allgather(t->comm, mine, all, sizeof mine) != 0) {
-        free(all);
-        return bs_fail_ctx("gathering step times");
-    }
+    double mine[TRAIN_RANK_FIELDS] = {ex.seconds - ex.ring_wait, ex.ring_wait, synced - arrive,
+                                      arrive - t->trace_origin, ex.items, ex.rings, (double)ex.rows, ex.ring_bytes};
+    double *all = t->gathered;
+    if (comm_allgather(t->comm, mine, all, sizeof mine) != 0) return bs_fail_ctx("gathering step times");
     double last = 0;
     for (int r = 0; r < t->n_ranks; r++)
-        if (all[8 * r + 3] > last) last = all[8 * r + 3];
+        if (all[TRAIN_RANK_FIELDS * r + 3] > last) last = all[TRAIN_RANK_FIELDS * r + 3];
     double exposed = 0;
     for (int r = 0; r < t->n_ranks; r++) {
-        const double *a = all + 8 * r;
+        const double *a = all + TRAIN_RANK_FIELDS * r;
         double sync_wait = last - a[3], comm = a[2] - sync_wait;
         if (comm < 0) comm = 0, sync_wait = a[2];
         if (comm > exposed) exposed = comm;
@@ -266,7 +266,6 @@ static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *
                                   .tokens = (int64_t)a[6],
                                   .ring_bytes = a[7]};
     }
-    free(all);
     if (st) {
         int64_t longest = 0;
         for (int64_t i = 0; i < p->batch.n; i++)

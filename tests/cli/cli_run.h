@@ -3,7 +3,10 @@
 #ifndef BYTESCALE_TEST_CLI_RUN_H
 #define BYTESCALE_TEST_CLI_RUN_H
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -39,6 +42,33 @@ static inline void cli_expect(const char *dir, const char *args, int code, const
     int rc = cli_run(dir, "", args);
     if (rc != code || !strstr(cli_err, in_stderr))
         fail_msg("bytescale %s: exit %d (want %d), stderr: %s (want '%s')", args, rc, code, cli_err, in_stderr);
+}
+
+// The processes a started job (mpirun) runs as its children - its ranks - into pids (room for cap).
+static inline int cli_children(pid_t parent, int *pids, int cap) {
+    char cmd[64], line[32];
+    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)parent);
+    FILE *p = popen(cmd, "r");
+    int n = 0;
+    while (p && n < cap && fgets(line, sizeof line, p)) pids[n++] = atoi(line);
+    if (p) pclose(p);
+    return n;
+}
+
+// Wait up to `seconds` for pid to end (its status into *st). 0 when it did; otherwise it is
+// killed, reaped, and -1 is returned: the caller reports the hang.
+static inline int cli_wait_or_kill(pid_t pid, double seconds, int *st) {
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (waitpid(pid, st, WNOHANG) != 0) return 0;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > seconds) break;
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, st, 0);
+    return -1;
 }
 
 #endif

@@ -12,7 +12,6 @@
 
 #include "bytescale/fileio.h"
 #include "bytescale/rng.h"
-#include "bytescale/timer.h"
 
 #define KDIR "test-tmp/cli_train_kill"
 #define COMMON "--data " KDIR "/data --model tiny --context 256 --capacity 256 --tokens 512 --lr 3e-3 --warmup 1"
@@ -90,28 +89,11 @@ static void test_kill_at_random_moments(void **state) {
         }
         // a random moment: from start-up to well into training (steps take milliseconds here)
         usleep((useconds_t)(200000 + rng_below(&rng, 1500000)));
-        if (mpi) {  // kill one rank, as a crashed node would; mpirun ends the rest
-            char pg[64], line[32];
-            snprintf(pg, sizeof pg, "pgrep -P %d", (int)pid);
-            FILE *p = popen(pg, "r");
-            int victim = 0;
-            while (fgets(line, sizeof line, p)) victim = atoi(line);
-            pclose(p);
-            if (victim > 0) kill(victim, SIGKILL);
-            else kill(pid, SIGKILL);
-        } else {
-            kill(pid, SIGKILL);
-        }
+        // with MPI, kill one rank, as a crashed node would; mpirun ends the rest
+        int ranks[8], n = mpi ? cli_children(pid, ranks, 8) : 0;
+        kill(n > 0 ? ranks[n - 1] : pid, SIGKILL);
         int st;
-        double t0 = now_seconds();
-        while (waitpid(pid, &st, WNOHANG) == 0) {
-            if (now_seconds() - t0 > 60) {
-                kill(pid, SIGKILL);
-                waitpid(pid, &st, 0);
-                fail_msg("trial %d: the job still ran 60 s after the kill", trial);
-            }
-            usleep(20000);
-        }
+        if (cli_wait_or_kill(pid, 60, &st) != 0) fail_msg("trial %d: the job still ran 60 s after the kill", trial);
         char newest[512], args[1024];
         int tmp;
         int64_t step = newest_checkpoint(ck, newest, sizeof newest, &tmp);

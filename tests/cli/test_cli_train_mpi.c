@@ -195,12 +195,7 @@ static void test_killed_rank_ends_the_job(void **state) {
         usleep(100000);
     }
     // the ranks are mpirun's children: kill the second one
-    char pg[128], line[64];
-    snprintf(pg, sizeof pg, "pgrep -P %d", (int)pid);
-    FILE *p = popen(pg, "r");
-    int ranks[4], n = 0;
-    while (n < 4 && fgets(line, sizeof line, p)) ranks[n++] = atoi(line);
-    pclose(p);
+    int ranks[4], n = cli_children(pid, ranks, 4);
     if (n < 2) {
         kill(pid, SIGKILL);
         fail_msg("found %d rank processes under mpirun %d", n, (int)pid);
@@ -208,13 +203,7 @@ static void test_killed_rank_ends_the_job(void **state) {
     kill(ranks[1], SIGKILL);
     double t0 = now_seconds();
     int st = 0;
-    pid_t done = 0;
-    while ((done = waitpid(pid, &st, WNOHANG)) == 0 && now_seconds() - t0 < 60) usleep(50000);
-    if (done == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
-        fail_msg("the job still ran 60 s after a rank was killed: a hang");
-    }
+    if (cli_wait_or_kill(pid, 60, &st) != 0) fail_msg("the job still ran 60 s after a rank was killed: a hang");
     double took = now_seconds() - t0;
     cli_slurp(DIR "/kerr", cli_err, sizeof cli_err);
     assert_true(!WIFEXITED(st) || WEXITSTATUS(st) != 0);

@@ -14,18 +14,14 @@ typedef struct {
     int calls;        // every other mutant gets its checksums repaired
 } Target;
 
-static void put_u32(uint8_t *p, uint32_t x) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(x >> (8 * i));
-}
-
 // Make a mutant's checksums right again (docs/data-format.md: both files carry the CRC-32 of what
 // follows the 64-byte header at byte 32 (shard) or 56 (index), and of the header's first 60 bytes at
 // byte 60), so the parser's range checks see it and not only its checksum test.
 static void repair_checksums(uint8_t *b, size_t n) {
     if (n < 64) return;
     size_t body_crc_at = memcmp(b, "BSINDEX", 7) == 0 ? 56 : 32;
-    put_u32(b + body_crc_at, checksum_crc32(0, b + 64, n - 64));
-    put_u32(b + 60, checksum_crc32(0, b, 60));
+    fuzz_put_u32(b + body_crc_at, checksum_crc32(0, b + 64, n - 64));
+    fuzz_put_u32(b + 60, checksum_crc32(0, b, 60));
 }
 
 static int parse_dataset(const char *path, void *ctx) {

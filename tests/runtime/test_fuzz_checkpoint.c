@@ -12,10 +12,6 @@
 
 #define DIR "test-tmp/fuzz_checkpoint"
 
-static void put_u32(uint8_t *p, uint32_t x) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(x >> (8 * i));
-}
-
 static uint64_t get_u64(const uint8_t *p) {
     uint64_t x = 0;
     for (int i = 0; i < 8; i++) x |= (uint64_t)p[i] << (8 * i);
@@ -33,10 +29,10 @@ static void repair_checksums(uint8_t *b, size_t n) {
         uint8_t *e = b + CKPT_HEADER_BYTES + (size_t)i * CKPT_ENTRY_BYTES;
         uint64_t size = get_u64(e + CKPT_NAME_MAX);
         if (size > n - at) break;
-        put_u32(e + CKPT_NAME_MAX + 8, checksum_crc32(0, b + at, size));
+        fuzz_put_u32(e + CKPT_NAME_MAX + 8, checksum_crc32(0, b + at, size));
         at += size;
     }
-    put_u32(b + 16, checksum_crc32(0, b + CKPT_HEADER_BYTES, (size_t)count * CKPT_ENTRY_BYTES));
+    fuzz_put_u32(b + 16, checksum_crc32(0, b + CKPT_HEADER_BYTES, (size_t)count * CKPT_ENTRY_BYTES));
 }
 
 // Every other mutant gets its checksums repaired before it is parsed (in place on disk).

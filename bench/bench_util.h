@@ -1,0 +1,65 @@
+// bench_util.h: what the benchmarks share - medians, CPU time, and starting a benchmark under mpirun.
+#ifndef BYTESCALE_BENCH_UTIL_H
+#define BYTESCALE_BENCH_UTIL_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bytescale/error.h"
+
+static inline int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// The median of v[0..n); sorts v.
+static inline double bench_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// CPU seconds of a clock: CLOCK_THREAD_CPUTIME_ID (the calling thread) or CLOCK_PROCESS_CPUTIME_ID.
+static inline double bench_cpu_seconds(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Not started by an MPI launcher: become `mpirun -np <ranks> --bind-to core <this program> <args>`,
+// one BLAS thread per rank, as root with Open MPI's two consents (a caller's own choice kept).
+// Does not return.
+static inline _Noreturn void bench_relaunch_under_mpirun(const char *name, const char *ranks, int argc, char **argv) {
+    if (getenv("BS_BENCH_RELAUNCHED"))  // mpirun ran us but set none of its variables: do not loop
+        bs_die("%s: started through mpirun, but no MPI launcher's variables are set: is mpirun Open MPI?", name);
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) bs_die("%s: cannot find its own path (/proc/self/exe); start it as mpirun -np %s --bind-to core %s", name,
+                       ranks, name);
+    self[n] = '\0';
+    setenv("BS_BENCH_RELAUNCHED", "1", 1);
+    // OpenBLAS sizes its thread pool when it loads, before main runs: one thread per rank
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    if (geteuid() == 0) {
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    }
+    char **av = calloc((size_t)argc + 8, sizeof *av);
+    if (!av) bs_die("out of memory");
+    int k = 0;
+    av[k++] = "mpirun", av[k++] = "-np", av[k++] = (char *)ranks, av[k++] = "--bind-to", av[k++] = "core";
+    av[k++] = self;
+    for (int i = 1; i < argc; i++) av[k++] = argv[i];
+    fprintf(stderr, "%s: not started by an MPI launcher; running mpirun -np %s --bind-to core %s\n", name, ranks, self);
+    fflush(stdout);
+    fflush(stderr);
+    execvp("mpirun", av);
+    bs_die("%s: cannot run mpirun (%s): install Open MPI (apt-get install openmpi-bin), or start it under an MPI "
+           "launcher yourself",
+           name, strerror(errno));
+}
+
+#endif
