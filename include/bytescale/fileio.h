@@ -9,11 +9,16 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 // Read a whole file into a fresh NUL-terminated buffer (free() it). -1 + error naming the path.
 // Reads to EOF whatever the file says its size is, so FIFOs, /dev/stdin and /proc files work
 // (streams up to 4 GiB); a directory is refused as "<path>: is a directory".
 int file_read_all(const char *path, char **data, size_t *size);
+
+// Open a file for reading as a stream (fread in pieces): -1 + error naming the path when it cannot
+// be opened or is a directory. *st tells what it is (regular file, FIFO, ...).
+int file_open_read(const char *path, FILE **f, struct stat *st);
 
 typedef struct {
     FILE *f;

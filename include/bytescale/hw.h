@@ -26,6 +26,10 @@ const HardwareProfile *hw_find(const char *name);         // NULL + error listin
 // JSON fields: the struct's names; attn_efficiency and mem_bw may be left out (0 as above).
 int hw_load_file(const char *path, HardwareProfile *out);  // -1 + error naming the file and field
 int hw_save_file(const HardwareProfile *h, const char *path);  // written atomically
+// What every command's --hardware takes: a profile JSON file when the text has a '/' or ends in
+// .json (hw_load_file), else a built-in profile's name (hw_find). One rule, so `plan` and `simulate`
+// read the same value the same way. -1 + error naming the file or listing the profiles.
+int hw_resolve(const char *name_or_file, HardwareProfile *out);
 int hw_check(const HardwareProfile *h);                    // -1 + error naming the profile and field
 
 #endif

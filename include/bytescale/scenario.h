@@ -26,7 +26,7 @@
 typedef struct {
     char name[48];
     char model[32];       // model_find name
-    char hardware[256];   // hw_find name, or a profile JSON file (a name with '/' or ending in .json)
+    char hardware[256];   // a profile name or a profile JSON file, as hw_resolve reads it
     int gpus, tp, pp;
     int64_t capacity;     // C: tokens per HDP rank per micro-batch
     int64_t context;      // longest sequence; the static baseline's d_cp = ceil(context / C)
@@ -56,10 +56,6 @@ int sim_variant_count(void);
 const SimVariant *sim_variant_at(int i);
 // A label from the table, or any registered policy's name (run with offloading on).
 int sim_variant_find(const char *label, SimVariant *out);
-
-// Scenario.hardware resolved: a profile JSON file when the name has a '/' or ends in .json, else a
-// built-in profile (hw_find). -1 + error naming the file or listing the profiles.
-int sim_hardware_load(const char *name, HardwareProfile *out);
 
 // 8192 -> "8K", 2097152 -> "2M", 1000 -> "1000": token counts for tables, titles and names. Returns buf.
 const char *sim_tokens_text(char *buf, size_t n, int64_t tokens);

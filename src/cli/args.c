@@ -47,6 +47,26 @@ int arg_double(const char *flag, const char *text, double *out) {
     return 0;
 }
 
+// A retired name stays an error with a pointer to its replacement rather than becoming "unknown flag":
+// scripts written for the old names then say how to fix themselves.
+static const struct {
+    const char *flag, *message;
+} retired[] = {
+    {"--dataset", "--dataset is gone: --lengths FILE for a lengths file (bytescale plan), --dist SPEC for a "
+                  "length distribution"},
+    {"--hardware-file", "--hardware-file is gone: --hardware FILE reads a profile file (a path with a '/' or "
+                        "ending in .json)"},
+    {"--cost-file", "--cost-file is gone: --cost FILE"},
+};
+
+const char *cli_retired_flag(const char *arg) {
+    if (!arg) return NULL;
+    size_t n = strcspn(arg, "=");  // "--dataset=x" names --dataset
+    for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++)
+        if (strlen(retired[i].flag) == n && !strncmp(arg, retired[i].flag, n)) return retired[i].message;
+    return NULL;
+}
+
 int cli_find_source_file(const char *rel, char *out, size_t cap) {
     snprintf(out, cap, "%s", rel);
     if (access(out, R_OK) == 0) return 0;

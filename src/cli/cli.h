@@ -15,6 +15,11 @@ int arg_int64(const char *flag, const char *text, int64_t *out);
 int arg_int(const char *flag, const char *text, int *out);
 int arg_double(const char *flag, const char *text, double *out);
 
+// Flags that `plan` and `simulate` once spelled differently (one vocabulary now: --dist SPEC, --lengths
+// FILE, --ranks N, --gpus N, --hardware NAME|FILE, --cost FILE). For an unknown flag arg ("--x" or
+// "--x=value"): the message saying what replaced it, or NULL when it never was one of ours.
+const char *cli_retired_flag(const char *arg);
+
 // Find a file of the source tree (tokenizer data, scripts) given its path relative to the tree:
 // in the current directory, then under $BS_SOURCE_DIR, then two levels above the running binary
 // (build/bytescale -> the tree). -1 + error listing where it looked.

@@ -22,10 +22,11 @@
 // each (the baseline's d_cp = 256).
 typedef struct {
     int32_t ranks, tp, pp;
+    int64_t gpus;  // --gpus, 0 when not given: the ranks are then --ranks
     int64_t capacity, context, tokens;
     uint64_t seed;
     int offload, json;
-    const char *model, *hardware, *hardware_file, *cost_file, *policy, *dataset, *dist, *out;
+    const char *model, *hardware, *cost, *policy, *lengths, *dist, *out;
 } PlanArgs;
 
 static void usage(FILE *f) {
@@ -38,18 +39,20 @@ static void usage(FILE *f) {
             "batch:\n"
             "  --dist SPEC          length distribution: github, byted, uniform:LO:HI, lognormal:MU:SIGMA,\n"
             "                       fixed:LEN (default byted)\n"
-            "  --dataset FILE       lengths from a file instead: one per line, or a JSON array / {\"lengths\": [...]}\n"
+            "  --lengths FILE       lengths from a file instead: one per line, or a JSON array / {\"lengths\": [...]}\n"
             "  --tokens N           token budget of a generated batch (default 32M)\n"
             "  --context L          longest sequence; longer ones are cut into L-token pieces; the static\n"
             "                       mesh's CP degree is ceil(L / C) (default 2M)\n"
             "  --seed N             seed of a generated batch (default 1)\n"
             "cluster and cost model:\n"
             "  --ranks N            HDP ranks, each a TP x PP group of GPUs (default 512)\n"
+            "  --gpus N             devices instead: ranks = N / (tp x pp)\n"
             "  --capacity C         tokens one rank holds in a micro-batch without offloading (default 8K)\n"
             "  --model NAME         llama-7b, llama-13b, llama-30b, llama-70b, mixtral-8x7b, ... (default llama-7b)\n"
-            "  --hardware NAME      a built-in hardware profile (default h800-sxm)\n"
-            "  --hardware-file F    a hardware profile from a JSON file instead\n"
-            "  --cost-file F        cost-model coefficients from a JSON file (docs/cost-model.md); overrides\n"
+            "  --hardware NAME|FILE\n"
+            "                       a built-in profile (h100-sxm, h800-sxm, cpu) or a profile JSON file (a path\n"
+            "                       with a '/' or ending in .json) (default h800-sxm)\n"
+            "  --cost FILE          cost-model coefficients from a JSON file (docs/cost-model.md); overrides\n"
             "                       what --model / --hardware / --tp / --pp derive\n"
             "  --tp N               tensor-parallel degree inside a rank (default 2)\n"
             "  --pp N               pipeline stages per rank (default 1; > 1 plans with PP-Balance)\n"
@@ -63,22 +66,26 @@ static void usage(FILE *f) {
             "  -h, --help           this text\n");
 }
 
-enum { OPT_RANKS = 256, OPT_CAPACITY, OPT_CONTEXT, OPT_MODEL, OPT_HARDWARE, OPT_HARDWARE_FILE, OPT_COST_FILE,
-       OPT_TP, OPT_PP, OPT_POLICY, OPT_DATASET, OPT_DIST, OPT_TOKENS, OPT_SEED, OPT_OFFLOAD, OPT_NO_OFFLOAD,
-       OPT_OUT, OPT_JSON };
+enum { OPT_RANKS = 256, OPT_GPUS, OPT_CAPACITY, OPT_CONTEXT, OPT_MODEL, OPT_HARDWARE, OPT_COST, OPT_TP, OPT_PP,
+       OPT_POLICY, OPT_LENGTHS, OPT_DIST, OPT_TOKENS, OPT_SEED, OPT_OFFLOAD, OPT_NO_OFFLOAD, OPT_OUT, OPT_JSON };
 
 static const struct option OPTIONS[] = {
-    {"ranks", required_argument, 0, OPT_RANKS},       {"capacity", required_argument, 0, OPT_CAPACITY},
-    {"context", required_argument, 0, OPT_CONTEXT},   {"model", required_argument, 0, OPT_MODEL},
-    {"hardware", required_argument, 0, OPT_HARDWARE}, {"hardware-file", required_argument, 0, OPT_HARDWARE_FILE},
-    {"cost-file", required_argument, 0, OPT_COST_FILE}, {"tp", required_argument, 0, OPT_TP},
+    {"ranks", required_argument, 0, OPT_RANKS},       {"gpus", required_argument, 0, OPT_GPUS},
+    {"capacity", required_argument, 0, OPT_CAPACITY}, {"context", required_argument, 0, OPT_CONTEXT},
+    {"model", required_argument, 0, OPT_MODEL},       {"hardware", required_argument, 0, OPT_HARDWARE},
+    {"cost", required_argument, 0, OPT_COST},         {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},             {"policy", required_argument, 0, OPT_POLICY},
-    {"dataset", required_argument, 0, OPT_DATASET},   {"dist", required_argument, 0, OPT_DIST},
+    {"lengths", required_argument, 0, OPT_LENGTHS},   {"dist", required_argument, 0, OPT_DIST},
     {"tokens", required_argument, 0, OPT_TOKENS},     {"seed", required_argument, 0, OPT_SEED},
     {"offload", no_argument, 0, OPT_OFFLOAD},         {"no-offload", no_argument, 0, OPT_NO_OFFLOAD},
     {"out", required_argument, 0, OPT_OUT},           {"json", no_argument, 0, OPT_JSON},
     {"help", no_argument, 0, 'h'},                    {0, 0, 0, 0},
 };
+
+// Bounds: HDP ranks as a plan file allows them (docs/plan-format.md), tp and pp as the simulator's.
+#define MAX_RANKS (1 << 20)
+#define MAX_DEGREE (1 << 10)
+#define MAX_GPUS ((int64_t)MAX_RANKS * MAX_DEGREE * MAX_DEGREE)  // 2^40: ranks x tp x pp fits int64
 
 // A positive integer flag within [1, max].
 static int arg_positive(const char *flag, const char *text, int64_t max, int64_t *out) {
@@ -92,7 +99,6 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
     *a = (PlanArgs){.ranks = 512, .tp = 2, .pp = 1, .capacity = 8 << 10, .context = 2 << 20, .tokens = 32 << 20,
                     .seed = 1, .offload = 1, .model = "llama-7b", .hardware = "h800-sxm", .policy = "balance",
                     .dist = "byted"};
-    int hardware_given = 0;
     unsigned char given[OPT_JSON - OPT_RANKS + 1] = {0};  // given[OPT_x - OPT_RANKS]: on the command line
     int64_t v = 0;
     optind = 0;  // rescan from the start (glibc), whatever ran before
@@ -103,22 +109,22 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
         const char *flag = argv[optind - 1];
         if (c >= OPT_RANKS && c <= OPT_JSON) given[c - OPT_RANKS] = 1;
         switch (c) {
-        case OPT_RANKS: if (arg_positive("--ranks", optarg, 1 << 20, &v)) return -1; a->ranks = (int32_t)v; break;
+        case OPT_RANKS: if (arg_positive("--ranks", optarg, MAX_RANKS, &v)) return -1; a->ranks = (int32_t)v; break;
+        case OPT_GPUS: if (arg_positive("--gpus", optarg, MAX_GPUS, &a->gpus)) return -1; break;
         case OPT_CAPACITY: if (arg_positive("--capacity", optarg, 1ll << 24, &a->capacity)) return -1; break;
         case OPT_CONTEXT: if (arg_positive("--context", optarg, 1ll << 40, &a->context)) return -1; break;
         case OPT_TOKENS: if (arg_positive("--tokens", optarg, 1ll << 40, &a->tokens)) return -1; break;
-        case OPT_TP: if (arg_positive("--tp", optarg, 1 << 10, &v)) return -1; a->tp = (int32_t)v; break;
-        case OPT_PP: if (arg_positive("--pp", optarg, 1 << 10, &v)) return -1; a->pp = (int32_t)v; break;
+        case OPT_TP: if (arg_positive("--tp", optarg, MAX_DEGREE, &v)) return -1; a->tp = (int32_t)v; break;
+        case OPT_PP: if (arg_positive("--pp", optarg, MAX_DEGREE, &v)) return -1; a->pp = (int32_t)v; break;
         case OPT_SEED:
             if (arg_int64("--seed", optarg, &v)) return -1;
             a->seed = (uint64_t)v;
             break;
         case OPT_MODEL: a->model = optarg; break;
-        case OPT_HARDWARE: a->hardware = optarg, hardware_given = 1; break;
-        case OPT_HARDWARE_FILE: a->hardware_file = optarg; break;
-        case OPT_COST_FILE: a->cost_file = optarg; break;
+        case OPT_HARDWARE: a->hardware = optarg; break;
+        case OPT_COST: a->cost = optarg; break;
         case OPT_POLICY: a->policy = optarg; break;
-        case OPT_DATASET: a->dataset = optarg; break;
+        case OPT_LENGTHS: a->lengths = optarg; break;
         case OPT_DIST: a->dist = optarg; break;
         case OPT_OFFLOAD: a->offload = 1; break;
         case OPT_NO_OFFLOAD: a->offload = 0; break;
@@ -126,20 +132,35 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
         case OPT_JSON: a->json = 1; break;
         case 'h': usage(stdout); return 1;
         case ':': return bs_fail("%s needs a value (bytescale plan --help)", flag);
-        default: return bs_fail("unknown flag '%s' (bytescale plan --help)", flag);
+        default:
+            if (cli_retired_flag(flag)) return bs_fail("%s", cli_retired_flag(flag));
+            return bs_fail("unknown flag '%s' (bytescale plan --help)", flag);
         }
     }
     if (optind < argc) return bs_fail("unexpected argument '%s' (bytescale plan --help)", argv[optind]);
-    if (hardware_given && a->hardware_file) return bs_fail("give --hardware or --hardware-file, not both");
+    // --gpus counts devices: the HDP ranks are whole TP x PP groups of them
+    if (given[OPT_RANKS - OPT_RANKS] && given[OPT_GPUS - OPT_RANKS])
+        return bs_fail("give --ranks (HDP ranks) or --gpus (devices = ranks x tp x pp), not both");
+    if (a->gpus) {
+        int64_t group = (int64_t)a->tp * a->pp;
+        if (a->gpus % group != 0)
+            return bs_fail("--gpus %lld is not a multiple of tp x pp = %lld (tp %d, pp %d)", (long long)a->gpus,
+                           (long long)group, a->tp, a->pp);
+        if (a->gpus / group > MAX_RANKS)
+            return bs_fail("--gpus %lld / (tp x pp = %lld) = %lld HDP ranks, more than %d", (long long)a->gpus,
+                           (long long)group, (long long)(a->gpus / group), MAX_RANKS);
+        a->ranks = (int32_t)(a->gpus / group);
+    }
     // A flag the other flags make pointless is an error, never silently dropped.
     const struct {
         int on;
         const char *mode, *why;
         int flags[5];  // OPT_ codes, 0-terminated
     } ignored[] = {
-        {a->dataset != NULL, "--dataset", "the lengths come from the file", {OPT_DIST, OPT_TOKENS, OPT_SEED, 0}},
-        {a->cost_file != NULL, "--cost-file", "the file holds the cost model they would derive",
-         {OPT_MODEL, OPT_HARDWARE, OPT_HARDWARE_FILE, OPT_TP, 0}},
+        {a->lengths != NULL, "--lengths", "the lengths come from the file", {OPT_DIST, OPT_TOKENS, OPT_SEED, 0}},
+        {a->cost != NULL, "--cost", "the file holds the cost model they would derive", {OPT_MODEL, OPT_HARDWARE, 0}},
+        // with --gpus, --tp still counts the ranks
+        {a->cost != NULL && !a->gpus, "--cost", "the file holds the cost model it would derive", {OPT_TP, 0}},
         {!strcmp(a->policy, "static"), "--policy static", "the static mesh never offloads", {OPT_OFFLOAD, 0}},
     };
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
@@ -158,22 +179,17 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
 }
 
 static int load_cost_model(const PlanArgs *a, CostModel *cm) {
-    if (a->cost_file) return cost_load(cm, a->cost_file) != 0 ? bs_fail_ctx("--cost-file") : 0;
+    if (a->cost) return cost_load(cm, a->cost) != 0 ? bs_fail_ctx("--cost") : 0;
     const ModelConfig *m = model_find(a->model);
     if (!m) return bs_fail_ctx("--model");
-    HardwareProfile file_hw;
-    const HardwareProfile *hw = &file_hw;
-    if (a->hardware_file) {
-        if (hw_load_file(a->hardware_file, &file_hw) != 0) return bs_fail_ctx("--hardware-file");
-    } else if (!(hw = hw_find(a->hardware))) {
-        return bs_fail_ctx("--hardware");
-    }
-    return cost_derive(cm, m, hw, a->tp, a->pp, a->ranks, a->capacity);
+    HardwareProfile hw;
+    if (hw_resolve(a->hardware, &hw) != 0) return bs_fail_ctx("--hardware");
+    return cost_derive(cm, m, &hw, a->tp, a->pp, a->ranks, a->capacity);
 }
 
 static int load_batch(const PlanArgs *a, GlobalBatch *b) {
-    if (a->dataset) {
-        if (batch_read_file(b, a->dataset) != 0) return bs_fail_ctx("--dataset");
+    if (a->lengths) {
+        if (batch_read_file(b, a->lengths) != 0) return bs_fail_ctx("--lengths");
         return batch_cut(b, a->context);
     }
     return batch_generate(b, a->dist, a->seed, a->tokens, a->context);
@@ -291,7 +307,7 @@ static cJSON *result_json(const Result *r) {
 static void print_json(const PlanArgs *a, const GlobalBatch *b, const Result *rs, int n) {
     cJSON *root = cJSON_CreateObject();
     cJSON *bo = cJSON_AddObjectToObject(root, "batch");
-    cJSON_AddStringToObject(bo, "source", a->dataset ? a->dataset : a->dist);
+    cJSON_AddStringToObject(bo, "source", a->lengths ? a->lengths : a->dist);
     cJSON_AddNumberToObject(bo, "sequences", (double)b->n);
     cJSON_AddNumberToObject(bo, "tokens", (double)b->n_tokens);
     cJSON_AddNumberToObject(bo, "context", (double)a->context);
@@ -323,11 +339,10 @@ int cmd_plan(int argc, char **argv) {
         int64_t longest = 0;
         for (int64_t i = 0; i < b.n; i++) longest = b.seqs[i].len > longest ? b.seqs[i].len : longest;
         printf("batch: %s, %lld tokens in %lld sequences (longest %lld), context %lld\n",
-               a.dataset ? a.dataset : a.dist, (long long)b.n_tokens, (long long)b.n, (long long)longest,
+               a.lengths ? a.lengths : a.dist, (long long)b.n_tokens, (long long)b.n, (long long)longest,
                (long long)a.context);
-        if (a.cost_file) printf("cost model: %s\n", a.cost_file);
-        else printf("cost model: %s on %s, tp %d, pp %d\n", a.model, a.hardware_file ? a.hardware_file : a.hardware,
-                    a.tp, a.pp);
+        if (a.cost) printf("cost model: %s\n", a.cost);
+        else printf("cost model: %s on %s, tp %d, pp %d\n", a.model, a.hardware, a.tp, a.pp);
     }
     fflush(stdout);  // the batch line comes before any planning error
     PlanConfig cfg = {.n_ranks = a.ranks, .capacity = a.capacity, .context = a.context, .pp = a.pp,

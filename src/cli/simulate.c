@@ -25,19 +25,22 @@ static void usage(FILE *f) {
             "  --scenario NAME     a preset, `list` prints them: the paper grid (7b-1024-byted-2m,\n"
             "                      70b-8192-github-512k, ...) and case-study (default 7b-1024-byted-2m)\n"
             "  --model NAME        llama-7b, llama-13b, llama-30b, llama-70b, mixtral-8x7b, mixtral-8x22b, ...\n"
-            "  --hardware NAME     a profile (h100-sxm, h800-sxm, cpu) or a profile JSON file\n"
+            "  --hardware NAME|FILE\n"
+            "                      a profile (h100-sxm, h800-sxm, cpu) or a profile JSON file (a path with\n"
+            "                      a '/' or ending in .json)\n"
             "  --gpus N            devices in the cluster\n"
+            "  --ranks N           HDP ranks instead: gpus = N x tp x pp\n"
             "  --tp N, --pp N      tensor / pipeline degree of every HDP rank (HDP ranks = gpus / (tp x pp))\n"
             "  --capacity N        C: tokens per HDP rank per micro-batch (suffixes K M: 8K)\n"
             "  --context N         longest sequence; the static mesh uses d_cp = context / C\n"
-            "  --dataset SPEC      length distribution: byted, github, uniform:LO:HI, lognormal:MU:SIGMA,\n"
-            "                      fixed:LEN (also --dist)\n"
+            "  --dist SPEC         length distribution: byted, github, uniform:LO:HI, lognormal:MU:SIGMA,\n"
+            "                      fixed:LEN\n"
             "  --tokens N          tokens per global batch (default 32M)\n"
             "  --seed N            seed of the sampled batch (default 1)\n"
             "  --policy LIST       comma-separated: static, naive-nooff (sharding + dynamic comm), naive\n"
             "                      (+ offloading), balance (+ balance scheduler), any planner, or all (default)\n"
             "  --plan FILE         simulate this plan file (docs/plan-format.md) instead of planning; the\n"
-            "                      cluster is --gpus (default: the plan's ranks x tp x pp) with --tp\n"
+            "                      cluster is --gpus or --ranks (default: the plan's ranks x tp x pp) with --tp\n"
             "  --cost FILE         cost model coefficients, JSON (docs/cost-model.md); default: derived from\n"
             "                      --model and --hardware\n"
             "\n"
@@ -71,7 +74,7 @@ static int fail(void) {
 
 static void list_scenarios(void) {
     printf("%-26s %-14s %6s %3s %3s %8s %5s %7s %-8s\n", "name", "model", "gpus", "tp", "pp", "context", "C", "tokens",
-           "dataset");
+           "dist");
     for (int i = 0; i < scenario_count(); i++) {
         Scenario s;
         if (scenario_get(i, &s) != 0) continue;
@@ -134,11 +137,20 @@ static int int_flag(const char *flag, const char *text, int *out, int max) {
     return 0;
 }
 
+// A text flag's value (NULL: not given) into a scenario field. -1 + error when it would not fit.
+static int set_text(char *dst, size_t cap, const char *flag, const char *value, int *changed) {
+    if (!value) return 0;
+    if (strlen(value) >= cap) return bs_fail("%s: the value is too long (at most %zu bytes)", flag, cap - 1);
+    memcpy(dst, value, strlen(value) + 1);
+    *changed = 1;
+    return 0;
+}
+
 typedef struct {
-    const char *scenario, *model, *hardware, *dataset, *policy, *plan, *cost, *trace, *sweep, *out;
-    int gpus, tp, pp, trace_ranks, json, grid, no_plot;
+    const char *scenario, *model, *hardware, *dist, *policy, *plan, *cost, *trace, *sweep, *out;
+    int gpus, ranks, tp, pp, trace_ranks, json, grid, no_plot;
     int64_t capacity, context, tokens, seed;
-    int set_gpus, set_tp, set_pp, set_capacity, set_context, set_tokens;
+    int set_gpus, set_ranks, set_tp, set_pp, set_capacity, set_context, set_tokens;
     unsigned char given[32];  // given[F_x - F_FIRST]: the flag was on the command line
 } Flags;
 
@@ -151,11 +163,12 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
         plan_free(&p);
         return bad_usage("--pp does not match the plan's pipeline stages (%s)", fl->plan);
     }
-    // the plan's ranks x tp x pp, formed in 64 bits: a file may hold any n_ranks and pp
-    int64_t gpus64 = fl->set_gpus ? fl->gpus : (int64_t)p.n_ranks * tp * pp;
+    // ranks x tp x pp (--ranks, else the plan's), formed in 64 bits: a file may hold any n_ranks and pp
+    int64_t ranks = fl->set_ranks ? fl->ranks : p.n_ranks;
+    int64_t gpus64 = fl->set_gpus ? fl->gpus : ranks * tp * pp;
     if (gpus64 > CLUSTER_MAX_GPUS) {
-        bs_fail("%s: %d HDP ranks x tp %d x pp %d = %lld GPUs, more than the %d the simulator models", fl->plan,
-                p.n_ranks, tp, pp, (long long)gpus64, CLUSTER_MAX_GPUS);
+        bs_fail("%s: %lld HDP ranks x tp %d x pp %d = %lld GPUs, more than the %d the simulator models",
+                fl->set_ranks ? "--ranks" : fl->plan, (long long)ranks, tp, pp, (long long)gpus64, CLUSTER_MAX_GPUS);
         plan_free(&p);
         return fail();
     }
@@ -168,7 +181,7 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
     int rc = -1;
     if (!m) goto done;
     s.model = *m;
-    if (sim_hardware_load(sc->hardware, &s.hw) != 0) goto done;
+    if (hw_resolve(sc->hardware, &s.hw) != 0) goto done;
     if (cluster_init(&s.cluster, &s.hw, gpus, tp, pp) != 0) goto done;
     if (fl->cost ? cost_load(&s.cm, fl->cost) != 0
                  : cost_derive(&s.cm, &s.model, &s.hw, tp, pp, s.cluster.n_ranks, p.capacity) != 0)
@@ -264,14 +277,14 @@ int cmd_simulate(int argc, char **argv) {
     fl.policy = "all";
     fl.seed = 1;
     fl.trace_ranks = 64;
-    enum { F_FIRST = 256, F_SCENARIO = F_FIRST, F_MODEL, F_HW, F_GPUS, F_TP, F_PP, F_CAP, F_CTX, F_DATA, F_TOKENS, F_SEED, F_POLICY,
-           F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_HELP };
+    enum { F_FIRST = 256, F_SCENARIO = F_FIRST, F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS,
+           F_SEED, F_POLICY, F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_HELP };
     static const struct option opts[] = {
         {"scenario", required_argument, 0, F_SCENARIO}, {"model", required_argument, 0, F_MODEL},
         {"hardware", required_argument, 0, F_HW},       {"gpus", required_argument, 0, F_GPUS},
-        {"tp", required_argument, 0, F_TP},             {"pp", required_argument, 0, F_PP},
-        {"capacity", required_argument, 0, F_CAP},      {"context", required_argument, 0, F_CTX},
-        {"dataset", required_argument, 0, F_DATA},      {"dist", required_argument, 0, F_DATA},
+        {"ranks", required_argument, 0, F_RANKS},       {"tp", required_argument, 0, F_TP},
+        {"pp", required_argument, 0, F_PP},             {"capacity", required_argument, 0, F_CAP},
+        {"context", required_argument, 0, F_CTX},       {"dist", required_argument, 0, F_DIST},
         {"tokens", required_argument, 0, F_TOKENS},     {"seed", required_argument, 0, F_SEED},
         {"policy", required_argument, 0, F_POLICY},     {"plan", required_argument, 0, F_PLAN},
         {"cost", required_argument, 0, F_COST},         {"trace", required_argument, 0, F_TRACE},
@@ -295,11 +308,12 @@ int cmd_simulate(int argc, char **argv) {
         case F_MODEL: fl.model = a; break;
         case F_HW: fl.hardware = a; break;
         case F_GPUS: bad = int_flag("--gpus", a, &fl.gpus, CLUSTER_MAX_GPUS), fl.set_gpus = 1; break;
+        case F_RANKS: bad = int_flag("--ranks", a, &fl.ranks, CLUSTER_MAX_GPUS), fl.set_ranks = 1; break;
         case F_TP: bad = int_flag("--tp", a, &fl.tp, CLUSTER_MAX_DEGREE), fl.set_tp = 1; break;
         case F_PP: bad = int_flag("--pp", a, &fl.pp, CLUSTER_MAX_DEGREE), fl.set_pp = 1; break;
         case F_CAP: bad = int64_flag("--capacity", a, &fl.capacity, 1, MAX_CAPACITY), fl.set_capacity = 1; break;
         case F_CTX: bad = int64_flag("--context", a, &fl.context, 1, MAX_TOKENS), fl.set_context = 1; break;
-        case F_DATA: fl.dataset = a; break;
+        case F_DIST: fl.dist = a; break;
         case F_TOKENS: bad = int64_flag("--tokens", a, &fl.tokens, 1, MAX_TOKENS), fl.set_tokens = 1; break;
         case F_SEED: bad = int64_flag("--seed", a, &fl.seed, 0, INT64_MAX); break;
         case F_POLICY: fl.policy = a; break;
@@ -313,11 +327,15 @@ int cmd_simulate(int argc, char **argv) {
         case F_NOPLOT: fl.no_plot = 1; break;
         case F_JSON: fl.json = 1; break;
         case ':': return bad_usage("%s needs a value", argv[optind - 1]);
-        default: return bad_usage("unknown flag '%s'", argv[optind - 1]);
+        default:
+            if (cli_retired_flag(argv[optind - 1])) return bad_usage("%s", cli_retired_flag(argv[optind - 1]));
+            return bad_usage("unknown flag '%s'", argv[optind - 1]);
         }
         if (bad) return bad_usage("%s", bs_errmsg());
     }
     if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+    if (fl.set_ranks && fl.set_gpus)
+        return bad_usage("give --ranks (HDP ranks) or --gpus (devices = ranks x tp x pp), not both%s", "");
     // A flag the chosen mode would not use is an error, never silently dropped: each entry is a
     // mode, the flags it ignores and why.
     int list = fl.scenario && !strcmp(fl.scenario, "list");
@@ -327,13 +345,14 @@ int cmd_simulate(int argc, char **argv) {
         int flags[16];  // F_ codes, 0-terminated
     } ignored[] = {
         {list, "--scenario list", "it only lists the presets",
-         {F_MODEL, F_HW, F_GPUS, F_TP, F_PP, F_CAP, F_CTX, F_DATA, F_TOKENS, F_SEED, F_POLICY, F_PLAN, F_COST,
-          F_TRACE, F_TRACE_RANKS, 0}},
-        {list, "--scenario list", "it only lists the presets", {F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, 0}},
+         {F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS, F_SEED, F_POLICY, F_PLAN,
+          F_COST, F_TRACE, 0}},
+        {list, "--scenario list", "it only lists the presets",
+         {F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, 0}},
         {fl.plan != NULL, "--plan", "the plan file fixes the batch, the capacity and the schedule",
-         {F_CAP, F_CTX, F_DATA, F_TOKENS, F_SEED, F_POLICY, F_OUT, F_NOPLOT, 0}},
+         {F_CAP, F_CTX, F_DIST, F_TOKENS, F_SEED, F_POLICY, F_OUT, F_NOPLOT, 0}},
         {fl.grid, "--grid", "the grid runs the paper's presets (only --hardware, --policy and --seed change it)",
-         {F_SCENARIO, F_MODEL, F_GPUS, F_TP, F_PP, F_CAP, F_CTX, F_DATA, F_TOKENS, F_TRACE_RANKS, 0}},
+         {F_SCENARIO, F_MODEL, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS, F_TRACE_RANKS, 0}},
         {fl.sweep && !strcmp(fl.sweep, "contexts"), "--sweep contexts", "the sweep sets the context of each point",
          {F_CTX, F_TRACE_RANKS, 0}},
         {fl.sweep && !strcmp(fl.sweep, "gpus"), "--sweep gpus", "a sweep writes no trace", {F_TRACE_RANKS, 0}},
@@ -346,10 +365,7 @@ int cmd_simulate(int argc, char **argv) {
             if (!fl.given[*f - F_FIRST]) continue;
             const char *name = "?";
             for (const struct option *o = opts; o->name; o++)
-                if (o->val == *f) {
-                    name = *f == F_DATA ? "dataset (or --dist)" : o->name;
-                    break;
-                }
+                if (o->val == *f) name = o->name;
             fprintf(stderr, "bytescale simulate: error: --%s has no effect with %s (%s); leave it out\n"
                             "(bytescale simulate --help lists the flags)\n",
                     name, ignored[i].mode, ignored[i].why);
@@ -390,12 +406,25 @@ int cmd_simulate(int argc, char **argv) {
     Scenario sc;
     if (scenario_find(fl.scenario ? fl.scenario : "7b-1024-byted-2m", &sc) != 0) return bad_usage("%s", bs_errmsg());
     int changed = 0;
-    if (fl.model) snprintf(sc.model, sizeof sc.model, "%s", fl.model), changed = 1;
-    if (fl.hardware) snprintf(sc.hardware, sizeof sc.hardware, "%s", fl.hardware), changed = 1;
-    if (fl.dataset) snprintf(sc.dataset, sizeof sc.dataset, "%s", fl.dataset), changed = 1;
+    // a value too long for its field would be cut silently into another name or path
+    if (set_text(sc.model, sizeof sc.model, "--model", fl.model, &changed) != 0 ||
+        set_text(sc.hardware, sizeof sc.hardware, "--hardware", fl.hardware, &changed) != 0 ||
+        set_text(sc.dataset, sizeof sc.dataset, "--dist", fl.dist, &changed) != 0)
+        return bad_usage("%s", bs_errmsg());
     if (fl.set_gpus) sc.gpus = fl.gpus, changed = 1;
     if (fl.set_tp) sc.tp = fl.tp, changed = 1;
     if (fl.set_pp) sc.pp = fl.pp, changed = 1;
+    // --ranks counts whole TP x PP groups: gpus = ranks x tp x pp with the final tp and pp (flags or the
+    // preset's), in 64 bits (2^22 x 2^10 x 2^10 fits). A plan file has its own pp: simulate_plan_file.
+    if (fl.set_ranks && !fl.plan) {
+        int64_t gpus = (int64_t)fl.ranks * sc.tp * sc.pp;
+        if (gpus > CLUSTER_MAX_GPUS) {
+            bs_fail("--ranks %d x tp %d x pp %d = %lld GPUs, more than the %d the simulator models", fl.ranks, sc.tp,
+                    sc.pp, (long long)gpus, CLUSTER_MAX_GPUS);
+            return bad_usage("%s", bs_errmsg());
+        }
+        sc.gpus = (int)gpus, changed = 1;
+    }
     if (fl.set_capacity) sc.capacity = fl.capacity, changed = 1;
     if (fl.set_context) sc.context = fl.context, changed = 1;
     if (fl.set_tokens) sc.tokens = fl.tokens, changed = 1;

@@ -14,22 +14,30 @@
 // they are read as a stream into a doubling buffer, and this bounds how much a stream may hold.
 #define STREAM_READ_MAX ((size_t)1 << 32)
 
-int file_read_all(const char *path, char **data, size_t *size) {
-    *data = NULL;
-    *size = 0;
+int file_open_read(const char *path, FILE **out, struct stat *st) {
+    *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return bs_fail("%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
+    if (fstat(fileno(f), st) != 0) {
         int e = errno;
         fclose(f);
         return bs_fail("%s: cannot stat: %s", path, strerror(e));
     }
     // fopen opens a directory for reading on Linux and ftell then says LONG_MAX: refuse it by name
-    if (S_ISDIR(st.st_mode)) {
+    if (S_ISDIR(st->st_mode)) {
         fclose(f);
         return bs_fail("%s: is a directory", path);
     }
+    *out = f;
+    return 0;
+}
+
+int file_read_all(const char *path, char **data, size_t *size) {
+    *data = NULL;
+    *size = 0;
+    FILE *f;
+    struct stat st;
+    if (file_open_read(path, &f, &st) != 0) return -1;
     // A regular file's size is the first guess; anything else starts small and grows. Either way
     // we read to EOF, so a file that grows or shrinks meanwhile is still read whole and consistent.
     int regular = S_ISREG(st.st_mode);

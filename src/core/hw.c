@@ -115,6 +115,22 @@ int hw_load_file(const char *path, HardwareProfile *out) {
     return 0;
 }
 
+int hw_resolve(const char *name_or_file, HardwareProfile *out) {
+    if (!name_or_file || !*name_or_file) return bs_fail("hardware: no profile name or file given");
+    size_t n = strlen(name_or_file);
+    int is_file = strchr(name_or_file, '/') != NULL || (n > 5 && strcmp(name_or_file + n - 5, ".json") == 0);
+    if (is_file) return hw_load_file(name_or_file, out);
+    const HardwareProfile *hw = hw_find(name_or_file);
+    if (!hw) {
+        // a file in the current directory named without '/' or .json reads as a name: say how to pass it
+        char known[512];
+        snprintf(known, sizeof known, "%s", bs_errmsg());
+        return bs_fail("%s; a profile file needs a '/' or a .json name (./%s)", known, name_or_file);
+    }
+    *out = *hw;
+    return 0;
+}
+
 int hw_save_file(const HardwareProfile *h, const char *path) {
     if (hw_check(h) != 0) return bs_fail_ctx("%s: not saved", path);
     cJSON *root = cJSON_CreateObject();

@@ -7,15 +7,6 @@
 #include "bytescale/scenario.h"
 #include "bytescale/timer.h"
 
-int sim_hardware_load(const char *name, HardwareProfile *out) {
-    size_t n = strlen(name);
-    if (strchr(name, '/') != NULL || (n > 5 && strcmp(name + n - 5, ".json") == 0)) return hw_load_file(name, out);
-    const HardwareProfile *hw = hw_find(name);
-    if (!hw) return -1;
-    *out = *hw;
-    return 0;
-}
-
 int sim_setup_init(SimSetup *s, const Scenario *sc, uint64_t seed) {
     memset(s, 0, sizeof *s);
     s->sc = *sc;
@@ -23,7 +14,7 @@ int sim_setup_init(SimSetup *s, const Scenario *sc, uint64_t seed) {
     const ModelConfig *m = model_find(sc->model);
     if (!m) return bs_fail_ctx("scenario %s", sc->name);
     s->model = *m;
-    if (sim_hardware_load(sc->hardware, &s->hw) != 0) return bs_fail_ctx("scenario %s", sc->name);
+    if (hw_resolve(sc->hardware, &s->hw) != 0) return bs_fail_ctx("scenario %s", sc->name);
     if (sc->capacity < 1) return bs_fail("scenario %s: capacity must be >= 1 token", sc->name);
     if (sc->tokens < 1) return bs_fail("scenario %s: tokens per batch must be >= 1", sc->name);
     if (cluster_init(&s->cluster, &s->hw, sc->gpus, sc->tp, sc->pp) != 0) return bs_fail_ctx("scenario %s", sc->name);

@@ -40,11 +40,14 @@ static void test_help(void **state) {
     (void)state;
     assert_int_equal(run("--help"), 0);
     assert_non_null(strstr(out, "usage: bytescale plan"));
-    const char *flags[] = {"--ranks", "--capacity", "--context", "--model", "--hardware", "--hardware-file",
-                           "--cost-file", "--tp", "--pp", "--policy", "--dataset", "--dist", "--tokens", "--seed",
-                           "--offload", "--no-offload", "--out", "--json", "--help"};
+    const char *flags[] = {"--ranks", "--gpus", "--capacity", "--context", "--model", "--hardware NAME|FILE",
+                           "--cost FILE", "--tp", "--pp", "--policy", "--lengths FILE", "--dist SPEC", "--tokens",
+                           "--seed", "--offload", "--no-offload", "--out", "--json", "--help"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strstr(out, flags[i])) fail_msg("--help does not mention %s", flags[i]);
+    const char *retired[] = {"--dataset", "--hardware-file", "--cost-file"};
+    for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++)
+        if (strstr(out, retired[i])) fail_msg("--help still mentions %s", retired[i]);
     assert_int_equal(run("-h"), 0);
 }
 
@@ -91,7 +94,7 @@ static void test_all_policies_json(void **state) {
     cJSON_Delete(root);
 }
 
-static void test_dataset_and_cost_file(void **state) {
+static void test_lengths_and_cost_file(void **state) {
     (void)state;
     const char *dir = test_tmpdir("cli_plan_files");
     char lens[600], cost[600], args[2048];
@@ -102,7 +105,7 @@ static void test_dataset_and_cost_file(void **state) {
     CostModel cm;
     assert_int_equal(cost_derive(&cm, model_find("llama-13b"), hw_find("h100-sxm"), 8, 1, 8, 4096), 0);
     assert_int_equal(cost_save(&cm, cost), 0);
-    snprintf(args, sizeof args, "--ranks 8 --capacity 4K --dataset %s --cost-file %s --policy naive", lens, cost);
+    snprintf(args, sizeof args, "--ranks 8 --capacity 4K --lengths %s --cost %s --policy naive", lens, cost);
     int rc = run(args);
     if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
     assert_non_null(strstr(out, "31292 tokens in 4 sequences"));
@@ -129,15 +132,20 @@ static void test_bad_flags_and_files(void **state) {
     expect_fail("--policy fancy", "unknown policy 'fancy'");
     expect_fail("--model gpt-9", "gpt-9");
     expect_fail("--hardware abacus", "abacus");
-    expect_fail("--hardware h100-sxm --hardware-file x.json", "not both");
-    expect_fail("--hardware-file /nonexistent/hw.json", "/nonexistent/hw.json");
+    expect_fail("--hardware /nonexistent/hw.json", "/nonexistent/hw.json");
     expect_fail("--dist zipf:3", "zipf");
-    expect_fail("--dataset /nonexistent/lengths.txt", "/nonexistent/lengths.txt");
-    snprintf(args, sizeof args, "--dataset %s", bad_lens);
+    expect_fail("--lengths /nonexistent/lengths.txt", "/nonexistent/lengths.txt");
+    snprintf(args, sizeof args, "--lengths %s", bad_lens);
     expect_fail(args, "lengths.txt:2");
-    snprintf(args, sizeof args, "--cost-file %s", bad_cost);
+    snprintf(args, sizeof args, "--cost %s", bad_cost);
     expect_fail(args, "cost.json");
     expect_fail("--policy all --out x.json", "--out writes one plan");
+    // --gpus counts whole TP x PP groups, and says so when it cannot
+    assert_int_equal(run("--gpus 100 --tp 8"), 2);
+    assert_non_null(strstr(out, "--gpus 100 is not a multiple of tp x pp = 8 (tp 8, pp 1)"));
+    expect_fail("--gpus 12 --tp 2 --pp 4", "--gpus 12 is not a multiple of tp x pp = 8 (tp 2, pp 4)");
+    assert_int_equal(run("--ranks 4 --gpus 8"), 2);
+    assert_non_null(strstr(out, "give --ranks (HDP ranks) or --gpus (devices = ranks x tp x pp), not both"));
     expect_fail("--ranks 8 --tokens 64K --out /nonexistent/dir/plan.json", "/nonexistent/dir/plan.json");
     // a sequence that cannot fit even on all ranks
     expect_fail("--ranks 4 --tokens 1M --context 1M --dist fixed:1M --no-offload",
@@ -153,6 +161,13 @@ static void test_extreme_numbers(void **state) {
     const char *dir = test_tmpdir("cli_plan_extreme");
     char path[600], args[2048];
     expect_fail("--ranks 2147483648", "--ranks: 2147483648 is out of range [1, 1048576]");
+    // --gpus up to 2^40 (2^20 ranks x tp 1024 x pp 1024), and never more ranks than --ranks allows
+    expect_fail("--gpus 1099511627777", "--gpus: 1099511627777 is out of range [1, 1099511627776]");
+    expect_fail("--gpus 9223372036854775807", "--gpus: 9223372036854775807 is out of range");
+    expect_fail("--gpus 0", "--gpus: 0 is out of range");
+    expect_fail("--gpus 2097152 --tp 1", "--gpus 2097152 / (tp x pp = 1) = 2097152 HDP ranks, more than 1048576");
+    // 2^40 GPUs at tp x pp = 2^20 are 2^20 ranks: past the flag checks, refused by the cost model
+    expect_fail("--gpus 1099511627776 --tp 1024 --pp 1024", "tp 1024 must divide the 32 query heads");
     expect_fail("--tokens 9223372036854775807", "--tokens: 9223372036854775807 is out of range");
     expect_fail("--capacity 9223372036854775807", "--capacity: 9223372036854775807 is out of range [1, 16777216]");
     // a context of 1 token cuts 32M tokens into 32M sequences: refused, not planned for minutes
@@ -162,7 +177,7 @@ static void test_extreme_numbers(void **state) {
     snprintf(path, sizeof path, "%s/huge.txt", dir);
     const char *huge = "9223372036854775807\n";
     assert_int_equal(file_write_atomic(path, huge, strlen(huge)), 0);
-    snprintf(args, sizeof args, "--dataset %s", path);
+    snprintf(args, sizeof args, "--lengths %s", path);
     expect_fail(args, "a batch holds at most 1099511627776");
     // two lengths of 2^62 overflow the sum; and 2^53 in JSON (the largest exact integer)
     const char *two = "4611686018427387904\n4611686018427387904\n";
@@ -171,7 +186,7 @@ static void test_extreme_numbers(void **state) {
     snprintf(path, sizeof path, "%s/huge.json", dir);
     const char *js = "[9007199254740992, 9007199254740992]";
     assert_int_equal(file_write_atomic(path, js, strlen(js)), 0);
-    snprintf(args, sizeof args, "--dataset %s --context 1099511627776 --capacity 16M --ranks 1048576", path);
+    snprintf(args, sizeof args, "--lengths %s --context 1099511627776 --capacity 16M --ranks 1048576", path);
     expect_fail(args, "a batch holds at most 1099511627776");
 }
 
@@ -186,16 +201,20 @@ static void test_ignored_flags_are_errors(void **state) {
     CostModel cm;
     assert_int_equal(cost_derive(&cm, model_find("llama-7b"), hw_find("h100-sxm"), 2, 1, 8, 4096), 0);
     assert_int_equal(cost_save(&cm, cost), 0);
-    const char *with_dataset[] = {"--tokens 1M", "--seed 7", "--dist github"};
-    for (size_t i = 0; i < 3; i++) {
-        snprintf(args, sizeof args, "--ranks 8 --dataset %s %s", lens, with_dataset[i]);
-        expect_fail(args, "has no effect with --dataset");
-    }
-    const char *with_cost[] = {"--model llama-13b", "--hardware h100-sxm", "--hardware-file hw.json", "--tp 4"};
+    const char *with_lengths[] = {"--tokens 1M", "--seed 7", "--dist github", "--dist byted"};
     for (size_t i = 0; i < 4; i++) {
-        snprintf(args, sizeof args, "--ranks 8 --dataset %s --cost-file %s %s", lens, cost, with_cost[i]);
-        expect_fail(args, "has no effect with --cost-file");
+        snprintf(args, sizeof args, "--ranks 8 --lengths %s %s", lens, with_lengths[i]);
+        expect_fail(args, "has no effect with --lengths");
     }
+    const char *with_cost[] = {"--model llama-13b", "--hardware h100-sxm", "--hardware hw.json", "--tp 4"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "--ranks 8 --lengths %s --cost %s %s", lens, cost, with_cost[i]);
+        expect_fail(args, "has no effect with --cost");
+    }
+    // with --gpus, --tp is no longer pointless: it turns the GPUs into ranks (8 / 2 = 4)
+    snprintf(args, sizeof args, "--gpus 8 --tp 2 --lengths %s --cost %s", lens, cost);
+    if (run(args) != 0) fail_msg("plan %s:\n%s", args, out);
+    assert_non_null(strstr(out, "policy balance: 4 ranks"));
     expect_fail("--policy static --offload", "--offload has no effect with --policy static");
 }
 
@@ -205,25 +224,25 @@ static void test_directories_and_pipes(void **state) {
     (void)state;
     const char *dir = test_tmpdir("cli_plan_streams");
     char args[2048], lens[600];
-    snprintf(args, sizeof args, "--dataset %s", dir);
+    snprintf(args, sizeof args, "--lengths %s", dir);
     expect_fail(args, "is a directory");
-    snprintf(args, sizeof args, "--cost-file %s", dir);
+    snprintf(args, sizeof args, "--cost %s", dir);
     expect_fail(args, "is a directory");
-    snprintf(args, sizeof args, "--hardware-file %s", dir);
+    snprintf(args, sizeof args, "--hardware %s", dir);
     expect_fail(args, "is a directory");
     snprintf(lens, sizeof lens, "%s/lengths.txt", dir);
     assert_int_equal(file_write_atomic(lens, "100\n2500\n700\n", 13), 0);
-    snprintf(args, sizeof args, "--ranks 4 --capacity 1K --dataset /dev/stdin < '%s'", lens);
+    snprintf(args, sizeof args, "--ranks 4 --capacity 1K --lengths /dev/stdin < '%s'", lens);
     assert_int_equal(run(args), 0);  // a regular file behind /dev/stdin
     const char *bin = getenv("BS_BINARY");
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "cat '%s' | '%s' plan --ranks 4 --capacity 1K --dataset /dev/stdin 2>&1", lens, bin);
+    snprintf(cmd, sizeof cmd, "cat '%s' | '%s' plan --ranks 4 --capacity 1K --lengths /dev/stdin 2>&1", lens, bin);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     size_t n = fread(out, 1, sizeof out - 1, f);
     out[n] = '\0';
     int st = pclose(f);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("--dataset /dev/stdin from a pipe:\n%s", out);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("--lengths /dev/stdin from a pipe:\n%s", out);
     assert_non_null(strstr(out, "3300 tokens in 3 sequences"));
 }
 
@@ -232,7 +251,7 @@ int main(void) {
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_writes_a_valid_plan),
         cmocka_unit_test(test_all_policies_json),
-        cmocka_unit_test(test_dataset_and_cost_file),
+        cmocka_unit_test(test_lengths_and_cost_file),
         cmocka_unit_test(test_bad_flags_and_files),
         cmocka_unit_test(test_extreme_numbers),
         cmocka_unit_test(test_ignored_flags_are_errors),

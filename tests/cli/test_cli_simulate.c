@@ -57,6 +57,10 @@ static void test_help_and_list(void **state) {
     assert_int_equal(run("--help"), 0);
     assert_non_null(strstr(cli_out, "--scenario"));
     assert_non_null(strstr(cli_out, "--sweep"));
+    const char *shared[] = {"--dist SPEC", "--ranks N", "--gpus N", "--hardware NAME|FILE", "--cost FILE"};
+    for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++)
+        if (!strstr(cli_out, shared[i])) fail_msg("--help does not mention %s", shared[i]);
+    assert_null(strstr(cli_out, "--dataset"));
     assert_int_equal(run("--scenario list"), 0);
     assert_non_null(strstr(cli_out, "case-study"));
     assert_non_null(strstr(cli_out, "8x22b-16384-github-2m"));
@@ -65,7 +69,7 @@ static void test_help_and_list(void **state) {
 
 static void test_json_results_of_a_small_cluster(void **state) {
     (void)state;
-    int rc = run("--gpus 128 --tokens 4M --context 256K --dataset github --policy static,balance --json");
+    int rc = run("--gpus 128 --tokens 4M --context 256K --dist github --policy static,balance --json");
     if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     cJSON *root = cJSON_Parse(cli_out);
     assert_non_null(root);
@@ -103,7 +107,7 @@ static void test_json_results_of_a_small_cluster(void **state) {
     snprintf(path, sizeof path, "%s/cost.json", dir);
     if (cost_save(&cm, path) != 0) fail_msg("%s", bs_errmsg());
     snprintf(args, sizeof args,
-             "--gpus 128 --tokens 4M --context 256K --dataset github --policy balance --json --cost %s", path);
+             "--gpus 128 --tokens 4M --context 256K --dist github --policy balance --json --cost %s", path);
     int rc2 = run(args);
     if (rc2 != 0) fail_msg("exit %d: %s", rc2, cli_err);
     root = cJSON_Parse(cli_out);
@@ -229,6 +233,9 @@ static void test_bad_flags(void **state) {
     expect("--gpus 100 --tp 8", 1, "100 GPUs are not a multiple of tp x pp");
     expect("--model llama-99b", 1, "unknown model \"llama-99b\"");
     expect("--plan /nonexistent/plan.json", 1, "/nonexistent/plan.json");
+    expect("--ranks", 2, "--ranks needs a value");
+    expect("--ranks 0", 2, "--ranks: '0' is out of range [1, 4194304]");
+    expect("--ranks 8 --gpus 16", 2, "give --ranks (HDP ranks) or --gpus (devices = ranks x tp x pp), not both");
 }
 
 // Issue 8, "no overflow, no hang, no absurd allocation": numbers at the ends of every numeric flag's
@@ -242,6 +249,21 @@ static void test_extreme_flag_values(void **state) {
     expect("--gpus 2147483647 --tp 1", 2, "--gpus: '2147483647' is out of range [1, 4194304]");
     expect("--gpus 2147483648", 2, "--gpus: '2147483648' is out of range");
     expect("--gpus -8", 2, "--gpus: '-8' is out of range");
+    // --ranks x tp x pp is formed in 64 bits and held to the same bound as --gpus
+    expect("--ranks 4194305", 2, "--ranks: '4194305' is out of range [1, 4194304]");
+    expect("--ranks 4194304 --tp 1024 --pp 1024", 2,
+           "--ranks 4194304 x tp 1024 x pp 1024 = 4398046511104 GPUs, more than the 4194304");
+    expect("--ranks 2097153 --tp 2", 2, "--ranks 2097153 x tp 2 x pp 1 = 4194306 GPUs, more than the 4194304");
+    // and the preset's tp counts when --tp is not given (7b-1024-byted-2m: tp 2)
+    expect("--ranks 2097153", 2, "--ranks 2097153 x tp 2 x pp 1 = 4194306 GPUs");
+    // a text too long for its field is refused, not cut into another name or path
+    static char longpath[400];
+    memset(longpath, 'x', 300);
+    memcpy(longpath, "dir/", 4);
+    longpath[300] = '\0';
+    char args[512];
+    snprintf(args, sizeof args, "--hardware %s", longpath);
+    expect(args, 2, "--hardware: the value is too long (at most 255 bytes)");
     expect("--capacity 9223372036854775807", 2, "--capacity: '9223372036854775807' is out of range [1, 16777216]");
     expect("--capacity 0", 2, "--capacity: '0' is out of range");
     expect("--context 4611686018427387904", 2, "--context: '4611686018427387904' is out of range");
@@ -312,7 +334,7 @@ static void test_ignored_flags_are_errors(void **state) {
     write_plan(path, "\"n_ranks\": 1, \"pp\": 1, \"capacity\": 1024", "0", 100);
     snprintf(args, sizeof args, "--plan %s --capacity 64", path);
     expect(args, 2, "--capacity has no effect with --plan");
-    const char *with_plan[] = {"--context 8K", "--tokens 1M", "--seed 3", "--dataset github", "--dist github",
+    const char *with_plan[] = {"--context 8K", "--tokens 1M", "--seed 3", "--dist github", "--dist x",
                                "--policy naive", "--out o", "--no-plot"};
     for (size_t i = 0; i < sizeof with_plan / sizeof with_plan[0]; i++) {
         snprintf(args, sizeof args, "--plan %s %s", path, with_plan[i]);
@@ -322,6 +344,9 @@ static void test_ignored_flags_are_errors(void **state) {
     expect("--gpus 16 --tp 2 --no-plot", 2, "--no-plot has no effect with a single run");
     expect("--gpus 16 --tp 2 --trace-ranks 8", 2, "--trace-ranks has no effect with a run without --trace");
     expect("--grid --gpus 64", 2, "--gpus has no effect with --grid");
+    expect("--grid --ranks 64", 2, "--ranks has no effect with --grid");
+    expect("--grid --dist github", 2, "--dist has no effect with --grid");
+    expect("--scenario list --ranks 8", 2, "--ranks has no effect with --scenario list");
     expect("--grid --scenario case-study", 2, "--scenario has no effect with --grid");
     expect("--sweep contexts --context 1M", 2, "--context has no effect with --sweep contexts");
     expect("--scenario list --gpus 8", 2, "--gpus has no effect with --scenario list");

@@ -262,6 +262,37 @@ static void test_profile_file_round_trip_and_errors(void **state) {
     assert_non_null(strstr(bs_errmsg(), "lab.json:2:"));
 }
 
+// --hardware's one rule (hw_resolve): a '/' or a .json ending makes the value a file, else a name.
+static void test_resolve_name_or_file(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("core_hw_resolve");
+    HardwareProfile h, lab = *hw_find("h100-sxm");
+    snprintf(lab.name, sizeof lab.name, "lab");
+    lab.inter_bw = 25e9;
+    assert_int_equal(hw_resolve("h800-sxm", &h), 0);
+    assert_true(hw_equal(&h, hw_find("h800-sxm"), 1));
+    // a file by its .json ending, and one without it but with a '/'
+    char path[600];
+    snprintf(path, sizeof path, "%s/lab.json", dir);
+    assert_int_equal(hw_save_file(&lab, path), 0);
+    memset(&h, 0, sizeof h);
+    assert_int_equal(hw_resolve(path, &h), 0);
+    assert_true(hw_equal(&h, &lab, 1));
+    snprintf(path, sizeof path, "%s/lab.profile", dir);
+    assert_int_equal(hw_save_file(&lab, path), 0);
+    memset(&h, 0, sizeof h);
+    assert_int_equal(hw_resolve(path, &h), 0);
+    assert_true(hw_equal(&h, &lab, 1));
+    // a bare word is a name: the error lists the profiles and says how to name a file
+    assert_int_equal(hw_resolve("lab.profile", &h), -1);
+    assert_non_null(strstr(bs_errmsg(), "h100-sxm"));
+    assert_non_null(strstr(bs_errmsg(), "./lab.profile"));
+    assert_int_equal(hw_resolve("/nonexistent/lab.json", &h), -1);
+    assert_non_null(strstr(bs_errmsg(), "/nonexistent/lab.json"));
+    assert_int_equal(hw_resolve("", &h), -1);
+    assert_int_equal(hw_resolve(NULL, &h), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_catalogue_names_and_check),
@@ -272,6 +303,7 @@ int main(void) {
         cmocka_unit_test(test_attention_flops_per_pair),
         cmocka_unit_test(test_builtin_profiles),
         cmocka_unit_test(test_profile_file_round_trip_and_errors),
+        cmocka_unit_test(test_resolve_name_or_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

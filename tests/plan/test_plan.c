@@ -338,7 +338,7 @@ static void test_json_errors_name_the_place(void **state) {
     expect_bad_file(dir, "\"capacity\": 300", "\"capacity\": \"big\"", "\"capacity\" must be an integer");
     expect_bad_file(dir, " \"items\": [", " \"itemz\": [", "missing \"items\"");
     expect_bad_file(dir, "\"len\": 200", "\"len\": -5", "sequences[1]: \"len\" is -5");
-    expect_bad_file(dir, "[1, 2]", "[1, \"x\"]", "items[1].ranks: \"[1]\" must be an integer");
+    expect_bad_file(dir, "[1, 2]", "[1, \"x\"]", "items[1].ranks[1]: expected an integer");
     expect_bad_file(dir, "[1, 2]", "[1, 7]", "items[1].ranks[1]: rank 7 out of range [0, 3)");
     expect_bad_file(dir, "[[1, 0, 200]]", "[[1, 0]]", "items[1].segments[0]: expected [seq, start, len]");
     expect_bad_file(dir, "[[1, 0, 200]]", "[[5, 0, 200]]", "items[1].segments[0]: sequence 5 out of range");
