@@ -77,8 +77,14 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
 int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out);
 // Eq. 3 for one ring size: can D ranks of capacity C hold s tokens? 1 with *r = 0 when s <= D * C;
 // else (offloading, l > 2) 1 with *r the least ratio in [0, 1] with (2 + (1-r)(l-2)) Act(s/D) <=
-// l Act(C) whose copies the layer's compute hides (T(s)/D >= r Act(s/D) / offload_bw); else 0.
+// l Act(C) whose copies hide (r <= cost_offload_hidden_max); else 0.
 int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double *r);
+// The largest offload ratio whose copies hide for a sequence of s tokens on a ring of D ranks: a
+// layer's copy out (r Act(s/D) / offload_bw) takes no longer than the next layer's forward on that
+// ring, ring steps included. The one definition of "the copy hides": cost_item_time charges
+// exactly what exceeds it, so at r <= this the item costs what it costs without offloading.
+// 1 when the tier is not modelled (offload_bw 0).
+double cost_offload_hidden_max(const CostModel *cm, int64_t s, int D);
 
 // Device memory with ZeRO-1 over all HDP ranks (docs/cost-model.md), bytes per device of the most
 // loaded pipeline stage: parameters and gradients in elem_bytes replicated over HDP ranks and

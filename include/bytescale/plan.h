@@ -49,31 +49,47 @@ typedef struct {
     // derived by plan_finalize
     int32_t *rank_begin;   // (n_ranks + 1,) rank r runs rank_items[rank_begin[r] .. rank_begin[r+1])
     int32_t *rank_items;   // (n_refs,) item indices, increasing per rank
-    double *rank_busy;     // (n_ranks,) sum of est_time of the rank's items
-    double makespan;       // estimated step compute time: items started in global order as soon
-                           // as all their members are free
-    double lower_bound;    // plan_lower_bound of the batch
+    double *rank_busy;     // (n_ranks,) sum of est_time of the rank's items (one stage's busy time)
+    double makespan;       // estimated step compute time: pp = 1, items started in global order as
+                           // soon as all their members are free; pp > 1, the simulator's pipeline
+                           // schedule (1F1B by slot keys, docs/planner.md) with forward est_time / 3
+                           // and backward 2 est_time / 3 on every stage, fill and drain included
+    double lower_bound;    // plan_lower_bound_pp of the batch (0 without a cost model)
+    double hdp_bound;      // plan_hdp_bound of the batch (0 without a cost model)
 } Plan;
 
 int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, int32_t pp, const char *policy);
 void plan_free(Plan *p);
 // Append an item at the end of the global order. Returns its index, or -1 + error.
 int32_t plan_add_item(Plan *p, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload);
-// Derive per-rank schedules, estimated times (cost model), busy times, makespan, lower bound.
+// Derive per-rank schedules, estimated times (cost model), busy times, makespan and both bounds
+// (cm = NULL: the items' est_time stand, the bounds are left as they are).
 int plan_finalize(Plan *p, const CostModel *cm);
 
 // Check everything the executor relies on: every token of the batch exactly once; segments inside
-// their sequences; rank sets distinct and in range; packs within capacity; rings hold at most
-// D * capacity tokens (more only with offload r > 0); offload in [0, 1]; per-rank schedules
-// increasing in the global order. -1 + error naming the first problem (item, rank, sequence).
+// their sequences; rank sets distinct and in range; packs within capacity; every ring member holds
+// at most capacity tokens under the 2D-chunk layout (more only with offload r > 0, then Eq. 3);
+// offload in [0, 1]; per-rank schedules increasing in the global order. -1 + error naming the first problem (item, rank, sequence).
 int plan_validate(const Plan *p, const CostModel *cm);
 
 // The symmetric 2D-chunk layout: chunk j (0 <= j < 2D) of a subsequence of len tokens is
 // [*start, *start + *n) relative to the subsequence; sizes differ by at most one token.
 void plan_chunk(int64_t len, int D, int j, int64_t *start, int64_t *n);
 
-// A bound no plan can beat: max(total work / ranks, the largest indivisible work), seconds.
+// A bound no plan can beat: max(total work / ranks, the largest indivisible work), seconds, for
+// ranks of one pipeline stage (pp = 1). docs/planner.md, "The bounds".
 double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity);
+// The same with pp stages per rank: the indivisible work runs through all pp stages forward and back
+// (pp x its per-stage time) and every busy rank pays at least (pp - 1) x l x layer_const of fill and
+// drain. pp = 1 gives plan_lower_bound exactly.
+double plan_lower_bound_pp(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity,
+                           int32_t pp);
+// The HDP-aware bound: as plan_lower_bound_pp, for plans that follow HDP's rule that a sequence of s
+// tokens runs on at most ceil(s / C) ranks (packs of whole sequences of <= C tokens, one ring per
+// longer sequence): a long sequence's work is its ring time on such a ring (D x per-rank time,
+// ring and per-layer overheads included) and the indivisible time is the slowest sequence at its
+// fastest admissible ring size. Never below plan_lower_bound_pp; the 5% target applies to it.
+double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp);
 
 // The compact binary form the planning rank broadcasts (plan_wire.c). plan_pack allocates *buf
 // (free it); plan_unpack makes a finalized, validated plan or refuses a damaged message (-1 + error).

@@ -82,7 +82,8 @@ typedef struct {
     double plan_seconds;     // wall time of the planner
     double sim_seconds;      // wall time of the simulation
     double planner_makespan; // the planner's own estimate of the compute phase
-    double lower_bound;      // plan_lower_bound
+    double lower_bound;      // the plan's lower_bound (plan_lower_bound_pp)
+    double hdp_bound;        // the plan's hdp_bound (plan_hdp_bound)
     int32_t n_items;
     SimResult res;
 } SimOutcome;
@@ -106,17 +107,20 @@ cJSON *sim_outcome_json(const SimOutcome *o);
 typedef enum { SIM_SWEEP_CONTEXTS, SIM_SWEEP_GPUS } SimSweep;
 
 // Run every variant at each point of a sweep around `base`: contexts 256K, 512K, 1M, 2M, or
-// GPUs x 1/4, 1/2, 1, 2 (points whose shape does not fit are reported and skipped). Prints a
-// table per point to `log` (may be NULL), writes <dir>/<stem>.csv (stem: "<base>-contexts" or
-// "<base>-gpus") and, when plot is set, <dir>/<stem>.png and .svg through gnuplot.
-int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int n_v, uint64_t seed, const char *dir,
-                  int plot, FILE *log);
+// GPUs x 1/4, 1/2, 1, 2 (points whose shape does not fit are reported and skipped), each point over
+// the seeds seed .. seed + n_seeds - 1 (seeds.h). Prints a table per point to `log` (may be NULL),
+// writes <dir>/<stem>.csv (stem: "<base>-contexts" or "<base>-gpus"; every metric as mean, min and
+// max over the seeds) and, when plot is set, <dir>/<stem>.png and .svg through gnuplot (the mean
+// with min-max bars).
+int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int n_v, uint64_t seed, int n_seeds,
+                  const char *dir, int plot, FILE *log);
 
-// The whole paper grid (presets 0 .. scenario_grid_count() - 1) with every variant: writes
-// <dir>/paper-grid.md (tokens/s per policy, speedups of naive and balance over static, with
-// `command` at the top as the way to regenerate it), <dir>/paper-grid.csv and, when plot is set,
-// <dir>/paper-grid.png / .svg. `hardware` (NULL: the presets') replaces every preset's.
-int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, const char *hardware, const char *dir,
+// The whole paper grid (presets 0 .. scenario_grid_count() - 1) with every variant, every cell over
+// the seeds seed .. seed + n_seeds - 1: writes <dir>/paper-grid.md (tokens/s per policy, speedups of
+// naive and balance over static, mean and [min-max] per cell, with `command` at the top as the way
+// to regenerate it), <dir>/paper-grid.csv and, when plot is set, <dir>/paper-grid.png / .svg.
+// `hardware` (NULL: the presets') replaces every preset's.
+int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, int n_seeds, const char *hardware, const char *dir,
                  const char *command, int plot, FILE *log);
 
 // Run gnuplot on a script. -1 + a clear error when gnuplot is not installed or fails.

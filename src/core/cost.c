@@ -155,7 +155,9 @@ int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, 
     c.capacity_bytes = c.n_layers * (c.act_token * (double)capacity + c.act_const);
 
     c.kv_token = 2.0 * kv_heads_per_device(m, tp) * m->head_dim * hw->elem_bytes;
-    c.ranks_per_node = hw->gpus_per_node / tp;
+    // a rank is tp x pp devices, laid out in order (cluster.c): a node holds gpus_per_node / (tp x pp)
+    // of them, at least one (a rank larger than a node still counts as one)
+    c.ranks_per_node = hw->gpus_per_node / (tp * pp) > 1 ? hw->gpus_per_node / (tp * pp) : 1;
     c.ring_bw = hw->inter_bw;
     c.ring_lat = hw->inter_lat;
     c.ring_bw_intra = hw->intra_bw;
@@ -194,6 +196,51 @@ static void ring_link(const CostModel *cm, int D, double *bw, double *lat) {
 
 static double transfer_time(double bytes, double bw, double lat) { return (bw > 0 ? bytes / bw : 0.0) + lat; }
 
+// One layer of an item on one of its D ranks, forward and backward, without offloading. tokens and
+// area: the item's total tokens and visible (query, key) pairs.
+static void item_layer_times(const CostModel *cm, double tokens, double area, int D, double *fwd, double *bwd) {
+    double attn = cm->attn_pair * area;
+    double lin = cm->lin_token * tokens + cm->layer_const;
+    if (D == 1) {  // forward is a third of the layer's work, backward two thirds
+        *fwd = (attn + lin) / 3.0;
+        *bwd = 2.0 * (attn + lin) / 3.0;
+        return;
+    }
+    // The symmetric 2D-chunk layout gives every rank 1/D of every segment and 1/D of its mask
+    // area, and every ring step the same 1/D^2 of the area. Step k computes on the K/V block
+    // that arrived in step k-1 while the next block travels; the local block (step 0) hides
+    // the first transfer. Backward sends K/V and the partial dK/dV together (twice the bytes)
+    // and, after the last step, the summed dK/dV travel home once more: exposed.
+    double bw, lat;
+    ring_link(cm, D, &bw, &lat);
+    double kv_bytes = cm->kv_token * tokens / D;  // one rank's K/V block
+    double x_fwd = transfer_time(kv_bytes, bw, lat);
+    double x_bwd = transfer_time(2.0 * kv_bytes, bw, lat);
+    double blk_fwd = attn / (3.0 * D * D);
+    double blk_bwd = 2.0 * attn / (3.0 * D * D);
+    double lin_rank = cm->lin_token * tokens / D;
+    *fwd = (lin_rank + cm->layer_const) / 3.0 + blk_fwd + (D - 1) * fmax(blk_fwd, x_fwd);
+    *bwd = 2.0 * (lin_rank + cm->layer_const) / 3.0 + blk_bwd + (D - 1) * fmax(blk_bwd, x_bwd) + x_fwd;
+}
+
+// Offloading, the one definition both the item time and Eq. 3's overlap test use: all but two
+// layers copy r of their activations out while the NEXT layer runs forward, and back in while the
+// previous one runs backward. The copy hides when it takes no longer than a layer's forward
+// (backward is longer, so the copy in hides then too); what outlasts it is paid.
+static double offload_copy_time(const CostModel *cm, double tokens, int D, double r) {
+    return r * (cm->act_token * tokens / D + cm->act_const) / cm->offload_bw;
+}
+
+double cost_offload_hidden_max(const CostModel *cm, int64_t s, int D) {
+    if (D < 1) D = 1;
+    double act_rank = cm->act_token * (double)s / D + cm->act_const;
+    if (!(cm->offload_bw > 0) || !(act_rank > 0)) return 1.0;  // a tier that is not modelled is free
+    double fwd, bwd;
+    item_layer_times(cm, (double)s, cost_causal_area(s), D, &fwd, &bwd);
+    double r = fwd * cm->offload_bw / act_rank;
+    return r < 1.0 ? r : 1.0;
+}
+
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
     double tokens, area;
     pack_size(segs, n_segs, &tokens, &area);
@@ -201,38 +248,12 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
     if (D < 1) D = 1;
     if (!(r > 0)) r = 0;  // also NaN
     if (r > 1) r = 1;
-
-    // one layer of the whole item, forward + backward; forward is a third of it
-    double attn = cm->attn_pair * area;
-    double lin = cm->lin_token * tokens + cm->layer_const;
     double fwd, bwd;
-    if (D == 1) {
-        fwd = (attn + lin) / 3.0;
-        bwd = 2.0 * (attn + lin) / 3.0;
-    } else {
-        // The symmetric 2D-chunk layout gives every rank 1/D of every segment and 1/D of its mask
-        // area, and every ring step the same 1/D^2 of the area. Step k computes on the K/V block
-        // that arrived in step k-1 while the next block travels; the local block (step 0) hides
-        // the first transfer. Backward sends K/V and the partial dK/dV together (twice the bytes)
-        // and, after the last step, the summed dK/dV travel home once more: exposed.
-        double bw, lat;
-        ring_link(cm, D, &bw, &lat);
-        double kv_bytes = cm->kv_token * tokens / D;  // one rank's K/V block
-        double x_fwd = transfer_time(kv_bytes, bw, lat);
-        double x_bwd = transfer_time(2.0 * kv_bytes, bw, lat);
-        double blk_fwd = attn / (3.0 * D * D);
-        double blk_bwd = 2.0 * attn / (3.0 * D * D);
-        double lin_rank = cm->lin_token * tokens / D;
-        fwd = (lin_rank + cm->layer_const) / 3.0 + blk_fwd + (D - 1) * fmax(blk_fwd, x_fwd);
-        bwd = 2.0 * (lin_rank + cm->layer_const) / 3.0 + blk_bwd + (D - 1) * fmax(blk_bwd, x_bwd) + x_fwd;
-    }
+    item_layer_times(cm, tokens, area, D, &fwd, &bwd);
     double total = cm->n_layers * (fwd + bwd);
-
-    // Offloading: all but two layers move r of their activations out while the next layer runs
-    // forward and back in while the previous one runs backward; only what outlasts that is paid.
     int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
     if (r > 0 && n_off > 0 && cm->offload_bw > 0) {
-        double copy = r * (cm->act_token * tokens / D + cm->act_const) / cm->offload_bw;
+        double copy = offload_copy_time(cm, tokens, D, r);
         total += n_off * (fmax(0.0, copy - fwd) + fmax(0.0, copy - bwd));
     }
     return total;
@@ -251,10 +272,9 @@ int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double 
     double r_need = 1.0 - (budget / act_rank - 2.0) / (l - 2);
     if (r_need > 1.0) return 0;
     if (r_need < 0.0) r_need = 0.0;
-    // overlap: the rank's layer compute must cover the copy, T >= r * Act / B
-    double t_rank = (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) / (double)D + cm->layer_const;
-    double r_max = cm->offload_bw > 0 ? t_rank * cm->offload_bw / act_rank : 0.0;
-    if (!(r_need <= r_max * (1.0 + 1e-12))) return 0;
+    // overlap: the copy must hide behind the next layer's forward on this ring (cost_item_time's
+    // definition), so the chosen r never makes the item slower than the estimate without copies
+    if (!(r_need <= cost_offload_hidden_max(cm, s, D) * (1.0 + 1e-12))) return 0;
     *r = r_need;
     return 1;
 }

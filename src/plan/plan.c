@@ -1,6 +1,6 @@
-// plan.c: building a plan, deriving its per-rank schedules and estimates, the symmetric chunk
-// layout, and the lower bound on the step's makespan (plan.h). The validator is in plan_check.c,
-// the JSON form in plan_io.c.
+// plan.c: building a plan, deriving its per-rank schedules and estimates (with pipelines: the
+// simulator's 1F1B schedule replayed), the symmetric chunk layout, and the two bounds on the step's
+// makespan (plan.h, docs/planner.md). The validator is in plan_check.c, the JSON form in plan_io.c.
 #include "bytescale/plan.h"
 
 #include <math.h>
@@ -92,6 +92,115 @@ static int finalize_times(Plan *p, const CostModel *cm) {
     return 0;
 }
 
+// ---- the makespan with pipeline parallelism ----------------------------------------------------------
+//
+// With pp > 1 stages an HDP rank is a pipeline, and a plan runs as the simulator runs it (sim.c,
+// docs/simulator.md): every item is a forward on stages 0 .. pp-1 and a backward on pp-1 .. 0, one
+// resource per (rank, stage), a ring's operation starting on all its members at once when the
+// stage is free on every member and its input is ready. The order on each stage is by key:
+//     slot(i) = 1 + the largest slot of the earlier items (global order) that share a rank with i
+//     forward of item i on stage s:  key 2 (slot + s)      backward:  key 2 (slot + pp) - 1
+// which is 1F1B for a pipeline's consecutive items (pp - 1 - s warm-up forwards on stage s, then one
+// forward / one backward). Every stage runs l layers of an item, so its forward takes est_time / 3
+// and its backward 2 est_time / 3 (the cost model's backward = 2x forward).
+//
+// No closed formula reproduces this schedule. For one pipeline of m equal items of per-stage time
+// t it is the textbook (m + pp - 1) t, i.e. sum of t + (pp - 1) x (forward of the first item, the
+// fill, + backward of the last, the drain). With unequal items the last stage idles at every level
+// change (a big item's backward must drain through the other stages before the next items' forwards
+// reach the last stage; a big item after small ones must first fill them), by an amount that
+// depends on the pp - 1 items around it, and rings couple the pipelines of their members. So the
+// planner replays the schedule itself, with its own per-stage times: no activation hops between
+// stages and the planner's link for every ring, the two things only the simulator knows.
+//
+// Keys are walked in increasing order without sorting: key 2j holds the forwards of the items of
+// slot j - s on stage s, key 2j + 1 the backwards of the items of slot j + 1 - pp (last stage
+// first). Two operations with one key never share a resource (equal slots never share a rank), so
+// within a key any order gives the same times. O(pp (slots + pp) + pp x refs) time, O(items + pp x
+// ranks in use) memory.
+static int pipeline_makespan(Plan *p, double *out) {
+    int32_t n = p->n_items, R = p->n_ranks, pp = p->pp;
+    int32_t *slot = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *by_slot = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *slot_begin = bs_calloc((size_t)n + 2, sizeof(int32_t));
+    int32_t *fill = bs_malloc(((size_t)n + 1) * sizeof(int32_t));
+    int32_t *last = bs_malloc((size_t)R * sizeof(int32_t));   // per rank: its latest item's slot
+    int32_t *dense = bs_malloc((size_t)R * sizeof(int32_t));  // per rank: its row in free_at, -1 idle
+    double *f_end = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    double *b_end = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    double *free_at = NULL;
+    int rc = -1;
+    if (!slot || !by_slot || !slot_begin || !fill || !last || !dense || !f_end || !b_end) goto out;
+    // slots, and the ranks that run anything (only those get a row of pp free times)
+    int32_t max_slot = -1, used = 0;
+    for (int32_t r = 0; r < R; r++) last[r] = -1;
+    for (int32_t k = 0; k < n; k++) {
+        const Item *it = &p->items[k];
+        const int32_t *rk = p->ranks + it->rank_begin;
+        int32_t s = 0;
+        for (int32_t j = 0; j < it->n_ranks; j++)
+            if (last[rk[j]] + 1 > s) s = last[rk[j]] + 1;
+        for (int32_t j = 0; j < it->n_ranks; j++) last[rk[j]] = s;
+        slot[k] = s;
+        slot_begin[s + 1]++;
+        if (s > max_slot) max_slot = s;
+    }
+    for (int32_t r = 0; r < R; r++) dense[r] = last[r] >= 0 ? used++ : -1;
+    free_at = bs_calloc((size_t)(used > 0 ? used : 1) * (size_t)pp, sizeof(double));
+    if (!free_at) goto out;
+    // items by slot (counting sort, global order within a slot)
+    for (int32_t q = 0; q <= max_slot; q++) slot_begin[q + 1] += slot_begin[q];
+    memcpy(fill, slot_begin, (size_t)(max_slot + 1) * sizeof(int32_t));
+    for (int32_t k = 0; k < n; k++) by_slot[fill[slot[k]]++] = k;
+
+    double makespan = 0;
+    for (int64_t j = 0; j <= (int64_t)max_slot + pp; j++) {
+        for (int32_t s = 0; s < pp; s++) {  // key 2j: forwards
+            int64_t q = j - s;
+            if (q < 0 || q > max_slot) continue;
+            for (int32_t x = slot_begin[q]; x < slot_begin[q + 1]; x++) {
+                int32_t k = by_slot[x];
+                const Item *it = &p->items[k];
+                const int32_t *rk = p->ranks + it->rank_begin;
+                double start = s == 0 ? 0 : f_end[k];
+                for (int32_t m = 0; m < it->n_ranks; m++) start = fmax(start, free_at[(size_t)dense[rk[m]] * pp + s]);
+                double end = start + it->est_time / 3;
+                for (int32_t m = 0; m < it->n_ranks; m++) free_at[(size_t)dense[rk[m]] * pp + s] = end;
+                f_end[k] = end;
+            }
+        }
+        int64_t q = j + 1 - pp;  // key 2j + 1: backwards
+        if (q < 0 || q > max_slot) continue;
+        for (int32_t x = slot_begin[q]; x < slot_begin[q + 1]; x++) {
+            int32_t k = by_slot[x];
+            const Item *it = &p->items[k];
+            const int32_t *rk = p->ranks + it->rank_begin;
+            for (int32_t s = pp - 1; s >= 0; s--) {
+                double start = s == pp - 1 ? f_end[k] : b_end[k];
+                for (int32_t m = 0; m < it->n_ranks; m++) start = fmax(start, free_at[(size_t)dense[rk[m]] * pp + s]);
+                double end = start + it->est_time * 2 / 3;
+                for (int32_t m = 0; m < it->n_ranks; m++) free_at[(size_t)dense[rk[m]] * pp + s] = end;
+                b_end[k] = end;
+            }
+            if (b_end[k] > makespan) makespan = b_end[k];
+        }
+    }
+    *out = makespan;
+    rc = 0;
+out:
+    if (rc != 0) bs_fail_ctx("plan_finalize: the pipeline schedule");
+    free(slot);
+    free(by_slot);
+    free(slot_begin);
+    free(fill);
+    free(last);
+    free(dense);
+    free(f_end);
+    free(b_end);
+    free(free_at);
+    return rc;
+}
+
 int plan_finalize(Plan *p, const CostModel *cm) {
     free(p->rank_begin);
     free(p->rank_items);
@@ -153,8 +262,13 @@ int plan_finalize(Plan *p, const CostModel *cm) {
     }
     free(fill);
     free(free_at);
+    // with pipelines the items of a rank overlap on its stages, and fill and drain come on top
+    if (p->pp > 1 && pipeline_makespan(p, &makespan) != 0) return -1;
     p->makespan = makespan;
-    if (cm) p->lower_bound = plan_lower_bound(&p->batch, cm, p->n_ranks, p->capacity);
+    if (cm) {
+        p->lower_bound = plan_lower_bound_pp(&p->batch, cm, p->n_ranks, p->capacity, p->pp);
+        p->hdp_bound = plan_hdp_bound(&p->batch, cm, p->n_ranks, p->capacity, p->pp);
+    }
     return 0;
 }
 
@@ -182,8 +296,10 @@ static double max_tokens_per_slot(const CostModel *cm, int64_t capacity) {
     return best;
 }
 
-double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity) {
-    if (b->n <= 0 || n_ranks < 1) return 0;
+// The two parts of the policy-independent bound for one stage: *avg, the average work per rank,
+// and *single, the longest sequence's fastest time on any ring it fits (docs/planner.md).
+static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, double *avg,
+                        double *single) {
     // 1. average work: every sequence's compute once, plus one layer_const per layer for every
     //    (item, member) slot; no slot holds more than max_tokens_per_slot tokens
     double work = 0;
@@ -194,7 +310,7 @@ double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
     }
     double slots = ceil((double)b->n_tokens / max_tokens_per_slot(cm, capacity) - 1e-9);
     if (slots < 1) slots = 1;
-    double avg = (work + slots * cm->n_layers * cm->layer_const) / n_ranks;
+    *avg = (work + slots * cm->n_layers * cm->layer_const) / n_ranks;
     // 2. the longest sequence (the costliest: the work of a whole sequence grows with its length
     //    at every ring size) must run as one item on some D ranks: at best the fastest ring size
     //    that can hold it, without offload copies
@@ -202,17 +318,79 @@ double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
     //    least its share W(s)/D + l * layer_const >= W(s)/R + l * layer_const, which stands in)
     double r;
     int d_lo = cost_min_ranks(cm, longest, capacity, 1, n_ranks, &r);
-    double single = 0;
+    *single = 0;
     if (d_lo >= 1) {
-        single = INFINITY;
+        *single = INFINITY;
         int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks;
         for (int D = d_lo; D <= d_hi; D++) {
             double t = cost_item_time(cm, &longest, 1, D, 0.0);
-            if (t < single) single = t;
+            if (t < *single) *single = t;
         }
         double share = seq_work(cm, longest) / n_ranks + cm->n_layers * cm->layer_const;
-        if (d_hi < n_ranks && share < single) single = share;
+        if (d_hi < n_ranks && share < *single) *single = share;
     }
     // (a sequence that fits nowhere leaves only the first term: the policies report that error)
-    return avg > single ? avg : single;
+}
+
+// Both bounds with pp stages per rank. The indivisible item runs forward through all pp stages and
+// back (pp x its per-stage time: (pp - 1) x of it is its own fill and drain). On the last stage of
+// any rank the busy time comes after the fill of its first item (pp - 1 forwards) and before the
+// drain of its last (pp - 1 backwards); each of those is at least a third resp. two thirds of
+// l * layer_const, so the busiest rank needs avg + (pp - 1) l layer_const.
+static double with_pipeline(const CostModel *cm, double avg, double single, int32_t pp) {
+    double a = avg + (pp - 1) * cm->n_layers * cm->layer_const;
+    double s = pp * single;
+    return a > s ? a : s;
+}
+
+double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity) {
+    return plan_lower_bound_pp(b, cm, n_ranks, capacity, 1);
+}
+
+double plan_lower_bound_pp(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp) {
+    if (b->n <= 0 || n_ranks < 1) return 0;
+    double avg, single;
+    bound_parts(b, cm, n_ranks, capacity, &avg, &single);
+    return with_pipeline(cm, avg, single, pp < 1 ? 1 : pp);
+}
+
+double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp) {
+    if (b->n <= 0 || n_ranks < 1) return 0;
+    // Under HDP's rule a sequence of s <= C tokens is packed whole on one rank, and a longer one is
+    // a ring of its own on D in [D_off(s), min(ceil(s/C), R)] ranks (Eq. 3's fewest with offloading
+    // up to the ranks it needs). Offload copies only add time, so r = 0 below.
+    double work = 0, single = 0;
+    int64_t short_tokens = 0, longest_short = 0;
+    for (int64_t i = 0; i < b->n; i++) {
+        int64_t s = b->seqs[i].len;
+        if (s <= capacity) {  // a pack: its compute, and the per-layer constants counted below
+            work += seq_work(cm, s);
+            short_tokens += s;
+            if (s > longest_short) longest_short = s;
+            continue;
+        }
+        int64_t need = s / capacity + (s % capacity != 0);
+        int d_hi = need < n_ranks ? (int)need : n_ranks;
+        double r;
+        int d_lo = cost_min_ranks(cm, s, capacity, 1, d_hi, &r);
+        if (d_lo < 1) continue;  // fits nowhere: the policies report it
+        // its work: D x its time on each of D ranks (ring steps and per-layer constants included)
+        // at the cheapest D; its indivisible time: the fastest D
+        double w = INFINITY, t = INFINITY;
+        for (int D = d_lo; D <= d_hi; D++) {
+            double td = cost_item_time(cm, &s, 1, D, 0.0);
+            if (td < t) t = td;
+            if (D * td < w) w = D * td;
+        }
+        work += w;
+        if (t > single) single = t;
+    }
+    if (short_tokens > 0) {
+        // packs hold at most C tokens, and each pays l * layer_const; the longest short sequence
+        // alone in a pack is its indivisible time
+        work += (double)((short_tokens + capacity - 1) / capacity) * cm->n_layers * cm->layer_const;
+        double t = cost_item_time(cm, &longest_short, 1, 1, 0.0);
+        if (t > single) single = t;
+    }
+    return with_pipeline(cm, work / n_ranks, single, pp < 1 ? 1 : pp);
 }

@@ -1,12 +1,14 @@
 // plan_check.c: plan_validate, everything the executor relies on (plan.h, docs/plan-format.md):
 //   1. the plan's header and its batch;
 //   2. every item: segments in range, token count, distinct ranks in range, offload in [0, 1],
-//      capacity (r = 0: at most D * C tokens; r > 0: Eq. 3's memory rule with that r);
+//      capacity (r = 0: at most D * C tokens, and every ring member at most C under the 2D-chunk
+//      layout; r > 0: Eq. 3's memory rule with that r for the fullest member);
 //   3. every token of every sequence covered exactly once;
 //   4. the per-rank schedules: exactly the items each rank is a member of, in increasing global
 //      order (then no two ranks can wait on each other in a cycle).
 // Errors name the first problem found: item, segment, rank, sequence.
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,21 +38,48 @@ static int check_header(const Plan *p) {
     return 0;
 }
 
-// Does a ring of D ranks hold `tokens` with offload ratio r > 0? Eq. 3 of the paper in the per-rank
-// form cost_min_ranks uses: two layers keep all their activations, the other l-2 keep (1-r) of them,
-// against a budget of l Act(C) per rank: (2 + (1-r)(l-2)) Act(tokens / D) <= l Act(C). The relative
-// slack absorbs the float rounding of r as stored in the plan.
-static int offload_fits(const CostModel *cm, int64_t tokens, int D, double r, int64_t capacity, double *need,
-                        double *budget) {
+// Tokens the fullest member of a ring holds under the symmetric 2D-chunk layout (plan_chunk), and
+// its position in the ring (the first one if several tie). Member i of D holds chunks i and 2D-1-i
+// of every segment: 2 * (len / 2D) tokens, one more if chunk i is among the first rem = len % 2D
+// (i < rem) and one more if chunk 2D-1-i is (i >= 2D - rem). Those +1s fall on ranges of members,
+// so a difference array over the members (diff, D + 1 entries) counts them in O(segments + D), not
+// O(segments * D). No sum overflows: every count is at most the item's tokens, checked to fit int64.
+static int64_t fullest_member(const Plan *p, const Item *it, int64_t *diff, int32_t *member) {
+    int64_t D = it->n_ranks, parts = 2 * D, base = 0;
+    memset(diff, 0, (size_t)(D + 1) * sizeof *diff);
+    for (int32_t j = 0; j < it->n_segs; j++) {
+        int64_t len = p->segs[it->seg_begin + j].len, rem = len % parts;
+        base += 2 * (len / parts);
+        diff[0]++, diff[rem < D ? rem : D]--;     // members i < rem
+        if (rem > D) diff[parts - rem]++, diff[D]--;  // members i >= 2D - rem
+    }
+    int64_t extra = 0, most = -1;
+    for (int32_t i = 0; i < D; i++) {
+        extra += diff[i];
+        if (extra > most) most = extra, *member = i;
+    }
+    return base + most;
+}
+
+// Does a member holding `share` tokens of a ring with offload ratio r > 0 fit? Eq. 3 of the paper
+// in the per-rank form cost_min_ranks uses: two layers keep all their activations, the other l-2
+// keep (1-r) of them, against a budget of l Act(C) per rank: (2 + (1-r)(l-2)) Act(share) <= l Act(C).
+// The relative slack absorbs the float rounding of r as stored in the plan.
+static int offload_fits(const CostModel *cm, double share, double r, int64_t capacity, double *need, double *budget) {
     int l = cm->n_layers;
-    *need = (2.0 + (1.0 - r) * (l - 2)) * (cm->act_token * (double)tokens / D + cm->act_const);
+    *need = (2.0 + (1.0 - r) * (l - 2)) * (cm->act_token * share + cm->act_const);
     *budget = l * cost_layer_act(cm, capacity);
     return *need <= *budget * (1 + 1e-6);
 }
 
 static int check_items(const Plan *p, const CostModel *cm) {
     int32_t *stamp = bs_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
-    if (!stamp) return bs_fail_ctx("plan_validate");
+    int64_t *diff = bs_malloc(((size_t)p->n_ranks + 1) * sizeof(int64_t));  // fullest_member's, any ring fits
+    if (!stamp || !diff) {
+        free(stamp);
+        free(diff);
+        return bs_fail_ctx("plan_validate");
+    }
     int rc = -1;
     int64_t seg_at = 0, ref_at = 0;
     for (int32_t k = 0; k < p->n_items; k++) {
@@ -121,18 +150,37 @@ static int check_items(const Plan *p, const CostModel *cm) {
             bs_fail("item %d: offload ratio %g outside [0, 1]", k, off);
             goto out;
         }
-        // D * C can exceed int64 (a file may give any capacity): compare tokens / D with C instead
+        // D * C can exceed int64 (a file may give any capacity): compare tokens / D with C instead.
+        // For a ring this is the coarse check, kept for its plainer message; the per-member one follows.
         if (off == 0 && tokens / it->n_ranks + (tokens % it->n_ranks != 0) > p->capacity) {
             bs_fail("item %d: %lld tokens on %d rank%s exceed the capacity of %lld tokens per rank "
                     "(and it does not offload)",
                     k, (long long)tokens, it->n_ranks, it->n_ranks > 1 ? "s" : "", (long long)p->capacity);
             goto out;
         }
-        double need, budget;
-        if (off > 0 && cm && !offload_fits(cm, tokens, it->n_ranks, off, p->capacity, &need, &budget)) {
+        if (off == 0 && it->n_ranks == 1) continue;  // a pack holds its tokens: checked above
+        // a ring: what each member really holds under the chunk layout
+        int32_t m = 0;
+        int64_t most = fullest_member(p, it, diff, &m);
+        int32_t m_rank = p->ranks[it->rank_begin + m];
+        if (off == 0 && most > p->capacity) {
+            bs_fail("item %d: ring member %d (rank %d) holds %lld tokens, more than the capacity of %lld", k, m,
+                    m_rank, (long long)most, (long long)p->capacity);
+            goto out;
+        }
+        // Eq. 3 for the fullest member. The planners solve it with the fractional share tokens / D
+        // (cost_offload_ratio), which for a ring of one segment is less than one token below that
+        // member's ceil(tokens / D); so the share checked is the member's count less one token of
+        // rounding, and never less than tokens / D. A ring of many short segments, whose low members
+        // hold up to a token per segment more than tokens / D, is checked against what they hold.
+        double share = fmax((double)tokens / it->n_ranks, (double)(most - 1)), need, budget;
+        if (off > 0 && cm && !offload_fits(cm, share, off, p->capacity, &need, &budget)) {
+            char who[96] = "";
+            if (it->n_ranks > 1)
+                snprintf(who, sizeof who, "; ring member %d (rank %d) holds %lld tokens", m, m_rank, (long long)most);
             bs_fail("item %d: %lld tokens on %d rank%s with offload ratio %.4f need %.4g activation bytes per rank, "
-                    "more than the budget of %.4g (Eq. 3)",
-                    k, (long long)tokens, it->n_ranks, it->n_ranks > 1 ? "s" : "", off, need, budget);
+                    "more than the budget of %.4g (Eq. 3)%s",
+                    k, (long long)tokens, it->n_ranks, it->n_ranks > 1 ? "s" : "", off, need, budget, who);
             goto out;
         }
     }
@@ -147,6 +195,7 @@ static int check_items(const Plan *p, const CostModel *cm) {
     rc = 0;
 out:
     free(stamp);
+    free(diff);
     return rc;
 }
 

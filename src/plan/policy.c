@@ -10,8 +10,12 @@
 static const Policy policies[] = {
     {"static", "Megatron-style static DP x CP mesh: d_cp fixed by the context, packed micro-batches on CP rings",
      policy_static},
-    {"naive", "ByteScale Algorithm 1: long sequences on the fewest ranks (offloading), best-fit packs, tokens balanced",
+    {"naive", "ByteScale Algorithm 1 as deployed: rings of Eq. 3's fewest to ceil(s/C) ranks, whichever finishes "
+              "first (offloading only where that is no later), best-fit packs, tokens balanced",
      policy_naive},
+    {"naive-eq3min", "Algorithm 1 read literally: every long sequence on Eq. 3's fewest ranks (offloading), "
+                     "best-fit packs, tokens balanced",
+     policy_naive_eq3min},
     {"balance", "ByteScale Algorithm 2: as naive, but assigned by estimated time (DP-Balance; PP-Balance when pp > 1)",
      policy_balance},
 };

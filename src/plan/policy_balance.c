@@ -19,6 +19,12 @@
 // of level adds a pipeline bubble), so holes are not back-filled with small micro-batches (each
 // pipeline's micro-batches then come in non-increasing cost) and no micro-batch mixes sequences
 // from two of the n_buckets buckets of equal compute that the length-sorted batch is cut into.
+// The ranks' times then include the pipeline's fill and drain (pipeline_wait): each rank is timed by
+// its last stage, a micro-batch waits there (pp - 1) x the rise of its forward (the stages fill) or
+// (pp - 1) x the fall of its backward (the larger backward drains first), and a ring starts when
+// the last of its members' last stages is ready for it.
+// With pp > 1 the scheduler runs twice, with and without that pipeline model, and keeps the plan
+// whose replayed makespan (plan_finalize) is shorter (policy_balance, at the end).
 // Cost: O((refs + shorts) log ranks) for the heap, O(n log n) for the sorts.
 #include <math.h>
 #include <stdlib.h>
@@ -43,6 +49,9 @@ typedef struct {
     double *start;     // (cap_start,) planned start of each item of tmp
     int32_t cap_start;
     double open_cost;  // what opening a micro-batch adds: one layer_const per layer
+    double lift;       // pp - 1: the stages a forward fills and a backward drains before the last
+    double *last_free; // (n_ranks,) when each rank's last stage is done with its micro-batches so far
+    double *last_t;    // (n_ranks,) per-stage time of each rank's latest micro-batch (0: none yet)
     // short sequences, longest first
     int32_t n_short;
     int32_t *sidx;     // (n_short,) sequence index
@@ -67,6 +76,31 @@ static int record(Balance *bl, const Segment *segs, int n_segs, const int32_t *r
     bl->start[k] = start;
     return 0;
 }
+
+// ---- pipelines (pp > 1) ---------------------------------------------------------------------------------
+//
+// With pp stages a rank is a pipeline and the simulator runs its micro-batches 1F1B (plan.c,
+// pipeline_makespan): forward F = t/3 and backward B = 2t/3 on every stage for a micro-batch of
+// per-stage time t. Timed on the rank's last stage, one pipeline of m equal micro-batches is
+//     (pp - 1) F   fill: the first forward crosses the other stages
+//   + m t          the last stage runs forward, backward, forward, ... back to back
+//   + (pp - 1) B   drain: the last backward crosses the other stages
+// = (m + pp - 1) t, the textbook 1F1B time. When the level changes from t_a to t_b the last stage
+// waits again: a rise refills the stages with the larger forward, (pp - 1)(F_b - F_a); a fall waits
+// for the larger backward to drain before the smaller forwards come through, (pp - 1)(B_a - B_b).
+// Summed, a pipeline takes sum t_k + (pp - 1)(F_1 + B_m + the rises of F + the falls of B), which
+// for the non-increasing order PP-Balance produces is sum t_k + (pp - 1) t_1. That is exact for
+// equal micro-batches and errs high by up to about 12% otherwise (the pp - 1 micro-batches next to
+// a big one partly run inside its fill and drain); the plan's makespan is the exact replay
+// (plan_finalize), this is what the list scheduler balances. Both are 0 when pp = 1, where a
+// rank's key is exactly its free time.
+static double pipeline_wait(const Balance *bl, double t, double last) {
+    return t > last ? bl->lift * (t - last) / 3 : bl->lift * 2 * (last - t) / 3;
+}
+static double pipeline_drain(const Balance *bl, double t) { return bl->lift * 2 * t / 3; }
+
+// A rank's heap key: when it would be done if nothing more came (its last stage, then the drain).
+static double rank_key(const Balance *bl, int32_t r) { return bl->last_free[r] + pipeline_drain(bl, bl->last_t[r]); }
 
 // ---- the shorts: sorted, with "largest unused that fits" queries -----------------------------------
 
@@ -157,7 +191,8 @@ typedef struct {
     int32_t first, last;  // linked list of shorts through next[]; -1 = no open micro-batch
     int64_t tokens;
     int32_t bucket;
-    double start;
+    double start;         // the rank's last stage free time when it was opened
+    double end;           // start + its time so far (the pipeline's wait not included)
 } OpenPack;
 
 static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t rank) {
@@ -165,7 +200,10 @@ static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t ra
     int n_segs = 0;
     for (int32_t i = op->first; i >= 0; i = next[i]) bl->segs[n_segs++] = (Segment){bl->sidx[i], 0, bl->slen[i]};
     op->first = op->last = -1;
-    return record(bl, bl->segs, n_segs, &rank, 1, 0.0, op->start);
+    double t = op->end - op->start, wait = pipeline_wait(bl, t, bl->last_t[rank]);
+    bl->last_free[rank] = op->end + wait;
+    bl->last_t[rank] = t;
+    return record(bl, bl->segs, n_segs, &rank, 1, 0.0, op->start + wait);
 }
 
 static int assign_rest(Balance *bl, RankHeap *heap) {
@@ -183,20 +221,22 @@ static int assign_rest(Balance *bl, RankHeap *heap) {
         take(bl, i);
         int32_t r = rankheap_pop(heap);
         OpenPack *op = &open[r];
-        double f = heap->key[r];
         int fits = op->first >= 0 && op->tokens + bl->slen[i] <= bl->cfg->capacity &&
                    (!pp_balance || op->bucket == bl->sbucket[i]);
         if (!fits) {
             if (close_pack(bl, op, next, r) != 0) goto out;
-            *op = (OpenPack){i, -1, 0, bl->sbucket[i], f};
-            f += bl->open_cost;
+            double f = bl->last_free[r];
+            *op = (OpenPack){i, -1, 0, bl->sbucket[i], f, f + bl->open_cost};
         } else {
             next[op->last] = i;
         }
         next[i] = -1;
         op->last = i;
         op->tokens += bl->slen[i];
-        rankheap_push(heap, r, f + bl->scost[i]);
+        op->end += bl->scost[i];
+        // the open micro-batch grows, and with it its wait behind the rank's previous one and its drain
+        double t = op->end - op->start;
+        rankheap_push(heap, r, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
     }
     for (int32_t r = 0; r < R; r++)
         if (close_pack(bl, &open[r], next, r) != 0) goto out;
@@ -213,22 +253,37 @@ out:
 // takes long. So a ring may use any D in [D_off(s), ceil(s/C)] (just D = ceil(s/C) without
 // offloading), offloading just enough for that D, and takes the D that finishes it earliest on
 // the currently least-loaded ranks: the D-th least-loaded rank's free time + the ring's time on D
-// ranks; ties go to fewer ranks. With every rank free this is ceil(s/C) (no offload); offloading
-// wins when only a few ranks are free soon. Pops d_hi ranks into members (least-loaded first);
-// the caller takes the first *d and pushes the rest back.
-static int place_ring(RankHeap *heap, const CostModel *cm, int64_t len, int64_t C, int d_lo, int32_t *members, int *d,
-                      int *d_hi, double *t, double *r) {
+// ranks (pp > 1: the latest last stage among the D, its largest wait, and the ring's drain); ties go
+// to fewer ranks. With every rank free this is ceil(s/C) (no offload); offloading wins when only a
+// few ranks are free soon. Pops d_hi ranks into members (least-loaded first); the caller takes the
+// first *d and pushes the rest back.
+static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, int32_t *members, int *d, int *d_hi,
+                      double *t, double *r) {
+    const CostModel *cm = bl->cm;
+    int64_t C = bl->cfg->capacity;
     int64_t plain = len / C + (len % C != 0);
     *d_hi = plain < heap->n ? (int)plain : heap->n;
     if (d_lo > *d_hi) d_lo = *d_hi;
     for (int j = 0; j < *d_hi; j++) members[j] = rankheap_pop(heap);
+    // over the first dd members: the latest last stage, and the lowest and highest levels (the
+    // wait is V-shaped in the previous level, so its largest value is at one of them)
+    double latest = 0, low = INFINITY, high = 0;
+    for (int j = 0; j < d_lo - 1; j++) {
+        latest = fmax(latest, bl->last_free[members[j]]);
+        low = fmin(low, bl->last_t[members[j]]);
+        high = fmax(high, bl->last_t[members[j]]);
+    }
     double best = INFINITY;
     *d = -1;
     for (int dd = d_lo; dd <= *d_hi; dd++) {
+        latest = fmax(latest, bl->last_free[members[dd - 1]]);
+        low = fmin(low, bl->last_t[members[dd - 1]]);
+        high = fmax(high, bl->last_t[members[dd - 1]]);
         double rd;
         if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
         double td = cost_item_time(cm, &len, 1, dd, rd);
-        double end = heap->key[members[dd - 1]] + td;
+        double wait = fmax(pipeline_wait(bl, td, low), pipeline_wait(bl, td, high));
+        double end = latest + wait + td + pipeline_drain(bl, td);
         if (end < best) {
             best = end;
             *d = dd;
@@ -249,13 +304,16 @@ static int by_start(const void *a, const void *b, void *ctx) {
     return (x > y) - (x < y);
 }
 
-int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+// One run of the scheduler; pipeline: time the ranks as pipelines (pp > 1), else by their per-stage
+// busy time alone.
+static int balance_run(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int pipeline) {
     int64_t n = b->n;
     int32_t R = cfg->n_ranks;
     double delta = cfg->delta > 0 ? cfg->delta : BALANCE_DEFAULT_DELTA;
     int n_buckets = cfg->n_buckets > 0 ? cfg->n_buckets : BALANCE_DEFAULT_BUCKETS;
     size_t nn = (size_t)(n > 0 ? n : 1);
-    Balance bl = {.b = b, .cfg = cfg, .cm = cm, .open_cost = cm->n_layers * cm->layer_const};
+    Balance bl = {.b = b, .cfg = cfg, .cm = cm, .open_cost = cm->n_layers * cm->layer_const,
+                  .lift = pipeline ? cfg->pp - 1 : 0};
     int32_t *D = bs_malloc(nn * sizeof(int32_t)), *members = NULL, *sorted = NULL;
     double *r = bs_malloc(nn * sizeof(double));
     Ring *rings = bs_malloc(nn * sizeof(Ring));
@@ -270,7 +328,10 @@ int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     bl.unused = bs_malloc((nn + 1) * sizeof(int32_t));
     bl.segs = bs_malloc(nn * sizeof(Segment));
     members = bs_malloc((size_t)R * sizeof(int32_t));
-    if (!D || !r || !rings || !bl.sidx || !bl.slen || !bl.scost || !bl.sbucket || !bl.unused || !bl.segs || !members)
+    bl.last_free = bs_calloc((size_t)R, sizeof(double));
+    bl.last_t = bs_calloc((size_t)R, sizeof(double));
+    if (!D || !r || !rings || !bl.sidx || !bl.slen || !bl.scost || !bl.sbucket || !bl.unused || !bl.segs || !members ||
+        !bl.last_free || !bl.last_t)
         goto fail_mem;
     if (policy_shard(b, cfg, cm, D, r) != 0) goto out;
     if (plan_init(&bl.tmp, b, R, cfg->capacity, cfg->pp, "balance") != 0) goto out;
@@ -317,8 +378,12 @@ int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
         int64_t len = b->seqs[s].len;
         int d, d_hi;
         double t = 0, rr = 0;
-        if (place_ring(&heap, cm, len, cfg->capacity, D[s], members, &d, &d_hi, &t, &rr) != 0) goto out;
-        double start = heap.key[members[d - 1]];  // members come out least-loaded first
+        if (place_ring(&bl, &heap, len, D[s], members, &d, &d_hi, &t, &rr) != 0) goto out;
+        // in step on every member: it starts when the last of their last stages is ready for it
+        // (pp = 1: the last member's free time; members come out least-loaded first)
+        double start = 0;
+        for (int32_t j = 0; j < d; j++)
+            start = fmax(start, bl.last_free[members[j]] + pipeline_wait(&bl, t, bl.last_t[members[j]]));
         for (int32_t j = 0; j < d; j++) {
             double f = heap.key[members[j]];
             if (cfg->pp == 1 && start - f > delta * start) {
@@ -331,7 +396,9 @@ int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
                 }
                 holes[n_holes++] = (Hole){members[j], f, start};
             }
-            rankheap_push(&heap, members[j], start + t);
+            bl.last_free[members[j]] = start + t;
+            bl.last_t[members[j]] = t;
+            rankheap_push(&heap, members[j], rank_key(&bl, members[j]));
         }
         for (int32_t j = d; j < d_hi; j++) rankheap_push(&heap, members[j], heap.key[members[j]]);  // not taken
         policy_sort_ranks(members, d);
@@ -377,7 +444,32 @@ out:
     free(bl.sbucket);
     free(bl.unused);
     free(bl.segs);
+    free(bl.last_free);
+    free(bl.last_t);
     plan_free(&bl.tmp);
     rankheap_free(&heap);
     return rc;
+}
+
+// PP-Balance's pipeline model (pipeline_wait) is exact for one pipeline of equal micro-batches but
+// not for rings that couple pipelines at different points of their 1F1B schedules, where it can
+// mislead the list scheduler. The replay in plan_finalize is the simulator's schedule and costs
+// milliseconds, so with pp > 1 the scheduler runs twice, with the pipeline model and with plain
+// per-stage busy times (what pp = 1 uses), and the plan whose replayed makespan is shorter is kept.
+int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    if (cfg->pp == 1) return balance_run(out, b, cfg, cm, 0);
+    Plan plain;
+    memset(&plain, 0, sizeof plain);
+    if (balance_run(out, b, cfg, cm, 1) != 0 || balance_run(&plain, b, cfg, cm, 0) != 0 ||
+        plan_finalize(out, cm) != 0 || plan_finalize(&plain, cm) != 0) {
+        plan_free(&plain);
+        return -1;
+    }
+    if (plain.makespan < out->makespan) {
+        Plan t = *out;
+        *out = plain;
+        plain = t;
+    }
+    plan_free(&plain);
+    return 0;
 }

@@ -1,16 +1,47 @@
-// policy_naive.c: ByteScale's Algorithm 1, naive HDP (docs/planner.md).
+// policy_naive.c: ByteScale's Algorithm 1, naive HDP (docs/planner.md), in two readings.
 //
-// Sharding: every sequence s > C becomes a ring over D(s) ranks with offload ratio r(s) (Eq. 3,
-// policy_shard); every s <= C is best-fit packed, in arrival order, into bins of capacity C.
+// Sharding: every s <= C is best-fit packed, in arrival order, into bins of capacity C; every
+// sequence s > C becomes a ring. How many ranks the ring gets is where the readings differ:
+//   naive          as ByteScale deploys it: D anywhere in [Eq. 3's fewest ranks, ceil(s/C)], the
+//                  D that finishes the ring earliest on the ranks it is given (ties: fewer ranks).
+//                  Offloading shrinks a ring only where that does not make it finish later, and
+//                  is required where the ranks run short. With offloading off: D = ceil(s/C),
+//                  r = 0 (the ablation's "naive-nooff", dynamic communication alone).
+//   naive-eq3min   the literal reading: D = Eq. 3's fewest ranks, r what that takes. Every member
+//                  then does more of the quadratic attention work, while a ring at C tokens per
+//                  rank already hides its traffic; kept as a named variant for the ablation.
 // Assignment without balancing, what a data-parallel loader does: it balances TOKENS, not time.
 // Items in the arrival order of their first sequence, each to the D ranks with the fewest tokens so
-// far (ties: the lowest rank); the global order is the assignment order.
+// far (ties: the lowest rank); the global order is the assignment order. Ranks' estimated busy
+// times are tracked only to choose a ring's D.
+#include <math.h>
 #include <stdlib.h>
 
 #include "bytescale/error.h"
 #include "plan/policy_util.h"
 
-int policy_naive(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+// Ring size for a long sequence, naive's way: members[] holds the d_hi ranks with the fewest tokens
+// (fewest first); the D in [d_lo, d_hi] whose ring on members[0..D) finishes earliest, counting from
+// when the last of those is free (busy), with the least offload that D allows.
+static int pick_ring(const CostModel *cm, int64_t len, int64_t C, int d_lo, int d_hi, const int32_t *members,
+                     const double *busy, int *d, double *r, double *start, double *t) {
+    double best = INFINITY, free_at = 0;
+    *d = -1;
+    for (int dd = 1; dd <= d_hi; dd++) {
+        free_at = fmax(free_at, busy[members[dd - 1]]);
+        double rd;
+        if (dd < d_lo || !policy_offload_for(cm, len, C, dd, &rd)) continue;
+        double td = cost_item_time(cm, &len, 1, dd, rd);
+        if (free_at + td < best) {
+            best = free_at + td;
+            *d = dd, *r = rd, *start = free_at, *t = td;
+        }
+    }
+    if (*d < 0) return bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks", (long long)len, d_lo, d_hi);
+    return 0;
+}
+
+static int naive_plan(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int eq3min) {
     int64_t n = b->n;
     int32_t *D = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     double *r = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
@@ -19,8 +50,10 @@ int policy_naive(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const C
     Segment *segs = NULL;
     BestFit bf = {0};
     RankHeap heap = {0};
+    double *busy = bs_calloc((size_t)cfg->n_ranks, sizeof(double));  // estimated time each rank is free
+    int64_t *lens = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));  // one item's segment lengths
     int rc = -1;
-    if (!D || !r || !bin_of) goto fail_mem;
+    if (!D || !r || !bin_of || !busy || !lens) goto fail_mem;
     if (policy_shard(b, cfg, cm, D, r) != 0) goto out;
     if (bestfit_init(&bf, cfg->capacity) != 0) goto out;
     for (int64_t i = 0; i < n; i++) {
@@ -43,7 +76,7 @@ int policy_naive(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const C
     for (int32_t k = n_bins; k > 0; k--) bin_begin[k] = bin_begin[k - 1];  // undo the shift of the fill
     bin_begin[0] = 0;
 
-    if (plan_init(out, b, cfg->n_ranks, cfg->capacity, cfg->pp, "naive") != 0) goto out;
+    if (plan_init(out, b, cfg->n_ranks, cfg->capacity, cfg->pp, eq3min ? "naive-eq3min" : "naive") != 0) goto out;
     if (rankheap_init(&heap, cfg->n_ranks) != 0) goto out;
     // a bin is created by its first sequence, so visiting sequences in order and emitting a bin at
     // its first sequence gives the arrival order of first sequences
@@ -59,11 +92,28 @@ int policy_naive(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const C
         }
         int64_t tokens = 0;
         for (int j = 0; j < n_segs; j++) tokens += segs[j].len;
-        int d = D[i];
-        for (int j = 0; j < d; j++) ranks[j] = rankheap_pop(&heap);
-        for (int j = 0; j < d; j++) rankheap_push(&heap, ranks[j], heap.key[ranks[j]] + (double)tokens / d);
+        int d = D[i], d_hi = d;
+        double ratio = r[i], start = 0, t = 0;
+        if (bin_of[i] < 0 && !eq3min) {  // a ring: any D from Eq. 3's fewest to ceil(s / C)
+            int64_t plain = tokens / cfg->capacity + (tokens % cfg->capacity != 0);
+            d_hi = plain < cfg->n_ranks ? (int)plain : cfg->n_ranks;
+            if (d_hi < d) d_hi = d;
+        }
+        for (int j = 0; j < d_hi; j++) ranks[j] = rankheap_pop(&heap);
+        if (d_hi > d) {
+            if (pick_ring(cm, tokens, cfg->capacity, d, d_hi, ranks, busy, &d, &ratio, &start, &t) != 0) goto out;
+            for (int j = d; j < d_hi; j++) rankheap_push(&heap, ranks[j], heap.key[ranks[j]]);  // not taken
+        } else {
+            for (int j = 0; j < d; j++) start = fmax(start, busy[ranks[j]]);
+            for (int j = 0; j < n_segs; j++) lens[j] = segs[j].len;
+            t = cost_item_time(cm, lens, n_segs, d, ratio);
+        }
+        for (int j = 0; j < d; j++) {
+            rankheap_push(&heap, ranks[j], heap.key[ranks[j]] + (double)tokens / d);
+            busy[ranks[j]] = start + t;
+        }
         policy_sort_ranks(ranks, d);
-        if (plan_add_item(out, segs, n_segs, ranks, d, r[i]) < 0) goto out;
+        if (plan_add_item(out, segs, n_segs, ranks, d, ratio) < 0) goto out;
     }
     rc = 0;
     goto out;
@@ -77,7 +127,17 @@ out:
     free(bin_seqs);
     free(segs);
     free(ranks);
+    free(busy);
+    free(lens);
     bestfit_free(&bf);
     rankheap_free(&heap);
     return rc;
+}
+
+int policy_naive(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    return naive_plan(out, b, cfg, cm, 0);
+}
+
+int policy_naive_eq3min(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    return naive_plan(out, b, cfg, cm, 1);
 }

@@ -1,16 +1,49 @@
 // policy_static.c: the baseline, Megatron-style static DP x CP mesh (docs/planner.md).
 //
 // d_cp = ceil(context / C) ranks per CP group, d_dp = n_ranks / d_cp groups (leftover ranks idle).
-// Sequences are packed in arrival order into micro-batches of C * d_cp tokens (one that does not fit
-// starts the next micro-batch); every micro-batch is a ring over its group's d_cp ranks with every
-// sequence split symmetrically (d_cp == 1: a pack). Micro-batches go to groups as Megatron's
+// Sequences are packed in arrival order into micro-batches (one that does not fit starts the next
+// micro-batch); every micro-batch is a ring over its group's d_cp ranks with every sequence split
+// symmetrically (d_cp == 1: a pack). "Fits" means every ring member holds at most C tokens under the
+// 2D-chunk layout, which is stricter than C * d_cp tokens in all: short sequences put their extra
+// tokens on the low members (plan_validate checks the same). Micro-batches go to groups as Megatron's
 // data-parallel split does: contiguous blocks of equal count, and when the count does not divide,
 // the first (M mod d_dp) groups take one more. Global order: round k of every group, then round k+1.
 // The static mesh never offloads.
 #include <stdlib.h>
+#include <string.h>
 
 #include "bytescale/error.h"
 #include "plan/policy_util.h"
+
+// What each member of the open ring micro-batch holds under the 2D-chunk layout (plan_chunk).
+// A sequence of len tokens gives member i of D: 2 (len / 2D), plus one if chunk i is among the first
+// rem = len mod 2D chunks (i < rem), plus one if chunk 2D-1-i is (i >= 2D - rem). The common part
+// goes to base; only members [0, min(rem, D)) gain more, so adding a sequence touches at most
+// min(len, D) members, and the fullest member afterwards is the old fullest or a touched one.
+// No count overflows: each is at most the batch's tokens.
+typedef struct {
+    int64_t D;
+    int64_t base;    // tokens every member holds
+    int64_t most;    // the largest extra[i]
+    int64_t *extra;  // (D,) member i holds base + extra[i]
+} RingFill;
+
+static void ring_fill_clear(RingFill *f) {
+    f->base = f->most = 0;
+    memset(f->extra, 0, (size_t)f->D * sizeof *f->extra);
+}
+
+// Add a sequence of len tokens; returns what the fullest member then holds. When that is more than
+// C the caller drops this fill (the sequence starts the next micro-batch), so nothing is undone.
+static int64_t ring_fill_add(RingFill *f, int64_t len) {
+    int64_t parts = 2 * f->D, rem = len % parts, touched = rem < f->D ? rem : f->D;
+    f->base += 2 * (len / parts);
+    for (int64_t i = 0; i < touched; i++) {
+        f->extra[i] += 1 + (i >= parts - rem);
+        if (f->extra[i] > f->most) f->most = f->extra[i];
+    }
+    return f->base + f->most;
+}
 
 int policy_static(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
     (void)cm;
@@ -30,25 +63,25 @@ int policy_static(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const 
         return bs_fail("a sequence of %lld tokens needs %lld ranks of capacity %lld; only %d given", (long long)context,
                        (long long)d_cp, (long long)C, cfg->n_ranks);
     int32_t d_dp = cfg->n_ranks / (int32_t)d_cp;
-    int64_t mb_cap = C * d_cp;
 
     // micro-batches: mb_first[m] .. mb_first[m+1] are the sequences of micro-batch m
     int32_t *mb_first = bs_malloc((size_t)(b->n + 1) * sizeof(int32_t));
     Segment *segs = bs_malloc((size_t)b->n * sizeof(Segment));
     int32_t *ranks = bs_malloc((size_t)d_cp * sizeof(int32_t));
+    RingFill fill = {.D = d_cp, .extra = bs_malloc((size_t)d_cp * sizeof(int64_t))};
     int rc = -1;
-    if (!mb_first || !segs || !ranks) {
+    if (!mb_first || !segs || !ranks || !fill.extra) {
         bs_fail_ctx("static");
         goto out;
     }
     int32_t M = 0;
-    int64_t fill = mb_cap;  // force a new micro-batch for the first sequence
     for (int32_t i = 0; i < b->n; i++) {
-        if (fill + b->seqs[i].len > mb_cap) {
-            mb_first[M++] = i;
-            fill = 0;
-        }
-        fill += b->seqs[i].len;
+        if (M > 0 && ring_fill_add(&fill, b->seqs[i].len) <= C) continue;
+        // next fit: the sequence starts a micro-batch. An empty ring always takes it: no member then
+        // holds more than ceil(len / d_cp) <= ceil(context / d_cp) <= C tokens.
+        mb_first[M++] = i;
+        ring_fill_clear(&fill);
+        ring_fill_add(&fill, b->seqs[i].len);
     }
     mb_first[M] = (int32_t)b->n;
 
@@ -70,5 +103,6 @@ out:
     free(mb_first);
     free(segs);
     free(ranks);
+    free(fill.extra);
     return rc;
 }

@@ -12,6 +12,7 @@
 
 int policy_static(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 int policy_naive(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+int policy_naive_eq3min(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 
 // Algorithm 1's sharding: D[i] ranks and offload ratio r[i] for every sequence. s <= C: D = 1,

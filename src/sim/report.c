@@ -119,6 +119,7 @@ cJSON *sim_outcome_json(const SimOutcome *oc) {
     cJSON_AddNumberToObject(o, "rings", r->n_rings);
     cJSON_AddNumberToObject(o, "planner_makespan", oc->planner_makespan);
     cJSON_AddNumberToObject(o, "lower_bound", oc->lower_bound);
+    cJSON_AddNumberToObject(o, "hdp_bound", oc->hdp_bound);
     cJSON_AddNumberToObject(o, "plan_seconds", oc->plan_seconds);
     cJSON_AddNumberToObject(o, "sim_seconds", oc->sim_seconds);
     return o;

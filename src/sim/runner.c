@@ -58,6 +58,7 @@ int sim_setup_run(const SimSetup *s, const SimVariant *v, SimOutcome *out, Plan 
     out->sim_seconds = now_seconds() - t1;
     out->planner_makespan = plan.makespan;
     out->lower_bound = plan.lower_bound;
+    out->hdp_bound = plan.hdp_bound;
     out->n_items = plan.n_items;
     if (rc != 0) bs_fail_ctx("scenario %s: policy %s", s->sc.name, v->label);
     if (rc == 0 && plan_out) *plan_out = plan;

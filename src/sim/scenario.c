@@ -95,6 +95,7 @@ static const SimVariant variants[] = {
     {"static", "static", 0, "the static DP x CP mesh, the baseline"},
     {"naive-nooff", "naive", 0, "HDP sharding + dynamic comm"},
     {"naive", "naive", 1, "+ selective offloading"},
+    {"naive-eq3min", "naive-eq3min", 1, "naive, every ring on Eq. 3's fewest ranks"},
     {"balance", "balance", 1, "+ balance scheduler"},
 };
 enum { N_VARIANTS = (int)(sizeof variants / sizeof variants[0]) };

@@ -11,6 +11,7 @@
 #include "bytescale/fileio.h"
 #include "bytescale/progress.h"
 #include "bytescale/scenario.h"
+#include "bytescale/seeds.h"
 
 static const int64_t sweep_contexts[] = {256 << 10, 512 << 10, 1 << 20, 2 << 20};
 enum { N_SWEEP = 4 };
@@ -56,67 +57,60 @@ static const char *base_name(const char *path) {
     return s ? s + 1 : path;
 }
 
+// The CSV of sweeps and the grid: per (point, policy) the seeds and every metric as mean, min, max.
 static void csv_header(FILE *f, const char *x) {
-    fprintf(f, "%s,policy,step_s,tokens_per_s,speedup_vs_static,mfu,busy_median_s,comm_median_s,wait_median_s,"
-               "wait_max_s,sync_s,ring_tb,offload_tb,items,rings\n",
-            x);
+    fprintf(f, "%s,policy,seeds", x);
+    for (int m = 0; m < SIM_N_METRICS; m++) {
+        const char *c = sim_metric_info(m)->csv;
+        if (c[0]) fprintf(f, ",%s_mean,%s_min,%s_max", c, c, c);
+    }
+    fprintf(f, "\n");
 }
 
-static void csv_row(FILE *f, const char *x, const SimOutcome *o, double base_tps) {
-    const SimResult *r = &o->res;
-    fprintf(f, "%s,%s,%.6g,%.6g,", x, o->variant.label, r->step_time, r->tokens_per_s);
-    if (base_tps > 0) fprintf(f, "%.4f", r->tokens_per_s / base_tps);
-    fprintf(f, ",%.4f,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d,%d\n", r->mfu, r->busy_spread.median, r->comm_spread.median,
-            r->wait_spread.median, r->wait_spread.max, r->sync_time, r->ring_bytes / 1e12, r->offload_bytes / 1e12,
-            o->n_items, r->n_rings);
+static void csv_rows(FILE *f, const char *x, const SimSeedsResult *r) {
+    for (int j = 0; j < r->n_v; j++) {
+        const SimSeedStats *st = &r->v[j];
+        if (!st->ok) continue;
+        fprintf(f, "%s,%s,%d", x, st->variant.label, r->n_seeds);
+        for (int m = 0; m < SIM_N_METRICS; m++) {
+            const SimMetricInfo *mi = sim_metric_info(m);
+            const SimStat *t = &st->stat[m];
+            if (!mi->csv[0]) continue;
+            if (isnan(t->mean)) fprintf(f, ",,,");  // no static to compare with
+            else fprintf(f, ",%.6g,%.6g,%.6g", t->mean * mi->csv_scale, t->min * mi->csv_scale, t->max * mi->csv_scale);
+        }
+        fprintf(f, "\n");
+    }
 }
 
-static double static_tps(const SimOutcome *o, const int *ok, int n) {
-    for (int j = 0; j < n; j++)
-        if (ok[j] && !strcmp(o[j].variant.label, "static")) return o[j].res.tokens_per_s;
-    return 0;
-}
-
-// Run all variants on one scenario. ok[j] says which ran; a set-up failure fails the point.
-static int run_point(const Scenario *sc, uint64_t seed, const SimVariant *v, int n_v, SimOutcome *out, int *ok,
-                     char (*why)[96], Progress *pr, int64_t *done, FILE *log) {
-    SimSetup s;
-    if (sim_setup_init(&s, sc, seed) != 0) {
-        sim_setup_free(&s);
+// Run every variant on one scenario over the seeds and log its table. -1 when the set-up failed
+// (the point is skipped); *done then still counts all of the point's runs.
+static int run_point(SimSeedsResult *r, const Scenario *sc, const SimVariant *v, int n_v, uint64_t seed, int n_seeds,
+                     Progress *pr, int64_t *done, FILE *log) {
+    int64_t end = *done + (int64_t)n_seeds * n_v;
+    SimSeedsConfig cfg = {seed, n_seeds, NULL, pr, done, NULL, NULL};
+    if (sim_seeds_run(r, sc, v, n_v, &cfg) != 0) {
+        *done = end;
+        if (log) fprintf(log, "%s: skipped: %s\n\n", sc->name, bs_errmsg());
         return -1;
     }
-    if (log) sim_setup_describe(log, &s);
+    if (!log) return 0;
+    sim_seeds_describe(log, r);
     int any = 0;
     for (int j = 0; j < n_v; j++) {
-        ok[j] = sim_setup_run(&s, &v[j], &out[j], NULL) == 0;
-        if (!ok[j] && why) snprintf(why[j], sizeof why[j], "%s", bs_errmsg());
-        if (!ok[j] && log) fprintf(log, "  %s: skipped: %s\n", v[j].label, bs_errmsg());
-        any |= ok[j];
-        progress_update(pr, ++*done, sc->name);
+        if (!r->v[j].ok) fprintf(log, "  %s: skipped: %s\n", v[j].label, r->v[j].why);
+        any |= r->v[j].ok;
     }
-    if (log && any) {
-        SimOutcome *rows = calloc((size_t)n_v, sizeof *rows);
-        int n = 0;
-        for (int j = 0; j < n_v && rows; j++)
-            if (ok[j]) rows[n++] = out[j];
-        if (rows) sim_table_print(log, rows, n);
-        free(rows);
-        fprintf(log, "\n");
-    }
-    sim_setup_free(&s);
+    if (any) sim_seeds_table_print(log, r);
+    fprintf(log, "\n");
     return 0;
-}
-
-static void free_point(SimOutcome *o, const int *ok, int n) {
-    for (int j = 0; j < n; j++)
-        if (ok[j]) sim_outcome_free(&o[j]);
 }
 
 // ---- sweeps -----------------------------------------------------------------------------------------
 
 typedef struct {
-    double x;       // plotted x (context in K tokens, or GPUs)
-    double y[16];   // tokens/s per variant, NAN where it did not run
+    double x;        // plotted x (context in K tokens, or GPUs)
+    SimStat y[16];   // tokens/s per variant over the seeds, NAN where it did not run
 } SweepPoint;
 
 static int write_sweep_plot(const char *dir, const char *stem, SimSweep kind, const SimVariant *v, int n_v,
@@ -128,14 +122,19 @@ static int write_sweep_plot(const char *dir, const char *stem, SimSweep kind, co
     AtomicFile af;
     if (atomic_open(&af, gp) != 0) return -1;
     FILE *f = af.f;
-    fprintf(f, "# %s: tokens/s per policy (written by bytescale simulate --sweep; run from this directory)\n", stem);
+    fprintf(f, "# %s: tokens/s per policy, mean over the seeds with min-max bars (written by bytescale simulate "
+               "--sweep; run from this directory)\n",
+            stem);
     for (int j = 0; j < n_v; j++) {
-        fprintf(f, "$d%d << EOD\n", j);
+        fprintf(f, "$d%d << EOD\n", j);  // x mean min max
         for (int i = 0; i < n_pts; i++)
-            if (!isnan(pts[i].y[j])) fprintf(f, "%g %.6g\n", pts[i].x, pts[i].y[j]);
+            if (!isnan(pts[i].y[j].mean))
+                fprintf(f, "%g %.6g %.6g %.6g\n", pts[i].x, pts[i].y[j].mean, pts[i].y[j].min, pts[i].y[j].max);
         fprintf(f, "EOD\n");
     }
-    fprintf(f, "set title \"%s\"\nset grid\nset key top left\nset yrange [0:*]\nset logscale x 2\n", title);
+    // tokens/s falls with the context and grows with the GPUs: the key goes where the curves are low
+    fprintf(f, "set title \"%s\"\nset grid\nset key %s\nset yrange [0:*]\nset logscale x 2\n", title,
+            kind == SIM_SWEEP_CONTEXTS ? "top right" : "top left");
     fprintf(f, "set offsets graph 0.05, graph 0.05, 0, 0\n");
     fprintf(f, "set xlabel \"%s\"\nset ylabel \"tokens/s\"\nset xtics (",
             kind == SIM_SWEEP_CONTEXTS ? "context" : "GPUs");
@@ -149,7 +148,7 @@ static int write_sweep_plot(const char *dir, const char *stem, SimSweep kind, co
     gp_png(f, base_name(png), 900, 600);
     fprintf(f, "plot ");
     for (int j = 0; j < n_v; j++)
-        fprintf(f, "%s$d%d using 1:2 with linespoints lw 2 title \"%s\"", j ? ", " : "", j, v[j].label);
+        fprintf(f, "%s$d%d using 1:2:3:4 with yerrorlines lw 2 title \"%s\"", j ? ", " : "", j, v[j].label);
     fprintf(f, "\n");
     gp_svg(f, base_name(svg), 900, 600);
     fprintf(f, "replot\n");
@@ -157,9 +156,10 @@ static int write_sweep_plot(const char *dir, const char *stem, SimSweep kind, co
     return sim_gnuplot(gp);
 }
 
-int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int n_v, uint64_t seed, const char *dir,
-                  int plot, FILE *log) {
+int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int n_v, uint64_t seed, int n_seeds,
+                  const char *dir, int plot, FILE *log) {
     if (n_v < 1 || n_v > 16) return bs_fail("sweep: 1 to 16 policies (got %d)", n_v);
+    if (n_seeds < 1 || n_seeds > SIM_SEEDS_MAX) return bs_fail("sweep: 1 to %d seeds (got %d)", SIM_SEEDS_MAX, n_seeds);
     if (make_dirs(dir) != 0) return -1;
     int64_t xs[N_SWEEP];
     for (int i = 0; i < N_SWEEP; i++)
@@ -170,12 +170,10 @@ int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int 
     AtomicFile af;
     if (atomic_open(&af, csv) != 0) return -1;
     csv_header(af.f, kind == SIM_SWEEP_CONTEXTS ? "context" : "gpus");
-    SimOutcome out[16];
-    int ok[16];
     SweepPoint pts[N_SWEEP];
     int n_pts = 0;
     Progress pr;
-    progress_start(&pr, "sweep", (int64_t)N_SWEEP * n_v);
+    progress_start(&pr, "sweep", (int64_t)N_SWEEP * n_seeds * n_v);
     int64_t done = 0;
     for (int i = 0; i < N_SWEEP; i++) {
         Scenario sc = *base;
@@ -185,38 +183,34 @@ int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int 
             snprintf(sc.name, sizeof sc.name, "%s@ctx%lldk", base->name, (long long)(xs[i] >> 10));
         } else {
             if (xs[i] < 1 || xs[i] > 1 << 30) {  // fewer than 4 GPUs: no quarter of them
-                done += n_v;
+                done += (int64_t)n_seeds * n_v;
                 continue;
             }
             sc.gpus = (int)xs[i];
             snprintf(sc.name, sizeof sc.name, "%s@%lldgpus", base->name, (long long)xs[i]);
         }
         snprintf(x, sizeof x, "%lld", (long long)xs[i]);
-        if (run_point(&sc, seed, v, n_v, out, ok, NULL, &pr, &done, log) != 0) {
-            if (log) fprintf(log, "%s: skipped: %s\n\n", sc.name, bs_errmsg());
-            done += n_v;
-            continue;
-        }
-        double base_tps = static_tps(out, ok, n_v);
+        SimSeedsResult r;
+        if (run_point(&r, &sc, v, n_v, seed, n_seeds, &pr, &done, log) != 0) continue;
         SweepPoint *pt = &pts[n_pts++];
         pt->x = kind == SIM_SWEEP_CONTEXTS ? (double)(xs[i] >> 10) : (double)xs[i];
-        for (int j = 0; j < n_v; j++) {
-            pt->y[j] = ok[j] ? out[j].res.tokens_per_s : NAN;
-            if (ok[j]) csv_row(af.f, x, &out[j], base_tps);
-        }
-        free_point(out, ok, n_v);
+        for (int j = 0; j < n_v; j++) pt->y[j] = r.v[j].stat[SIM_M_TOKENS_PER_S];
+        csv_rows(af.f, x, &r);
+        sim_seeds_free(&r);
     }
     progress_finish(&pr, done, NULL);
     if (atomic_close(&af) != 0) return -1;
     if (n_pts == 0) return bs_fail("sweep %s: no point could be simulated (see the messages above)", stem);
     if (log) fprintf(log, "wrote %s\n", csv);
     if (!plot) return 0;
-    char title[160], ctx[24];
+    char title[200], ctx[24], seeds[48];
+    if (n_seeds == 1) snprintf(seeds, sizeof seeds, "seed %llu", (unsigned long long)seed);
+    else snprintf(seeds, sizeof seeds, "mean of %d seeds", n_seeds);
     if (kind == SIM_SWEEP_CONTEXTS)
-        snprintf(title, sizeof title, "%s: %s, %s, %d GPUs", stem, base->model, base->dataset, base->gpus);
+        snprintf(title, sizeof title, "%s: %s, %s, %d GPUs, %s", stem, base->model, base->dataset, base->gpus, seeds);
     else
-        snprintf(title, sizeof title, "%s: %s, %s, context %s", stem, base->model, base->dataset,
-                 sim_tokens_text(ctx, sizeof ctx, base->context));
+        snprintf(title, sizeof title, "%s: %s, %s, context %s, %s", stem, base->model, base->dataset,
+                 sim_tokens_text(ctx, sizeof ctx, base->context), seeds);
     if (write_sweep_plot(dir, stem, kind, v, n_v, pts, n_pts, title) != 0) return -1;
     if (log) fprintf(log, "wrote %s/%s.png and %s/%s.svg\n", dir, stem, dir, stem);
     return 0;
@@ -227,8 +221,11 @@ int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int 
 typedef struct {
     Scenario sc;
     int hdp_ranks;
-    double tps[16];   // NAN: did not run
-    char why[16][96]; // why not
+    SimStat tps[16];      // tokens/s over the seeds; NAN: did not run
+    SimStat speedup[16];  // the per-seed ratio over static's tokens/s; NAN: no static to compare with
+    SimStat over_lb[16];  // planner makespan / the policy-independent lower bound
+    SimStat over_hdp[16]; // planner makespan / the HDP-aware bound (a sequence on <= ceil(s/C) ranks)
+    char why[16][256];    // why not
 } GridRow;
 
 static int find_label(const SimVariant *v, int n_v, const char *label) {
@@ -237,26 +234,49 @@ static int find_label(const SimVariant *v, int n_v, const char *label) {
     return -1;
 }
 
-static void md_speedup(FILE *f, const GridRow *row, int j, int js) {
-    if (j < 0 || js < 0 || isnan(row->tps[j]) || isnan(row->tps[js]) || row->tps[js] <= 0) fprintf(f, " - |");
-    else fprintf(f, " %.2fx |", row->tps[j] / row->tps[js]);
+// A cell: the mean, and with several seeds the min-max over them in brackets.
+static void md_cell(FILE *f, SimStat x, double scale, const char *fmt, const char *unit, int n_seeds) {
+    if (isnan(x.mean)) {
+        fprintf(f, " - |");
+        return;
+    }
+    fprintf(f, " ");
+    fprintf(f, fmt, x.mean * scale);
+    fprintf(f, "%s", unit);
+    if (n_seeds > 1) {
+        fprintf(f, " [");
+        fprintf(f, fmt, x.min * scale);
+        fprintf(f, "-");
+        fprintf(f, fmt, x.max * scale);
+        fprintf(f, "]");
+    }
+    fprintf(f, " |");
 }
 
 static int write_grid_md(const char *path, const GridRow *rows, int n_rows, const SimVariant *v, int n_v,
-                         uint64_t seed, const char *command) {
+                         uint64_t seed, int n_seeds, const char *command) {
     AtomicFile af;
     if (atomic_open(&af, path) != 0) return -1;
     FILE *f = af.f;
     int js = find_label(v, n_v, "static"), jn = find_label(v, n_v, "naive"), jb = find_label(v, n_v, "balance");
     fprintf(f, "# The ByteScale paper grid, simulated\n\n");
     fprintf(f, "Regenerate with:\n\n```\n%s\n```\n\n", command);
-    fprintf(f, "One simulated step per cell (seed %llu): the global batch of 32M tokens is drawn from the dataset's "
+    if (n_seeds == 1)
+        fprintf(f, "One simulated step per cell (seed %llu): ", (unsigned long long)seed);
+    else
+        fprintf(f, "Every cell is the mean over %d seeds (seeds %llu..%llu), one simulated step each, with the min-max "
+                   "over the seeds in brackets: ",
+                n_seeds, (unsigned long long)seed, (unsigned long long)(seed + (uint64_t)n_seeds - 1));
+    fprintf(f, "the global batch of 32M tokens is drawn from the dataset's "
                "length distribution and cut at the context, planned by each policy and run on the modelled "
                "cluster by `bytescale simulate` (model, assumptions and limits: [docs/simulator.md](../simulator.md)). "
                "Throughput is in millions of tokens per second of the whole cluster; the speedups are over "
-               "`static` on the same batch. The case study of the paper (`--scenario case-study`) is the row "
+               "`static` on the same batch%s. The last two columns are `balance`'s planned makespan over the "
+               "two bounds of [docs/planner.md](../planner.md): the policy-independent lower bound and the "
+               "HDP-aware bound, in which no sequence uses more than ceil(s/C) ranks (the 5%% target is against "
+               "the latter). The case study of the paper (`--scenario case-study`) is the row "
                "llama-7b / byted / 2M.\n\n",
-            (unsigned long long)seed);
+            n_seeds > 1 ? " (the mean of the per-seed ratios)" : "");
     fprintf(f, "Policies:");
     for (int j = 0; j < n_v; j++) fprintf(f, "%s `%s` (%s)", j ? ";" : "", v[j].label, v[j].summary);
     fprintf(f, ".\n");
@@ -264,16 +284,18 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
     if (js >= 0 && n_v > 1) fprintf(f, "\n");
     for (int j = 0; js >= 0 && j < n_v; j++) {
         if (j == js) continue;
-        double lo = INFINITY, hi = 0, logsum = 0;
+        double lo = INFINITY, hi = 0, lo_seed = INFINITY, hi_seed = 0, logsum = 0;
         int n = 0;
         for (int i = 0; i < n_rows; i++) {
-            if (isnan(rows[i].tps[j]) || isnan(rows[i].tps[js]) || !(rows[i].tps[js] > 0)) continue;
-            double x = rows[i].tps[j] / rows[i].tps[js];
-            lo = fmin(lo, x), hi = fmax(hi, x), logsum += log(x), n++;
+            SimStat x = rows[i].speedup[j];
+            if (isnan(x.mean) || !(x.mean > 0)) continue;
+            lo = fmin(lo, x.mean), hi = fmax(hi, x.mean), logsum += log(x.mean), n++;
+            lo_seed = fmin(lo_seed, x.min), hi_seed = fmax(hi_seed, x.max);
         }
-        if (n > 0)
-            fprintf(f, "- `%s` over `static`: %.2fx to %.2fx, geometric mean %.2fx over %d cells\n", v[j].label, lo, hi,
-                    exp(logsum / n), n);
+        if (n == 0) continue;
+        fprintf(f, "- `%s` over `static`: %.2fx to %.2fx", v[j].label, lo, hi);
+        if (n_seeds > 1) fprintf(f, " (cell means; single seeds %.2fx to %.2fx)", lo_seed, hi_seed);
+        fprintf(f, ", geometric mean %.2fx over %d cells\n", exp(logsum / n), n);
     }
     const Scenario *prev = NULL;
     for (int i = 0; i < n_rows; i++) {
@@ -284,29 +306,34 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
                     row->sc.hardware);
             fprintf(f, "| dataset | context |");
             for (int j = 0; j < n_v; j++) fprintf(f, " %s |", v[j].label);
-            fprintf(f, " naive vs static | balance vs static |\n|---|---|");
-            for (int j = 0; j < n_v + 2; j++) fprintf(f, "---:|");
+            fprintf(f, " naive vs static | balance vs static | balance makespan / lower bound | balance makespan / "
+                       "HDP bound |\n|---|---|");
+            for (int j = 0; j < n_v + 4; j++) fprintf(f, "---:|");
             fprintf(f, "\n");
         }
         prev = &row->sc;
         char c[24];
         fprintf(f, "| %s | %s |", row->sc.dataset, sim_tokens_text(c, sizeof c, row->sc.context));
         for (int j = 0; j < n_v; j++) {
-            if (isnan(row->tps[j])) fprintf(f, " failed |");
-            else fprintf(f, " %.3f |", row->tps[j] / 1e6);
+            if (isnan(row->tps[j].mean)) fprintf(f, " failed |");
+            else md_cell(f, row->tps[j], 1e-6, "%.3f", "", n_seeds);
         }
-        md_speedup(f, row, jn, js);
-        md_speedup(f, row, jb, js);
+        SimStat none = {NAN, NAN, NAN};
+        md_cell(f, jn >= 0 ? row->speedup[jn] : none, 1, "%.2f", "x", n_seeds);
+        md_cell(f, jb >= 0 ? row->speedup[jb] : none, 1, "%.2f", "x", n_seeds);
+        md_cell(f, jb >= 0 ? row->over_lb[jb] : none, 1, "%.3f", "", n_seeds);
+        md_cell(f, jb >= 0 ? row->over_hdp[jb] : none, 1, "%.3f", "", n_seeds);
         fprintf(f, "\n");
     }
     int n_fail = 0;
     for (int i = 0; i < n_rows; i++)
-        for (int j = 0; j < n_v; j++) n_fail += isnan(rows[i].tps[j]);
+        for (int j = 0; j < n_v; j++) n_fail += isnan(rows[i].tps[j].mean);
     if (n_fail) {
         fprintf(f, "\n## Cells that did not run\n\n");
         for (int i = 0; i < n_rows; i++)
             for (int j = 0; j < n_v; j++)
-                if (isnan(rows[i].tps[j])) fprintf(f, "- %s, %s: %s\n", rows[i].sc.name, v[j].label, rows[i].why[j]);
+                if (isnan(rows[i].tps[j].mean))
+                    fprintf(f, "- %s, %s: %s\n", rows[i].sc.name, v[j].label, rows[i].why[j]);
     }
     fprintf(f, "\n![speedup of balance over static](paper-grid.png)\n");
     return atomic_close(&af);
@@ -320,7 +347,8 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
     AtomicFile af;
     if (atomic_open(&af, gp) != 0) return -1;
     FILE *f = af.f;
-    fprintf(f, "# speedup of balance over static per model, one panel per dataset (bytescale simulate --grid)\n");
+    fprintf(f, "# speedup of balance over static per model, one panel per dataset, mean over the seeds with min-max "
+               "bars (bytescale simulate --grid)\n");
     // one datablock per (dataset, model): the rows come model-major, dataset, context
     int block = 0;
     char titles[64][48];
@@ -329,12 +357,14 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
         int same = i > 0 && !strcmp(rows[i - 1].sc.model, rows[i].sc.model) &&
                    !strcmp(rows[i - 1].sc.dataset, rows[i].sc.dataset);
         if (same) continue;
-        fprintf(f, "$d%d << EOD\n", block);
+        fprintf(f, "$d%d << EOD\n", block);  // context mean min max
         for (int k = i; k < n_rows && !strcmp(rows[k].sc.model, rows[i].sc.model) &&
                         !strcmp(rows[k].sc.dataset, rows[i].sc.dataset);
-             k++)
-            if (!isnan(rows[k].tps[jb]) && !isnan(rows[k].tps[js]) && rows[k].tps[js] > 0)
-                fprintf(f, "%lld %.4f\n", (long long)(rows[k].sc.context >> 10), rows[k].tps[jb] / rows[k].tps[js]);
+             k++) {
+            SimStat x = rows[k].speedup[jb];
+            if (!isnan(x.mean))
+                fprintf(f, "%lld %.4f %.4f %.4f\n", (long long)(rows[k].sc.context >> 10), x.mean, x.min, x.max);
+        }
         fprintf(f, "EOD\n");
         snprintf(titles[block], sizeof titles[block], "%s", rows[i].sc.model);
         ds_of[block] = !strcmp(rows[i].sc.dataset, "github");
@@ -343,7 +373,7 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 0) gp_png(f, "paper-grid.png", 1400, 560);
         else gp_svg(f, "paper-grid.svg", 1400, 560);
-        fprintf(f, "set multiplot layout 1,2\nset grid\nset logscale x 2\nset key bottom right box opaque\n");
+        fprintf(f, "set multiplot layout 1,2\nset grid\nset logscale x 2\nset key top left box opaque\n");
         fprintf(f, "set yrange [0:*]\n");
         fprintf(f, "set offsets graph 0.05, graph 0.05, 0, 0\n");
         fprintf(f, "set xtics (\"256K\" 256, \"512K\" 512, \"1M\" 1024, \"2M\" 2048)\n");
@@ -353,7 +383,8 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
             int first = 1;
             for (int b = 0; b < block; b++) {
                 if (ds_of[b] != ds) continue;
-                fprintf(f, "%s$d%d using 1:2 with linespoints lw 2 title \"%s\"", first ? "" : ", ", b, titles[b]);
+                fprintf(f, "%s$d%d using 1:2:3:4 with yerrorlines lw 2 title \"%s\"", first ? "" : ", ", b,
+                        titles[b]);
                 first = 0;
             }
             if (first) fprintf(f, "1 notitle");
@@ -365,9 +396,10 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
     return sim_gnuplot(gp);
 }
 
-int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, const char *hardware, const char *dir,
+int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, int n_seeds, const char *hardware, const char *dir,
                  const char *command, int plot, FILE *log) {
     if (n_v < 1 || n_v > 16) return bs_fail("grid: 1 to 16 policies (got %d)", n_v);
+    if (n_seeds < 1 || n_seeds > SIM_SEEDS_MAX) return bs_fail("grid: 1 to %d seeds (got %d)", SIM_SEEDS_MAX, n_seeds);
     if (make_dirs(dir) != 0) return -1;
     int n_rows = scenario_grid_count();
     GridRow *rows = bs_calloc((size_t)n_rows, sizeof *rows);
@@ -382,33 +414,33 @@ int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, const char *hardwa
     }
     csv_header(af.f, "scenario");
     Progress pr;
-    progress_start(&pr, "grid", (int64_t)n_rows * n_v);
+    progress_start(&pr, "grid", (int64_t)n_rows * n_seeds * n_v);
     int64_t done = 0;
-    SimOutcome out[16];
-    int ok[16];
     for (int i = 0; i < n_rows; i++) {
         GridRow *row = &rows[i];
         if (scenario_get(i, &row->sc) != 0) break;
         if (hardware) snprintf(row->sc.hardware, sizeof row->sc.hardware, "%s", hardware);
-        for (int j = 0; j < n_v; j++) row->tps[j] = NAN;
-        if (run_point(&row->sc, seed, v, n_v, out, ok, row->why, &pr, &done, log) != 0) {
+        row->hdp_ranks = row->sc.gpus / (row->sc.tp * row->sc.pp);
+        for (int j = 0; j < n_v; j++)
+            row->tps[j] = row->speedup[j] = row->over_lb[j] = row->over_hdp[j] = (SimStat){NAN, NAN, NAN};
+        SimSeedsResult r;
+        if (run_point(&r, &row->sc, v, n_v, seed, n_seeds, &pr, &done, log) != 0) {
             for (int j = 0; j < n_v; j++) snprintf(row->why[j], sizeof row->why[j], "%s", bs_errmsg());
-            if (log) fprintf(log, "%s: skipped: %s\n\n", row->sc.name, bs_errmsg());
-            done += n_v;
             continue;
         }
-        row->hdp_ranks = row->sc.gpus / (row->sc.tp * row->sc.pp);
-        double base_tps = static_tps(out, ok, n_v);
         for (int j = 0; j < n_v; j++) {
-            if (!ok[j]) continue;
-            row->tps[j] = out[j].res.tokens_per_s;
-            csv_row(af.f, row->sc.name, &out[j], base_tps);
+            row->tps[j] = r.v[j].stat[SIM_M_TOKENS_PER_S];
+            row->speedup[j] = r.v[j].stat[SIM_M_SPEEDUP];
+            row->over_lb[j] = r.v[j].stat[SIM_M_MAKESPAN_RATIO];
+            row->over_hdp[j] = r.v[j].stat[SIM_M_MAKESPAN_HDP];
+            snprintf(row->why[j], sizeof row->why[j], "%s", r.v[j].why);
         }
-        free_point(out, ok, n_v);
+        csv_rows(af.f, row->sc.name, &r);
+        sim_seeds_free(&r);
     }
     progress_finish(&pr, done, NULL);
     int rc = atomic_close(&af);
-    if (rc == 0) rc = write_grid_md(md, rows, n_rows, v, n_v, seed, command);
+    if (rc == 0) rc = write_grid_md(md, rows, n_rows, v, n_v, seed, n_seeds, command);
     if (rc == 0 && plot) rc = write_grid_plot(dir, rows, n_rows, v, n_v);
     if (rc == 0 && log) fprintf(log, "wrote %s, %s%s\n", md, csv, plot ? " and paper-grid.png / .svg" : "");
     free(rows);

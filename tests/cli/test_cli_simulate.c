@@ -1,5 +1,6 @@
 // test_cli_simulate.c: `bytescale simulate` end to end - tables, JSON, traces, plan files, sweeps
-// with plots, the grid, and bad flags giving exit code 2 with a message naming the problem.
+// with plots, the grid, results over seeds, and bad flags giving exit code 2 with a message naming
+// the problem.
 #include "cli/cli_run.h"
 
 #include <math.h>
@@ -57,6 +58,7 @@ static void test_help_and_list(void **state) {
     assert_int_equal(run("--help"), 0);
     assert_non_null(strstr(cli_out, "--scenario"));
     assert_non_null(strstr(cli_out, "--sweep"));
+    assert_non_null(strstr(cli_out, "--seeds N"));
     const char *shared[] = {"--dist SPEC", "--ranks N", "--gpus N", "--hardware NAME|FILE", "--cost FILE"};
     for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++)
         if (!strstr(cli_out, shared[i])) fail_msg("--help does not mention %s", shared[i]);
@@ -67,9 +69,17 @@ static void test_help_and_list(void **state) {
     assert_int_equal(count_lines(cli_out), 1 + 48 + 1);  // header, the grid, the case study
 }
 
+// The one run of a --seeds 1 result: results[i].per_seed[0].
+static const cJSON *single_run(const cJSON *result) {
+    const cJSON *per_seed = cJSON_GetObjectItem(result, "per_seed");
+    assert_true(cJSON_IsArray(per_seed) && cJSON_GetArraySize(per_seed) == 1);
+    return cJSON_GetArrayItem(per_seed, 0);
+}
+
+// --seeds 1: these checks hold for one run (tokens/s x step time = the batch), not for means.
 static void test_json_results_of_a_small_cluster(void **state) {
     (void)state;
-    int rc = run("--gpus 128 --tokens 4M --context 256K --dist github --policy static,balance --json");
+    int rc = run("--gpus 128 --tokens 4M --context 256K --dist github --policy static,balance --json --seeds 1");
     if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     cJSON *root = cJSON_Parse(cli_out);
     assert_non_null(root);
@@ -82,7 +92,7 @@ static void test_json_results_of_a_small_cluster(void **state) {
     assert_int_equal(json_get_array(root, "results", &results, "root"), 0);
     assert_int_equal(cJSON_GetArraySize(results), 2);
     for (int i = 0; i < 2; i++) {
-        const cJSON *r = cJSON_GetArrayItem(results, i);
+        const cJSON *r = single_run(cJSON_GetArrayItem(results, i));
         const char *policy;
         double step, tps, lb, mfu;
         assert_int_equal(json_get_string(r, "policy", &policy, "result"), 0);
@@ -97,7 +107,7 @@ static void test_json_results_of_a_small_cluster(void **state) {
     // the same run with the cost model from a file (what a measured profile would be): here the
     // derived one saved, so the results must not move
     double step0;
-    assert_int_equal(json_get_double(cJSON_GetArrayItem(results, 1), "step_time", &step0, "result"), 0);
+    assert_int_equal(json_get_double(single_run(cJSON_GetArrayItem(results, 1)), "step_time", &step0, "result"), 0);
     cJSON_Delete(root);
     const ModelConfig *m = model_find("llama-7b");
     const HardwareProfile *hw = hw_find("h100-sxm");
@@ -107,18 +117,28 @@ static void test_json_results_of_a_small_cluster(void **state) {
     snprintf(path, sizeof path, "%s/cost.json", dir);
     if (cost_save(&cm, path) != 0) fail_msg("%s", bs_errmsg());
     snprintf(args, sizeof args,
-             "--gpus 128 --tokens 4M --context 256K --dist github --policy balance --json --cost %s", path);
+             "--gpus 128 --tokens 4M --context 256K --dist github --policy balance --json --seeds 1 --cost %s", path);
     int rc2 = run(args);
     if (rc2 != 0) fail_msg("exit %d: %s", rc2, cli_err);
     root = cJSON_Parse(cli_out);
     assert_non_null(root);
     double step1;
-    assert_int_equal(json_get_double(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "results"), 0), "step_time", &step1,
-                                     "result"), 0);
+    assert_int_equal(json_get_double(single_run(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "results"), 0)),
+                                     "step_time", &step1, "result"), 0);
     assert_close(step1, step0, 1e-12, 0);
     cJSON_Delete(root);
 }
 
+// A whole file's text (free it).
+static char *slurp_all(const char *path) {
+    char *text;
+    size_t n;
+    if (file_read_all(path, &text, &n) != 0) fail_msg("%s", bs_errmsg());
+    return text;
+}
+
+// The default table is the mean over 8 seeds with [min-max]; --seeds 1 is the single run's table.
+// The traces are of the first seed's runs: the same files either way.
 static void test_table_and_traces(void **state) {
     (void)state;
     char args[1024];
@@ -127,17 +147,88 @@ static void test_table_and_traces(void **state) {
     int rc = run(args);
     if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     assert_non_null(strstr(cli_out, "tokens/s"));
-    assert_non_null(strstr(cli_out, "1.00x"));
+    assert_non_null(strstr(cli_out, "1.00x [1.00-1.00]"));  // static against itself on every seed
+    assert_non_null(strstr(cli_out, "sequences), seeds 1..8\n"));
+    assert_non_null(strstr(cli_out, "\nmean over 8 seeds (seeds 1..8); min-max in brackets\n"));
+    snprintf(args, sizeof args,
+             "--gpus 128 --tokens 4M --context 256K --policy static,naive --trace %s/one.json --seeds 1", dir);
+    rc = run(args);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "sequences), seed 1\n"));
+    assert_non_null(strstr(cli_out, "   1.00x "));
+    assert_null(strchr(cli_out, '['));
+    assert_null(strstr(cli_out, "mean over"));
     // two policies: one trace each, named after the policy
-    const char *names[] = {"step-static.json", "step-naive.json"};
+    const char *names[] = {"static", "naive"};
     for (int i = 0; i < 2; i++) {
-        char path[700];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        char path[700], one[700];
+        snprintf(path, sizeof path, "%s/step-%s.json", dir, names[i]);
+        snprintf(one, sizeof one, "%s/one-%s.json", dir, names[i]);
         cJSON *t;
         if (json_read_file(path, &t) != 0) fail_msg("%s", bs_errmsg());
         assert_true(cJSON_IsArray(t) && cJSON_GetArraySize(t) > 64);
         cJSON_Delete(t);
+        char *a = slurp_all(path), *b = slurp_all(one);
+        if (strcmp(a, b) != 0) fail_msg("the trace of 8 seeds (%s) is not the first seed's (%s)", path, one);
+        free(a);
+        free(b);
     }
+}
+
+// --seeds 3 --json: per policy the three runs (seeds 5, 6, 7), each the single run of its seed, and
+// the mean / min / max over them; the speedup is the mean of the per-seed ratios.
+static void test_json_over_seeds(void **state) {
+    (void)state;
+    const char *base = "--gpus 128 --tokens 4M --context 256K --dist github --policy static,balance --json";
+    char args[1024];
+    snprintf(args, sizeof args, "%s --seed 5 --seeds 3", base);
+    int rc = run(args);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    cJSON *root = cJSON_Parse(cli_out);
+    assert_non_null(root);
+    const cJSON *seeds = cJSON_GetObjectItem(root, "seeds"), *results = cJSON_GetObjectItem(root, "results");
+    assert_int_equal(cJSON_GetArraySize(seeds), 3);
+    for (int k = 0; k < 3; k++) assert_true(cJSON_GetArrayItem(seeds, k)->valuedouble == 5 + k);
+    int64_t first;
+    assert_int_equal(json_get_int(cJSON_GetObjectItem(root, "setup"), "seed", &first, "setup"), 0);
+    assert_int_equal(first, 5);
+    assert_int_equal(cJSON_GetArraySize(results), 2);
+    const char *keys[] = {"tokens_per_s", "step_time", "mfu", "speedup_vs_static"};
+    double balance_seed6 = 0;
+    for (int i = 0; i < 2; i++) {
+        const cJSON *r = cJSON_GetArrayItem(results, i), *per_seed = cJSON_GetObjectItem(r, "per_seed");
+        assert_int_equal(cJSON_GetArraySize(per_seed), 3);
+        for (size_t q = 0; q < sizeof keys / sizeof keys[0]; q++) {
+            double sum = 0, lo = INFINITY, hi = -INFINITY, mean, min, max;
+            for (int k = 0; k < 3; k++) {
+                const cJSON *run_k = cJSON_GetArrayItem(per_seed, k);
+                int64_t seed;
+                double x;
+                assert_int_equal(json_get_int(run_k, "seed", &seed, "per_seed"), 0);
+                assert_int_equal(seed, 5 + k);
+                assert_int_equal(json_get_double(run_k, keys[q], &x, "per_seed"), 0);
+                sum += x, lo = fmin(lo, x), hi = fmax(hi, x);
+                if (i == 1 && k == 1 && q == 0) balance_seed6 = x;
+            }
+            assert_int_equal(json_get_double(cJSON_GetObjectItem(r, "mean"), keys[q], &mean, "mean"), 0);
+            assert_int_equal(json_get_double(cJSON_GetObjectItem(r, "min"), keys[q], &min, "min"), 0);
+            assert_int_equal(json_get_double(cJSON_GetObjectItem(r, "max"), keys[q], &max, "max"), 0);
+            assert_close(mean, sum / 3, 1e-12, 0);
+            assert_true(min == lo && max == hi);
+        }
+    }
+    cJSON_Delete(root);
+    // the second seed's run is what `--seed 6 --seeds 1` gives
+    snprintf(args, sizeof args, "%s --seed 6 --seeds 1", base);
+    rc = run(args);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    root = cJSON_Parse(cli_out);
+    assert_non_null(root);
+    double tps;
+    assert_int_equal(json_get_double(single_run(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "results"), 1)),
+                                     "tokens_per_s", &tps, "result"), 0);
+    assert_true(tps == balance_seed6);
+    cJSON_Delete(root);
 }
 
 static void test_plan_file(void **state) {
@@ -169,18 +260,59 @@ static void test_plan_file(void **state) {
     batch_free(&b);
 }
 
+// The column of a CSV header named `name`, -1 when there is none.
+static int csv_column(const char *header, const char *name) {
+    int col = 0;
+    size_t n = strlen(name);
+    for (const char *p = header; *p && *p != '\n'; col++) {
+        if (!strncmp(p, name, n) && (p[n] == ',' || p[n] == '\n')) return col;
+        while (*p && *p != ',' && *p != '\n') p++;
+        if (*p == ',') p++;
+    }
+    return -1;
+}
+
+// Field `col` of a CSV line as a number.
+static double csv_field(const char *line, int col) {
+    for (int c = 0; c < col; c++) {
+        line = strchr(line, ',');
+        assert_non_null(line);
+        line++;
+    }
+    return strtod(line, NULL);
+}
+
+// A sweep over 2 seeds: per (context, policy) one CSV row with the seeds and every metric as mean,
+// min and max; the plot draws the mean with min-max bars.
 static void test_sweep_writes_csv_and_plots(void **state) {
     (void)state;
     char args[1024], path[700];
-    snprintf(args, sizeof args, "--gpus 1024 --tokens 4M --policy static,balance --sweep contexts --out %s/sweep", dir);
+    snprintf(args, sizeof args,
+             "--gpus 1024 --tokens 4M --policy static,balance --sweep contexts --seeds 2 --out %s/sweep", dir);
     int rc = run(args);
     if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     snprintf(path, sizeof path, "%s/sweep/custom-contexts.csv", dir);
     char csv[1 << 14];
     cli_slurp(path, csv, sizeof csv);
     assert_int_equal(count_lines(csv), 1 + 4 * 2);  // header + 4 contexts x 2 policies
-    assert_non_null(strstr(csv, "context,policy,step_s,tokens_per_s"));
-    assert_non_null(strstr(csv, "2097152,balance,"));
+    assert_non_null(strstr(csv, "context,policy,seeds,step_s_mean,step_s_min,step_s_max,tokens_per_s_mean,"
+                                "tokens_per_s_min,tokens_per_s_max,speedup_vs_static_mean,"));
+    assert_non_null(strstr(csv, "\n2097152,balance,2,"));
+    int mean = csv_column(csv, "tokens_per_s_mean"), lo = csv_column(csv, "tokens_per_s_min"),
+        hi = csv_column(csv, "tokens_per_s_max"), seeds = csv_column(csv, "seeds");
+    assert_true(mean > 0 && lo > 0 && hi > 0 && seeds > 0);
+    int spread = 0;  // the seeds draw different batches: some point must differ between them
+    for (const char *line = strchr(csv, '\n') + 1; *line; line = strchr(line, '\n') + 1) {
+        assert_true(csv_field(line, seeds) == 2);
+        double m = csv_field(line, mean), a = csv_field(line, lo), b = csv_field(line, hi);
+        assert_true(a <= m && m <= b && a > 0);
+        spread |= a < b;
+    }
+    assert_true(spread);
+    snprintf(path, sizeof path, "%s/sweep/custom-contexts.gp", dir);
+    char gp[1 << 14];
+    cli_slurp(path, gp, sizeof gp);
+    assert_non_null(strstr(gp, "using 1:2:3:4 with yerrorlines"));
     snprintf(path, sizeof path, "%s/sweep/custom-contexts.png", dir);
     assert_true(is_png(path));
     snprintf(path, sizeof path, "%s/sweep/custom-contexts.svg", dir);
@@ -188,7 +320,8 @@ static void test_sweep_writes_csv_and_plots(void **state) {
     cli_slurp(path, svg, sizeof svg);
     assert_non_null(strstr(svg, "<svg") ? svg : strstr(svg, "<?xml"));
     // without gnuplot the CSV is still written and the command says why it failed
-    snprintf(args, sizeof args, "--gpus 1024 --tokens 4M --policy balance --sweep gpus --out %s/noplot", dir);
+    snprintf(args, sizeof args, "--gpus 1024 --tokens 4M --policy balance --sweep gpus --seeds 2 --out %s/noplot",
+             dir);
     rc = run_env("PATH=/nonexistent", args);
     assert_int_equal(rc, 1);
     assert_non_null(strstr(cli_err, "gnuplot is not installed"));
@@ -199,7 +332,8 @@ static void test_sweep_writes_csv_and_plots(void **state) {
 static void test_grid_writes_the_results_page(void **state) {
     (void)state;
     char args[1024], path[700];
-    snprintf(args, sizeof args, "--grid --policy static,balance --no-plot --out %s/grid", dir);
+    // two seeds keep it fast; every cell shows its mean and [min-max]
+    snprintf(args, sizeof args, "--grid --policy static,balance --no-plot --seeds 2 --out %s/grid", dir);
     int rc = run(args);
     if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
     snprintf(path, sizeof path, "%s/grid/paper-grid.md", dir);
@@ -214,6 +348,15 @@ static void test_grid_writes_the_results_page(void **state) {
     for (const char *p = md; (p = strstr(p, "\n| github |")) != NULL; p++) rows++;
     assert_int_equal(rows, 48);
     assert_null(strstr(md, "failed"));
+    assert_non_null(strstr(md, "mean over 2 seeds (seeds 1..2)"));
+    const char *cell = strstr(md, "\n| byted | 2M | ");
+    assert_non_null(cell);
+    const char *eol = strchr(cell + 1, '\n');
+    // static, balance, balance vs static and balance's makespan over both bounds; naive vs static is
+    // "-" (no naive)
+    int brackets = 0;
+    for (const char *p = cell + 1; p < eol; p++) brackets += *p == '[';
+    assert_int_equal(brackets, 5);
     snprintf(path, sizeof path, "%s/grid/paper-grid.csv", dir);
     static char csv[1 << 16];
     cli_slurp(path, csv, sizeof csv);
@@ -236,6 +379,10 @@ static void test_bad_flags(void **state) {
     expect("--ranks", 2, "--ranks needs a value");
     expect("--ranks 0", 2, "--ranks: '0' is out of range [1, 4194304]");
     expect("--ranks 8 --gpus 16", 2, "give --ranks (HDP ranks) or --gpus (devices = ranks x tp x pp), not both");
+    expect("--seeds 0", 2, "--seeds: '0' is out of range [1, 1024]");
+    expect("--seeds 2000", 2, "--seeds: '2000' is out of range [1, 1024]");
+    expect("--seeds", 2, "--seeds needs a value");
+    expect("--seeds two", 2, "--seeds: 'two' is not an integer");
 }
 
 // Issue 8, "no overflow, no hang, no absurd allocation": numbers at the ends of every numeric flag's
@@ -335,7 +482,7 @@ static void test_ignored_flags_are_errors(void **state) {
     snprintf(args, sizeof args, "--plan %s --capacity 64", path);
     expect(args, 2, "--capacity has no effect with --plan");
     const char *with_plan[] = {"--context 8K", "--tokens 1M", "--seed 3", "--dist github", "--dist x",
-                               "--policy naive", "--out o", "--no-plot"};
+                               "--policy naive", "--out o", "--no-plot", "--seeds 2"};
     for (size_t i = 0; i < sizeof with_plan / sizeof with_plan[0]; i++) {
         snprintf(args, sizeof args, "--plan %s %s", path, with_plan[i]);
         expect(args, 2, "has no effect with --plan");
@@ -350,6 +497,10 @@ static void test_ignored_flags_are_errors(void **state) {
     expect("--grid --scenario case-study", 2, "--scenario has no effect with --grid");
     expect("--sweep contexts --context 1M", 2, "--context has no effect with --sweep contexts");
     expect("--scenario list --gpus 8", 2, "--gpus has no effect with --scenario list");
+    expect("--scenario list --seeds 2", 2, "--seeds has no effect with --scenario list");
+    // a plan file is one plan of one batch: there are no seeds to average over
+    snprintf(args, sizeof args, "--plan %s --seeds 2", path);
+    expect(args, 2, "--seeds has no effect with --plan (the plan file fixes the batch");
 }
 
 // Files that are not regular files: a directory is named as one (it used to be "out of memory
@@ -385,6 +536,7 @@ int main(void) {
         cmocka_unit_test(test_help_and_list),
         cmocka_unit_test(test_json_results_of_a_small_cluster),
         cmocka_unit_test(test_table_and_traces),
+        cmocka_unit_test(test_json_over_seeds),
         cmocka_unit_test(test_plan_file),
         cmocka_unit_test(test_sweep_writes_csv_and_plots),
         cmocka_unit_test(test_grid_writes_the_results_page),

@@ -376,11 +376,19 @@ static int memory_fits(const CostModel *cm, int64_t s, int64_t C, int D, double 
     return kept * act_of(cm, (double)s / D) <= l * act_of(cm, (double)C) * (1 + 1e-12);
 }
 
-// Largest ratio whose copies a rank's layer compute hides: T >= r * Act / B.
+// Largest ratio whose copies hide, found from the item time alone (issue 9: Eq. 3's overlap test
+// and cost_item_time must agree): the largest r in [0, 1] at which the item takes no longer than
+// without offloading. Bisection: the item time never falls as r grows.
 static double r_limit(const CostModel *cm, int64_t s, int D) {
-    double t = (cm->attn_pair * ((double)s * (s + 1) / 2) + cm->lin_token * s) / D + cm->layer_const;
-    double r = t * cm->offload_bw / act_of(cm, (double)s / D);
-    return r > 1 ? 1 : r;
+    double base = cost_item_time(cm, &s, 1, D, 0.0);
+    if (cost_item_time(cm, &s, 1, D, 1.0) <= base) return 1.0;
+    double lo = 0, hi = 1;
+    for (int i = 0; i < 60; i++) {
+        double mid = 0.5 * (lo + hi);
+        if (cost_item_time(cm, &s, 1, D, mid) <= base) lo = mid;
+        else hi = mid;
+    }
+    return lo;
 }
 
 // Smallest D in [1, max_ranks] (and its least r on a grid of step 1/grid) that fits; -1 if none.
@@ -468,6 +476,42 @@ static void test_offload_ratio_per_ring_size(void **state) {
             if (d == d_plain) assert_true(r == 0);
         }
     }
+}
+
+// Issue 9: Eq. 3's overlap test and the item time agree. Whatever r Eq. 3 picks costs nothing over
+// the same ring without offloading, and one step past cost_offload_hidden_max costs time.
+static void test_offload_overlap_matches_item_time(void **state) {
+    (void)state;
+    Rng g;
+    rng_seed(&g, 9);
+    int offloading = 0;
+    for (int trial = 0; trial < 2000; trial++) {
+        CostModel cm = random_model(&g);
+        int64_t C = 1 + (int64_t)rng_below(&g, 20000);
+        int64_t s = C + 1 + (int64_t)rng_below(&g, (uint64_t)(C * (1 + rng_below(&g, 48))));
+        int D = 1 + (int)rng_below(&g, (uint64_t)((s + C - 1) / C));
+        double r;
+        double base = cost_item_time(&cm, &s, 1, D, 0.0);
+        if (cost_offload_ratio(&cm, s, C, D, &r) && r > 0) {
+            offloading++;
+            assert_close(cost_item_time(&cm, &s, 1, D, r), base, 1e-12, 0);
+        }
+        double hmax = cost_offload_hidden_max(&cm, s, D);
+        assert_close(cost_item_time(&cm, &s, 1, D, hmax), base, 1e-12, 0);
+        if (hmax < 0.999 && cm.n_layers > 2) assert_true(cost_item_time(&cm, &s, 1, D, hmax * 1.001) > base);
+    }
+    assert_true(offloading > 100);
+    // the example: LLaMA-7B on H100, TP 2, C = 8K. A 16K sequence on one rank needs r = 0.533 by
+    // memory, but that copy outlasts a layer's forward (it hides only up to r = 0.46): the old test
+    // (copy against forward + backward) let it through and the item took 0.91 s instead of 0.87 s.
+    // Now one rank is refused and Eq. 3's fewest ranks are two, without offloading.
+    const CostModel *cm = derived("llama-7b", "h100-sxm", 2, 1, 512, 8192);
+    int64_t s = 16384;
+    double r;
+    assert_true(cost_offload_hidden_max(cm, s, 1) < 0.5);
+    assert_int_equal(cost_offload_ratio(cm, s, 8192, 1, &r), 0);
+    assert_int_equal(cost_min_ranks(cm, s, 8192, 1, 512, &r), 2);
+    assert_true(r == 0);
 }
 
 static void test_min_ranks_rules(void **state) {
@@ -610,6 +654,7 @@ int main(void) {
         cmocka_unit_test(test_min_ranks_against_brute_force),
         cmocka_unit_test(test_min_ranks_rules),
         cmocka_unit_test(test_offload_ratio_per_ring_size),
+        cmocka_unit_test(test_offload_overlap_matches_item_time),
         cmocka_unit_test(test_save_load_round_trip),
         cmocka_unit_test(test_load_errors_name_the_field),
     };

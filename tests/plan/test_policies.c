@@ -17,7 +17,8 @@
 #include "bytescale/rng.h"
 #include "plan/policy_util.h"
 
-static const char *POLICIES[] = {"static", "naive", "balance"};
+static const char *POLICIES[] = {"static", "naive", "naive-eq3min", "balance"};
+enum { N_POLICIES = sizeof POLICIES / sizeof POLICIES[0] };
 
 static void derive(CostModel *cm, const char *model, int tp, int pp, int ranks, int64_t C) {
     if (cost_derive(cm, model_find(model), hw_find("h800-sxm"), tp, pp, ranks, C) != 0) fail_msg("%s", bs_errmsg());
@@ -101,6 +102,25 @@ static int32_t *item_of_seq(const Plan *p) {
     return of;
 }
 
+// The most tokens a member of item it holds under the 2D-chunk layout, with one more sequence of len
+// tokens in it (0: none): walk plan_chunk for every member (member m holds chunks m and 2D-1-m).
+static int64_t fullest_member_with(const Plan *p, const Item *it, int64_t len) {
+    int D = it->n_ranks;
+    int64_t most = 0;
+    for (int m = 0; m < D; m++) {
+        int64_t held = 0, start, n;
+        for (int32_t j = 0; j <= it->n_segs; j++) {
+            int64_t l = j < it->n_segs ? p->segs[it->seg_begin + j].len : len;
+            plan_chunk(l, D, m, &start, &n);
+            held += n;
+            plan_chunk(l, D, 2 * D - 1 - m, &start, &n);
+            held += n;
+        }
+        if (held > most) most = held;
+    }
+    return most;
+}
+
 static void check_static(const Plan *p, const PlanConfig *cfg) {
     int64_t C = cfg->capacity, longest = 0;
     for (int64_t i = 0; i < p->batch.n; i++) longest = p->batch.seqs[i].len > longest ? p->batch.seqs[i].len : longest;
@@ -129,13 +149,15 @@ static void check_static(const Plan *p, const PlanConfig *cfg) {
     for (int32_t g = 0; g < d_dp; g++) begin[g + 1] = begin[g] + count[g];
     memcpy(last_item, begin, (size_t)d_dp * sizeof(int32_t));
     for (int32_t k = 0; k < p->n_items; k++) by_group[last_item[p->ranks[p->items[k].rank_begin] / d_cp]++] = k;
-    int64_t next_seq = 0, prev_tokens = -1;
+    int64_t next_seq = 0;
+    const Item *prev = NULL;
     for (int32_t i = 0; i < p->n_items; i++) {
         const Item *it = &p->items[by_group[i]];
         const Segment *s0 = &p->segs[it->seg_begin];
-        if (prev_tokens >= 0) assert_true(prev_tokens + s0->len > C * d_cp);  // did not fit the last one
+        assert_true(fullest_member_with(p, it, 0) <= C);  // every member within C (the chunk layout)
+        if (prev) assert_true(fullest_member_with(p, prev, s0->len) > C);  // did not fit the last one
         for (int32_t j = 0; j < it->n_segs; j++) assert_int_equal(s0[j].seq, next_seq++);
-        prev_tokens = it->tokens;
+        prev = it;
     }
     free(begin);
     free(by_group);
@@ -144,7 +166,7 @@ static void check_static(const Plan *p, const PlanConfig *cfg) {
     free(last_item);
 }
 
-// naive and balance: s <= C in a pack; s > C alone in a ring whose size Eq. 3 decides.
+// naive, naive-eq3min and balance: s <= C in a pack; s > C alone in a ring whose size Eq. 3 decides.
 static void check_sharding(const Plan *p, const PlanConfig *cfg, const CostModel *cm, int exact_min) {
     int32_t *of = item_of_seq(p);
     int64_t C = cfg->capacity;
@@ -161,10 +183,10 @@ static void check_sharding(const Plan *p, const PlanConfig *cfg, const CostModel
         int d_min = cost_min_ranks(cm, s, C, cfg->offload, cfg->n_ranks, &r);
         assert_true(d_min >= 1);
         int64_t plain = (s + C - 1) / C;
-        if (exact_min) {  // naive: exactly Eq. 3's fewest ranks and its ratio
+        if (exact_min) {  // naive-eq3min: exactly Eq. 3's fewest ranks and its ratio
             assert_int_equal(it->n_ranks, d_min);
             assert_true(it->offload == (float)policy_offload_ratio(r));
-        } else {  // balance: between Eq. 3's fewest and ceil(s / C); no offloading at ceil(s / C)
+        } else {  // naive, balance: between Eq. 3's fewest and ceil(s / C); no offloading at ceil(s / C)
             assert_true(it->n_ranks >= d_min && it->n_ranks <= plain);
             if (it->n_ranks == plain || !cfg->offload) assert_true(it->offload == 0);
         }
@@ -174,10 +196,14 @@ static void check_sharding(const Plan *p, const PlanConfig *cfg, const CostModel
 }
 
 // naive's assignment replayed by brute force: items in arrival order of their first sequence, each
-// to the D ranks with the fewest tokens so far (ties: lowest rank).
-static void check_naive_assignment(const Plan *p) {
+// to the D ranks with the fewest tokens so far (ties: lowest rank). For naive (not eq3min) the
+// ring's D is replayed too: of every D from Eq. 3's fewest to ceil(s / C) (at most the ranks), the
+// one whose ring on the D fewest-token ranks finishes earliest, counting from when the last of
+// them is free (ties: fewer ranks); ranks are free when their last item's estimate ends.
+static void check_naive_assignment(const Plan *p, const CostModel *cm, int offload, int eq3min) {
     int32_t R = p->n_ranks;
-    double *tokens = calloc((size_t)R, sizeof(double));
+    double *tokens = calloc((size_t)R, sizeof(double)), *busy = calloc((size_t)R, sizeof(double));
+    int32_t *order = malloc((size_t)R * sizeof(int32_t));
     char *chosen = calloc((size_t)R, 1);
     int32_t prev_first = -1;
     for (int32_t k = 0; k < p->n_items; k++) {
@@ -186,17 +212,43 @@ static void check_naive_assignment(const Plan *p) {
         assert_true(first > prev_first);
         prev_first = first;
         memset(chosen, 0, (size_t)R);
-        for (int32_t j = 0; j < it->n_ranks; j++) {
+        for (int32_t j = 0; j < R; j++) {  // ranks by tokens, fewest first (ties: lowest rank)
             int32_t want = -1;
             for (int32_t r = 0; r < R; r++)
                 if (!chosen[r] && (want < 0 || tokens[r] < tokens[want])) want = r;
             chosen[want] = 1;
+            order[j] = want;
         }
+        memset(chosen, 0, (size_t)R);
+        for (int32_t j = 0; j < it->n_ranks; j++) chosen[order[j]] = 1;
         for (int32_t j = 0; j < it->n_ranks; j++) assert_true(chosen[p->ranks[it->rank_begin + j]]);
-        for (int32_t j = 0; j < it->n_ranks; j++)
+        int64_t s = it->tokens, C = p->capacity;
+        if (!eq3min && s > C) {
+            double r0;
+            int d_min = cost_min_ranks(cm, s, C, offload, R, &r0);
+            int64_t plain = (s + C - 1) / C;
+            int d_hi = plain < R ? (int)plain : R;
+            double best = INFINITY, free_at = 0;
+            int best_d = -1;
+            for (int d = 1; d <= d_hi; d++) {
+                free_at = fmax(free_at, busy[order[d - 1]]);
+                double rd;
+                if (d < d_min || !cost_offload_ratio(cm, s, C, d, &rd)) continue;
+                double end = free_at + cost_item_time(cm, &s, 1, d, policy_offload_ratio(rd));
+                if (end < best) best = end, best_d = d;
+            }
+            assert_int_equal(it->n_ranks, best_d);
+        }
+        double start = 0;
+        for (int32_t j = 0; j < it->n_ranks; j++) start = fmax(start, busy[p->ranks[it->rank_begin + j]]);
+        for (int32_t j = 0; j < it->n_ranks; j++) {
             tokens[p->ranks[it->rank_begin + j]] += (double)it->tokens / it->n_ranks;
+            busy[p->ranks[it->rank_begin + j]] = start + it->est_time;
+        }
     }
     free(tokens);
+    free(busy);
+    free(order);
     free(chosen);
 }
 
@@ -266,17 +318,16 @@ static void test_random_batches_all_policies(void **state) {
         // static takes the context half the time, the batch's longest sequence otherwise
         PlanConfig cfg = {.n_ranks = R, .capacity = C, .context = rng_below(&rng, 2) ? ctx : 0, .pp = pp,
                           .offload = offload};
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < N_POLICIES; k++) {
             Plan p;
             if (policy_plan(&p, POLICIES[k], &b, &cfg, &cm) != 0)
                 fail_msg("trial %d %s R=%d C=%lld %s ctx=%lld pp=%d offload=%d: %s", trial, POLICIES[k], R,
                          (long long)C, dist, (long long)ctx, pp, offload, bs_errmsg());
             check_common(&p, &cm);
             if (k == 0) check_static(&p, &cfg);
-            if (k == 1) check_sharding(&p, &cfg, &cm, 1);
-            if (k == 2) check_sharding(&p, &cfg, &cm, 0);
-            if (k == 1 && R <= 128) check_naive_assignment(&p);
-            if (k == 1 && b.n <= 2000) check_naive_packs(&p);
+            if (k > 0) check_sharding(&p, &cfg, &cm, k == 2);
+            if ((k == 1 || k == 2) && R <= 128) check_naive_assignment(&p, &cm, offload, k == 2);
+            if ((k == 1 || k == 2) && b.n <= 2000) check_naive_packs(&p);
             for (int32_t i = 0; i < p.n_items; i++) {
                 with_rings += p.items[i].n_ranks > 1;
                 with_offload += p.items[i].offload > 0;
@@ -287,7 +338,7 @@ static void test_random_batches_all_policies(void **state) {
         batch_free(&b);
     }
     // the random settings did exercise rings and offloading
-    assert_int_equal(plans, 3600);
+    assert_int_equal(plans, 1200 * N_POLICIES);
     assert_true(with_rings > 1000);
     assert_true(with_offload > 100);
 }
@@ -395,10 +446,10 @@ static void test_errors(void **state) {
     cfg.context = 5000;
     expect_plan_error("static", &b, &cfg, &tiny, "sequence 1 (id 1) has 100000 tokens, more than the context of 5000");
     cfg.context = 0;
-    expect_plan_error("fancy", &b, &cfg, &tiny, "unknown policy 'fancy' (policies: static, naive, balance)");
+    expect_plan_error("fancy", &b, &cfg, &tiny, "unknown policy 'fancy' (policies: static, naive, naive-eq3min, balance)");
     assert_null(policy_find("fancy"));
     assert_non_null(policy_find("balance"));
-    assert_int_equal(policy_count(), 3);
+    assert_int_equal(policy_count(), N_POLICIES);
     PlanConfig bad = cfg;
     bad.capacity = 0;
     expect_plan_error("naive", &b, &bad, &tiny, "capacity must be in [1,");
@@ -413,7 +464,7 @@ static void test_errors(void **state) {
     // an empty batch is a valid, empty plan
     GlobalBatch e;
     assert_int_equal(batch_init(&e, 1), 0);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < N_POLICIES; k++) {
         assert_int_equal(policy_plan(&p, POLICIES[k], &e, &cfg, &tiny), 0);
         assert_int_equal(p.n_items, 0);
         assert_true(p.makespan == 0);

@@ -1,0 +1,179 @@
+// test_bounds.c: the two bounds every plan carries (docs/planner.md, "The bounds"): the
+// policy-independent lower_bound and the HDP-aware hdp_bound. Hand-computed values on a tiny cost
+// model, hdp_bound >= lower_bound, and both below the makespan of every policy's plan on random
+// batches, with and without pipeline parallelism.
+#include "test_util.h"
+
+#include <math.h>
+
+#include "bytescale/batch.h"
+#include "bytescale/error.h"
+#include "bytescale/hw.h"
+#include "bytescale/model.h"
+#include "bytescale/plan.h"
+#include "bytescale/policy.h"
+#include "bytescale/rng.h"
+
+// As in test_plan.c: an item of T tokens on D ranks takes 2 (1e-3 T / D + 0.01) s; two layers, so
+// Eq. 3 cannot offload (two layers always stay resident): a sequence of s > C tokens needs exactly
+// ceil(s / C) ranks.
+static CostModel hand_model(void) {
+    CostModel cm;
+    memset(&cm, 0, sizeof cm);
+    cm.lin_token = 1e-3;
+    cm.layer_const = 0.01;
+    cm.n_layers = 2;
+    cm.act_token = 1;
+    cm.kv_token = 10;
+    cm.offload_bw = 1;
+    return cm;
+}
+
+static GlobalBatch make_batch(const int64_t *lens, int n) {
+    GlobalBatch b;
+    assert_int_equal(batch_init(&b, n), 0);
+    for (int i = 0; i < n; i++) assert_int_equal(batch_push(&b, i, lens[i], -1), 0);
+    return b;
+}
+
+// One long sequence of 300 tokens and a short one of 10; C = 100, 8 ranks.
+//   lower_bound: work 2e-3 x 310 = 0.62, at least ceil(310 / 100) = 4 slots of 2 x 0.01:
+//     A = 0.70 / 8 = 0.0875; the longest at best on all 8 ranks: 2 (0.3 / 8 + 0.01) = 0.095.
+//     lower = 0.095.
+//   hdp_bound: the 300 tokens on exactly ceil(300 / 100) = 3 ranks: 2 (0.1 + 0.01) = 0.22 each,
+//     work 3 x 0.22 = 0.66; the short one 0.02 + one pack's 0.02: A = 0.70 / 8 = 0.0875 (no ring
+//     overhead in this model, so the same work); the indivisible time 0.22. hdp = 0.22.
+//   pp = 2: the indivisible item crosses both stages forward and back (x 2), and the busiest rank's
+//     fill and drain add (pp - 1) x l x layer_const = 0.02 to A: lower = max(0.1075, 0.19) = 0.19,
+//     hdp = max(0.1075, 0.44) = 0.44.
+static void test_one_long_sequence_by_hand(void **state) {
+    (void)state;
+    CostModel cm = hand_model();
+    const int64_t lens[] = {300, 10};
+    GlobalBatch b = make_batch(lens, 2);
+    assert_close(plan_lower_bound(&b, &cm, 8, 100), 0.095, 1e-12, 0);
+    assert_close(plan_lower_bound_pp(&b, &cm, 8, 100, 1), 0.095, 1e-12, 0);
+    assert_close(plan_hdp_bound(&b, &cm, 8, 100, 1), 0.22, 1e-12, 0);
+    assert_close(plan_lower_bound_pp(&b, &cm, 8, 100, 2), 0.19, 1e-12, 0);
+    assert_close(plan_hdp_bound(&b, &cm, 8, 100, 2), 0.44, 1e-12, 0);
+    // ring latency: every ring step pays 1 ms (bandwidth not modelled), D - 1 steps forward and D
+    // backward (the dK/dV hop home) per layer: on 3 ranks 2 (0.1 + 0.01 + 5 x 0.001) = 0.23, work
+    // 0.69 + 0.04 = 0.73 -> A = 0.09125 < 0.23.
+    cm.ring_lat = 0.001;
+    assert_close(plan_hdp_bound(&b, &cm, 8, 100, 1), 0.23, 1e-12, 0);
+    // with 3 ranks for 310 tokens the average wins: (0.69 + 0.04) / 3
+    assert_close(plan_hdp_bound(&b, &cm, 3, 100, 1), 0.73 / 3, 1e-12, 0);
+    batch_free(&b);
+}
+
+// Under HDP's rule the slowest item need not hold the longest sequence: C = 100 tokens alone in a
+// pack take 2 (0.1 + 0.01) = 0.22, 150 tokens on ceil(150/100) = 2 ranks 2 (0.075 + 0.01) = 0.17.
+// Work: 0.2 + 0.02 (one pack) + 2 x 0.17 = 0.56 over 4 ranks = 0.14. hdp = 0.22, while the
+// policy-independent bound lets the 150 tokens use all 4 ranks: lower = max(0.56 / 4, 0.095) = 0.14.
+static void test_the_slowest_item_can_be_a_pack(void **state) {
+    (void)state;
+    CostModel cm = hand_model();
+    const int64_t lens[] = {100, 150};
+    GlobalBatch b = make_batch(lens, 2);
+    assert_close(plan_hdp_bound(&b, &cm, 4, 100, 1), 0.22, 1e-12, 0);
+    assert_close(plan_lower_bound(&b, &cm, 4, 100), 0.14, 1e-12, 0);
+    batch_free(&b);
+}
+
+// plan_finalize fills both, for the plan's own pp.
+static void test_finalize_fills_both_bounds(void **state) {
+    (void)state;
+    CostModel cm = hand_model();
+    const int64_t lens[] = {300, 10};
+    GlobalBatch b = make_batch(lens, 2);
+    for (int32_t pp = 1; pp <= 3; pp++) {
+        Plan p;
+        assert_int_equal(plan_init(&p, &b, 8, 100, pp, "hand"), 0);
+        Segment s0 = {0, 0, 300}, s1 = {1, 0, 10};
+        int32_t ring[] = {0, 1, 2}, r3[] = {3};
+        assert_true(plan_add_item(&p, &s0, 1, ring, 3, 0.0) >= 0);
+        assert_true(plan_add_item(&p, &s1, 1, r3, 1, 0.0) >= 0);
+        assert_int_equal(plan_finalize(&p, &cm), 0);
+        assert_true(p.lower_bound == plan_lower_bound_pp(&b, &cm, 8, 100, pp));
+        assert_true(p.hdp_bound == plan_hdp_bound(&b, &cm, 8, 100, pp));
+        // this plan is the best there is: the ring alone sets the step, and meets the HDP bound
+        assert_close(p.makespan, p.hdp_bound, 1e-12, 0);
+        plan_free(&p);
+    }
+    batch_free(&b);
+}
+
+// Random batches, cost models and shapes, pp 1, 2 and 4: lower_bound <= hdp_bound; lower_bound <= the
+// makespan of every policy; hdp_bound <= the makespan of every policy that follows HDP's rule (every
+// policy but static). The static mesh gives every sequence d_cp = ceil(context / C) ranks, more
+// than the ceil(s / C) HDP allows whenever s is shorter than the context, so the HDP bound is no
+// bound for it: on these small batches it beats it now and then (counted, not asserted); on the
+// paper's batches it is 1.6x-6.7x above it.
+static void test_bounds_hold_for_every_policy(void **state) {
+    (void)state;
+    const char *models[] = {"llama-7b", "llama-13b", "mixtral-8x7b"};
+    const char *hws[] = {"h800-sxm", "h100-sxm"};
+    const char *dists[] = {"github", "byted", "uniform:1:40000", "lognormal:8:1.5"};
+    Rng g;
+    rng_seed(&g, 4242);
+    int plans = 0, static_below = 0;
+    double tightest = INFINITY;  // smallest makespan / hdp_bound seen over the HDP policies
+    enum { TRIALS = 600 };
+    for (int trial = 0; trial < TRIALS; trial++) {
+        int32_t pp = (int32_t[]){1, 2, 4}[trial % 3];
+        int tp = 1 << rng_below(&g, 3);
+        int64_t C = (int64_t)(2 << 10) << rng_below(&g, 3);
+        int32_t R = 2 + (int32_t)rng_below(&g, 63);
+        int64_t ctx = C;
+        while (ctx * 2 <= C * R && ctx < (512 << 10) && rng_below(&g, 5) != 0) ctx *= 2;
+        CostModel cm;
+        assert_int_equal(cost_derive(&cm, model_find(models[rng_below(&g, 3)]), hw_find(hws[rng_below(&g, 2)]), tp, pp,
+                                     R, C),
+                         0);
+        GlobalBatch b;
+        int64_t tokens = (int64_t)(32 << 10) * (1 + (int64_t)rng_below(&g, 64));
+        if (batch_generate(&b, dists[rng_below(&g, 4)], rng_next(&g), tokens, ctx) != 0) fail_msg("%s", bs_errmsg());
+        double lower = plan_lower_bound_pp(&b, &cm, R, C, pp), hdp = plan_hdp_bound(&b, &cm, R, C, pp);
+        assert_true(lower > 0);
+        assert_true(hdp >= lower * (1 - 1e-12));
+        for (int k = 0; k < policy_count(); k++) {
+            PlanConfig pc;
+            memset(&pc, 0, sizeof pc);
+            pc.n_ranks = R;
+            pc.capacity = C;
+            pc.context = ctx;
+            pc.pp = pp;
+            pc.offload = strcmp(policy_at(k)->name, "static") != 0 && rng_below(&g, 4) != 0;
+            Plan p;
+            if (policy_plan(&p, policy_at(k)->name, &b, &pc, &cm) != 0)
+                fail_msg("%s (R %d, C %lld, pp %d): %s", policy_at(k)->name, R, (long long)C, pp, bs_errmsg());
+            assert_true(p.lower_bound == lower);
+            assert_true(p.hdp_bound == hdp);
+            assert_true(p.makespan >= lower * (1 - 1e-12));
+            plans++;
+            if (!strcmp(policy_at(k)->name, "static")) {
+                static_below += p.makespan < hdp * (1 - 1e-12);
+                plan_free(&p);
+                continue;
+            }
+            if (!(p.makespan >= hdp * (1 - 1e-12)))
+                fail_msg("%s (R %d, C %lld, pp %d): makespan %.9g < hdp_bound %.9g", policy_at(k)->name, R,
+                         (long long)C, pp, p.makespan, hdp);
+            tightest = fmin(tightest, p.makespan / hdp);
+            plan_free(&p);
+        }
+        batch_free(&b);
+    }
+    printf("%d plans; the tightest makespan / hdp_bound %.6f; static below hdp_bound in %d of %d batches\n", plans,
+           tightest, static_below, TRIALS);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_long_sequence_by_hand),
+        cmocka_unit_test(test_the_slowest_item_can_be_a_pack),
+        cmocka_unit_test(test_finalize_fills_both_bounds),
+        cmocka_unit_test(test_bounds_hold_for_every_policy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
