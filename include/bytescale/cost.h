@@ -46,7 +46,7 @@ typedef struct {
 // gradient sync estimate; capacity C (tokens) sets the memory budget l * Act(C).
 int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
                 int64_t capacity);
-// Load / save the coefficients as JSON (a measured profile; a `bytescale profile` command is planned).
+// Load / save the coefficients as JSON (a measured profile: `bytescale profile`, docs/profile.md).
 int cost_load(CostModel *cm, const char *path);
 int cost_save(const CostModel *cm, const char *path);
 

@@ -44,6 +44,9 @@ typedef struct {
     double ring_compute;  // ring attention block compute (part of seconds)
     double ring_wait;     // waiting for ring messages (part of seconds)
     double ring_bytes;    // K/V and dK/dV bytes sent
+    double act_peak;      // most activation bytes resident during any item (the model's accounting)
+    double offload_bytes; // activation bytes copied out to the offload tier (and back)
+    double offload_wait;  // seconds the items waited for the tier's copies (part of seconds)
 } ExecStats;
 
 // A trace hook for items (name = "pack" / "ring", t0/t1 from now_seconds); NULL = none.
@@ -64,7 +67,9 @@ void executor_init(Executor *e, Comm *comm, Llama *llama);
 void executor_free(Executor *e);
 // Forward + backward of every item in rows (of plan p), adding the gradients of
 // loss_scale * (sum of token losses) into the model's gradients; *loss_sum = that sum over this
-// rank's rows. With e->zero set, the last item's backward starts the reduce-scatter of every
+// rank's rows. Each micro-batch carries its item's offload ratio to the model (used when the model
+// has an offloader, llama.h); one whose resident activations would exceed the model's budget is
+// refused before it runs. With e->zero set, the last item's backward starts the reduce-scatter of every
 // gradient range as soon as it is final (zero1_start), overlapping it with the layers below. Grows the model's activations when a ring member holds more rows than it was made
 // for. -1 + error naming the item.
 int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum,

@@ -8,7 +8,9 @@
 // so ZeRO-1 can shard a flat range and a checkpoint writes one blob; grads has the same layout.
 // Activations are carved from an arena sized for max_T tokens when the model is made; the forward
 // and backward allocate nothing. Attention goes through AttnOps so the distributed runtime can put
-// ring attention in place of the local kernel. docs/model.md describes all of it.
+// ring attention in place of the local kernel. A micro-batch may offload a fraction r of most
+// layers' activations to a slower tier (offload.h) and the model accounts the activation bytes it
+// holds against a budget. docs/model.md describes all of it.
 #ifndef BYTESCALE_LLAMA_H
 #define BYTESCALE_LLAMA_H
 
@@ -85,9 +87,10 @@ typedef struct {
 } LlamaWeights;
 
 // ---- activations kept for the backward ------------------------------------------------------------
-// Buffers hold max_T rows; a micro-batch of T tokens uses the first T. The RMSNorm outputs and the
-// SwiGLU output are not kept per layer: the backward recomputes them (elementwise, bit-identical)
-// into shared scratch, which saves about a third of the activation memory.
+// Carved for each micro-batch's T rows (the pointers move between calls, never during one). Each
+// layer's buffers are one contiguous block, x first. The RMSNorm outputs and the SwiGLU output are
+// not kept per layer: the backward recomputes them (elementwise, bit-identical) into shared
+// scratch, which saves about a third of the activation memory.
 typedef struct {
     float *x;      // (T, d_model) the layer's input (residual stream)
     float *rstd1;  // (T,) attention RMSNorm's 1/rms
@@ -125,6 +128,29 @@ typedef struct {
     float *dup;         // (T, d_ff)
 } LlamaActs;
 
+// ---- activation memory: where it is, how much is resident, offloading ---------------------------------
+// Where one micro-batch's activations lie in the arena, in bytes. The arena holds the shared buffers
+// (room for max_T rows) and then one block per layer. With n_layers >= 3 (a model that can offload)
+// every block is page-aligned and rounded to pages, so a block's tail can be released page by page.
+typedef struct {
+    size_t globals;  // bytes of the buffers all layers share (page-rounded when paged), at offset 0
+    size_t layer0;   // offset of layer 0's block: the shared buffers' room for max_T rows
+    size_t block;    // bytes of one layer's block; layer l's is [layer0 + l * block, + block)
+    size_t x;        // its first bytes, holding the layer's input x (written by the layer below)
+    size_t tail;     // bytes of each offloaded block's tail this micro-batch; 0 = nothing offloaded
+    int paged;       // blocks page-aligned (n_layers >= 3)
+} ActLayout;
+
+// What the model accounts: bytes of the arena that hold live activations (written and not released).
+typedef struct {
+    size_t resident;     // now
+    size_t peak;         // the most since the caller last set it to 0
+    uint64_t offloaded;  // bytes copied out to the offload tier (each comes back once), cumulative
+    double wait;         // seconds the model waited for the tier's copies, cumulative
+} ActStats;
+
+struct Offloader;  // offload.h
+
 // Called during a backward as soon as a range [begin, end) of the gradient buffer will not be
 // written again by this micro-batch: the head (final_norm + lm_head) first, then layer n_layers-1
 // down to 0, then the embedding. The runtime starts the gradient reduce-scatter of a range there,
@@ -146,8 +172,16 @@ typedef struct {
     void *grad_ready_ctx;
     int max_T;               // most tokens in one micro-batch
     int chunk;               // rows per head + loss chunk; may be lowered, never raised
-    Arena arena;             // all activations, sized for max_T
-    LlamaActs acts;
+    Arena arena;             // all activations: a page arena with room for max_T tokens
+    LlamaActs acts;          // carved for the current micro-batch
+    ActLayout lay;           // ... from this layout
+    size_t act_dirty;        // arena offset below which pages may still be resident from earlier calls
+    // offloading and the memory budget (docs/model.md, "Offloading"); set by the caller
+    struct Offloader *offload;  // NULL (default): everything stays resident whatever offload_ratio says
+    float offload_ratio;     // r in [0, 1]: the share of each of layers 0 .. n_layers-3 that goes to the tier
+                             // (like attn, set per micro-batch: the executor sets its plan item's r)
+    size_t act_budget;       // most resident activation bytes a micro-batch may need; 0 = no limit
+    ActStats act;
 } Llama;
 
 // Make a model for micro-batches of up to max_T tokens: parameters (zero until llama_init_weights),
@@ -160,6 +194,12 @@ void llama_free(Llama *m);
 int llama_reserve(Llama *m, int max_T);
 // Bytes of activation memory a model needs for max_T tokens (what llama_init reserves).
 size_t llama_activation_bytes(const ModelConfig *cfg, int max_T);
+// The most activation bytes a micro-batch of T tokens at offload ratio r holds at once (the model's
+// accounting, m->act.peak, never exceeds it): all of it without offloading (r = 0 or n_layers < 3),
+// else the shared buffers + 2 whole blocks + (n_layers - 3) blocks less their tails + the larger of
+// one such kept part and the x of the next layer (docs/model.md, "Offloading"). What a planner
+// choosing r, and the budget (m->act_budget), go by.
+size_t llama_resident_bytes(const ModelConfig *cfg, int T, double r);
 
 // normal(0, 0.02) for matrices, residual projections (wo, w_down) scaled by 1/sqrt(2 n_layers),
 // norm gains 1. The same seed gives the same weights.
@@ -175,6 +215,11 @@ void llama_decay_ranges(const Llama *m, DecayRange *out);
 // gradient is that of the token-level mean loss whatever the micro-batches were.
 // *n_targets (may be NULL) = rows with a target. -1 + error on a bad micro-batch or attention failure.
 // With m->grad_ready set, it is called for every finished range of the gradient (GradReadyFn).
+// With m->offload set and m->offload_ratio r > 0, layers 0 .. n_layers-3 move the tail r of their
+// activations to the tier and back (same results, bit for bit). A micro-batch whose resident peak
+// (llama_resident_bytes) exceeds m->act_budget is refused before anything runs. A failed copy out
+// is found before the backward starts (the gradients are untouched); a failed copy back stops the
+// backward midway (the gradients are then partly added: the caller must not apply them).
 int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets);
 // Forward only (evaluation): the same loss, no gradients touched.
 int llama_forward(Llama *m, const MicroBatch *mb, double *loss_sum, int64_t *n_targets);

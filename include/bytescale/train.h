@@ -35,7 +35,8 @@
 
 enum { TRAIN_PATH_MAX = 1024 };
 #define TRAIN_MAX_LR 1.0  // the largest peak learning rate train_config_check accepts
-enum { TRAIN_RANK_FIELDS = 8 };  // numbers each rank reports per step (train.c run_plan)
+enum { TRAIN_RANK_FIELDS = 11 };  // numbers each rank reports per step (train.c run_plan)
+enum { TRAIN_TIER_MAX = 16 };
 
 typedef struct {
     // settings: a resumed run must keep them (trainer_load refuses a checkpoint made with others)
@@ -59,6 +60,12 @@ typedef struct {
     char metrics[TRAIN_PATH_MAX];   // JSONL metrics file; "" = none
     char trace[TRAIN_PATH_MAX];     // Chrome-trace JSON of every rank's timeline; "" = none
     int quiet;                      // no progress line
+    // activation memory (docs/training.md, "Offloading"): run options too, not kept by checkpoints
+    char offload_tier[TRAIN_TIER_MAX];  // "off": plans never offload (default); "file" / "memory": plans may,
+                                        // and r of layers 0 .. L-3 goes to that tier; "resident": plans may,
+                                        // but every byte stays in memory (the same plans without copies)
+    char offload_dir[TRAIN_PATH_MAX];   // the file tier's directory; "" = $TMPDIR, else /tmp
+    int64_t mem_budget;             // activation bytes a rank's micro-batch may hold at once; 0 = no limit
 } TrainConfig;
 
 // data/go-byte, model small, 300 steps of 32K tokens, context 4K, capacity = context, balance,
@@ -71,11 +78,14 @@ int train_config_check(const TrainConfig *c);
 typedef struct {
     double compute;    // forward + backward work, ring block compute included
     double comm;       // moving data: gradient reduce-scatter + parameter all-gather once every rank arrived
-    double wait;       // blocked: on ring messages, and at the gradient sync for slower ranks
+    double wait;       // blocked: on ring messages, on the offload tier, and at the gradient sync for slower ranks
     int32_t items;     // micro-batches run
     int32_t rings;     // of them, ring members
     int64_t tokens;    // rows held
     double ring_bytes; // K/V and dK/dV bytes sent
+    double act_peak_bytes;  // most activation bytes resident in one micro-batch (the model's accounting)
+    double offload_bytes;   // activation bytes copied out to the offload tier (each also came back)
+    double offload_wait;    // seconds blocked on the tier's copies (part of wait)
 } RankTimes;
 
 // What one step did; also one line of the metrics file.
@@ -124,6 +134,7 @@ struct Trainer {
     int rank, n_ranks;          // comm->rank, comm->size
     Sampler sampler;            // rank 0 only: samples every global batch
     Llama llama;
+    struct Offloader *offloader;  // the copiers and tier of --offload-tier file|memory; NULL = none
     Zero1 zero;                 // this rank's shard of the parameters and its summed gradient
     AdamW opt;                  // on the shard [zero.begin, zero.end)
     LrSchedule sched;
@@ -156,7 +167,9 @@ struct Trainer {
 // Check the settings, open the dataset (a missing one says to run `bytescale prepare`), refuse a
 // dataset whose vocabulary is not the model's and a context that would need a ring (context > C
 // needs >= 2 ranks: mpirun), make the model for C tokens with weights from the seed, the optimizer
-// and the sampler. Step 0. -1 + error; nothing is left allocated then.
+// and the sampler, and the offload tier when asked for (a test aid: BS_OFFLOAD_FAIL=write:N or
+// read:N makes every rank's N-th copy out / back fail). Step 0. -1 + error; nothing is left
+// allocated then.
 int trainer_init(Trainer *t, const TrainConfig *cfg);
 // The same over the ranks of comm (every rank calls it with the same settings). Rank 0 samples and
 // plans every batch and broadcasts the plan; each rank reads only its own rows.

@@ -9,6 +9,7 @@ int cmd_plan(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
 
 // Integers with an optional binary suffix: 8K = 8192, 2M = 2097152, 1G. Names the flag on error.
 int arg_int64(const char *flag, const char *text, int64_t *out);

@@ -15,6 +15,7 @@ static const Command commands[] = {
     {"simulate", cmd_simulate, "simulate a training step of each policy on a modelled GPU cluster"},
     {"prepare", cmd_prepare, "turn text files into token shards plus a document index"},
     {"train", cmd_train, "train a model on a prepared dataset (one process; checkpoints, resume, metrics)"},
+    {"profile", cmd_profile, "measure this machine for the cost model and write a profile file (--cost)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

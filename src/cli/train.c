@@ -1,6 +1,7 @@
 // train.c: `bytescale train` - train a model on a prepared dataset, on one process or on the ranks of
 // an MPI job (`mpirun -np N bytescale train ...`; train.h, docs/runtime.md).
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 
 #include "bytescale/comm.h"
 #include "bytescale/error.h"
+#include "bytescale/offload.h"
 #include "bytescale/train.h"
 #include "cli/cli.h"
 
@@ -47,6 +49,14 @@ static void usage(FILE *f) {
             "                       (default: none, or PREFIX.jsonl with --plot)\n"
             "  --trace PATH         every rank's timeline as one Chrome-trace JSON (Perfetto, chrome://tracing)\n"
             "  --plot PREFIX        at the end, plot the loss to PREFIX.png and PREFIX.svg (gnuplot)\n"
+            "  --offload-tier T     activation offloading: off (default: plans never offload), file or memory\n"
+            "                       (plans may offload, and the share r of layers 0 .. L-3 of a micro-batch\n"
+            "                       moves to a file on disk, O_DIRECT, or to host memory and back), or\n"
+            "                       resident (the same plans, every byte kept in memory)\n"
+            "  --offload-dir DIR    where the file tier makes its file, deleted at once (default: $TMPDIR\n"
+            "                       or /tmp)\n"
+            "  --mem-budget BYTES   most activation bytes one rank's micro-batch may hold at once (suffixes\n"
+            "                       K M G); a micro-batch over it stops the run before it runs (default: none)\n"
             "  --resume PATH        continue from a checkpoint: its settings, weights, optimizer and data\n"
             "                       position; its run's data, steps, checkpoint and metrics paths unless\n"
             "                       given again. The metrics file drops lines past the checkpoint's step.\n"
@@ -69,8 +79,8 @@ static int bad_usage(const char *fmt, const char *arg) {
 enum {
     OPT_MODEL = 1000, OPT_TOKENS, OPT_CONTEXT, OPT_CAPACITY, OPT_POLICY, OPT_LR, OPT_MIN_LR, OPT_WARMUP, OPT_WD,
     OPT_CLIP, OPT_SEED,  // the settings, up to here
-    OPT_DATA, OPT_STEPS, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_CKPT_KEEP, OPT_METRICS, OPT_TRACE, OPT_PLOT, OPT_RESUME,
-    OPT_END
+    OPT_DATA, OPT_STEPS, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_CKPT_KEEP, OPT_METRICS, OPT_TRACE, OPT_OFFLOAD_TIER,
+    OPT_OFFLOAD_DIR, OPT_MEM_BUDGET, OPT_PLOT, OPT_RESUME, OPT_END
 };
 
 static const struct option options[] = {
@@ -92,6 +102,9 @@ static const struct option options[] = {
     {"ckpt-keep", required_argument, NULL, OPT_CKPT_KEEP},
     {"metrics", required_argument, NULL, OPT_METRICS},
     {"trace", required_argument, NULL, OPT_TRACE},
+    {"offload-tier", required_argument, NULL, OPT_OFFLOAD_TIER},
+    {"offload-dir", required_argument, NULL, OPT_OFFLOAD_DIR},
+    {"mem-budget", required_argument, NULL, OPT_MEM_BUDGET},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"help", no_argument, NULL, 'h'},
@@ -138,6 +151,9 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_CKPT_KEEP: return arg_int(flag, v, &c->ckpt_keep);
     case OPT_METRICS: return copy_text(c->metrics, sizeof c->metrics, flag, v);
     case OPT_TRACE: return copy_text(c->trace, sizeof c->trace, flag, v);
+    case OPT_OFFLOAD_TIER: return copy_text(c->offload_tier, sizeof c->offload_tier, flag, v);
+    case OPT_OFFLOAD_DIR: return copy_text(c->offload_dir, sizeof c->offload_dir, flag, v);
+    case OPT_MEM_BUDGET: return arg_int64(flag, v, &c->mem_budget);
     default: return bs_fail("%s: not a setting", flag);
     }
 }
@@ -213,6 +229,9 @@ static _Noreturn void rank_die(Comm *comm, const char *msg) {
 }
 
 int cmd_train(int argc, char **argv) {
+    // a file-size limit (ulimit -f) then fails a write with EFBIG, which the offload tier and the
+    // checkpoint writer report with the file named, instead of killing the process with SIGXFSZ
+    signal(SIGXFSZ, SIG_IGN);
     const char *given[OPT_END - OPT_MODEL] = {0};  // the value of each flag given, NULL if not
     opterr = 0;  // our own messages
     optind = 1;
@@ -299,6 +318,12 @@ int cmd_train(int argc, char **argv) {
            (long long)cfg.tokens, (long long)cfg.context, (long long)t->capacity, cfg.policy, cfg.lr, cfg.min_lr,
            (long long)cfg.warmup, (long long)t->sched.total_steps, (long long)t->step, (long long)cfg.steps,
            resume ? ", resumed from " : "", resume ? resume : "");
+    if (lead && strcmp(cfg.offload_tier, "off") != 0)
+        printf("train: offloading: %s%s", t->offloader ? offloader_name(t->offloader) : "resident (no copies)",
+               cfg.mem_budget ? "" : "\n");
+    if (lead && cfg.mem_budget)
+        printf("%sactivation budget %lld bytes per rank\n", strcmp(cfg.offload_tier, "off") != 0 ? ", " : "train: ",
+               (long long)cfg.mem_budget);
     fflush(stdout);
 
     TrainSummary sum;

@@ -1,5 +1,6 @@
-// llama.c: the LLaMA-style decoder: parameter layout, activations, forward and backward over one
-// packed micro-batch (see llama.h and docs/model.md).
+// llama.c: the LLaMA-style decoder: parameter layout, forward and backward over one packed
+// micro-batch (see llama.h and docs/model.md). Where the activations lie, what of them is resident
+// and their offloading are llama_acts.c's, called around each layer.
 #include "bytescale/llama.h"
 
 #include <math.h>
@@ -9,6 +10,7 @@
 
 #include "bytescale/error.h"
 #include "bytescale/rng.h"
+#include "nn/llama_acts.h"
 #include "nn/ops.h"
 
 // ---- the default attention: the packed kernel on the micro-batch's own rows ------------------------
@@ -107,115 +109,7 @@ static void bind_weights(const Llama *m, LlamaWeights *w, float *base) {
     w->lm_head = base + t[i++].offset;
 }
 
-// ---- activations ----------------------------------------------------------------------------------
-
-// Rows per head + loss chunk: about 2M logits (8 MB) at a time, at least 16 rows, at most max_T.
-static int head_chunk(const ModelConfig *c, int max_T) {
-    int chunk = (1 << 21) / c->vocab_size;
-    if (chunk < 16) chunk = 16;
-    if (chunk > max_T) chunk = max_T;
-    return chunk < 1 ? 1 : chunk;
-}
-
-// Every activation buffer: where its pointer goes and how many floats it holds. One list serves
-// sizing the arena and carving it, so the two cannot disagree.
-typedef struct {
-    float **slot;
-    size_t n;
-} ActBuf;
-
-enum { ACT_PER_LAYER = 11, ACT_GLOBAL = 18 };
-
-static size_t act_cap(const ModelConfig *c) { return (size_t)c->n_layers * ACT_PER_LAYER + ACT_GLOBAL; }
-
-// Fills out (room for act_cap entries; a->layers has n_layers entries) and returns the count;
-// a count above act_cap means the enum above was not updated with a new buffer.
-static size_t act_list(LlamaActs *a, const ModelConfig *c, int max_T, ActBuf *out) {
-    size_t T = (size_t)max_T, D = (size_t)c->d_model, F = (size_t)c->d_ff, H = (size_t)c->n_heads;
-    size_t Q = H * (size_t)c->head_dim, KV = (size_t)c->n_kv_heads * (size_t)c->head_dim;
-    size_t half = (size_t)c->head_dim / 2, V = (size_t)c->vocab_size, chunk = (size_t)head_chunk(c, max_T);
-    size_t n = 0, cap = act_cap(c);
-#define BUF(field, count)                                           \
-    do {                                                            \
-        if (n < cap) out[n] = (ActBuf){&(field), (count)};          \
-        n++;                                                        \
-    } while (0)
-    for (int l = 0; l < c->n_layers; l++) {
-        LayerActs *la = &a->layers[l];
-        BUF(la->x, T * D);
-        BUF(la->rstd1, T);
-        BUF(la->q, T * Q);
-        BUF(la->k, T * KV);
-        BUF(la->v, T * KV);
-        BUF(la->att, T * Q);
-        BUF(la->lse, T * H);
-        BUF(la->x_mid, T * D);
-        BUF(la->rstd2, T);
-        BUF(la->gate, T * F);
-        BUF(la->up, T * F);
-    }
-    BUF(a->x_out, T * D);
-    BUF(a->lnf, T * D);
-    BUF(a->rstdf, T);
-    BUF(a->rope_cos, T * half);
-    BUF(a->rope_sin, T * half);
-    BUF(a->logits, chunk * V);
-    BUF(a->ln, T * D);
-    BUF(a->h, T * F);
-    BUF(a->dx, T * D);
-    BUF(a->dln, T * D);
-    BUF(a->datt, T * Q);
-    BUF(a->dq, T * Q);
-    BUF(a->dk, T * KV);
-    BUF(a->dv, T * KV);
-    BUF(a->delta, T * H);
-    BUF(a->dh, T * F);
-    BUF(a->dgate, T * F);
-    BUF(a->dup, T * F);
-#undef BUF
-    return n;
-}
-
-static size_t act_bytes(const ActBuf *bufs, size_t n) {
-    size_t bytes = 0;
-    for (size_t i = 0; i < n; i++) bytes += (bufs[i].n * sizeof(float) + 63) / 64 * 64;  // arena alignment
-    return bytes;
-}
-
-size_t llama_activation_bytes(const ModelConfig *cfg, int max_T) {
-    LlamaActs a = {.layers = calloc((size_t)cfg->n_layers, sizeof(LayerActs))};
-    ActBuf *bufs = malloc(act_cap(cfg) * sizeof *bufs);
-    size_t bytes = 0;
-    if (a.layers && bufs) {
-        size_t n = act_list(&a, cfg, max_T, bufs);
-        bytes = n <= act_cap(cfg) ? act_bytes(bufs, n) : 0;
-    }
-    free(a.layers);
-    free(bufs);
-    return bytes;
-}
-
 // ---- making and freeing -----------------------------------------------------------------------------
-
-// Carve every activation buffer out of one arena sized exactly for them.
-static int alloc_acts(Llama *m) {
-    const ModelConfig *c = &m->cfg;
-    ActBuf *bufs = bs_malloc(act_cap(c) * sizeof *bufs);
-    if (!bufs) return -1;
-    size_t n = act_list(&m->acts, c, m->max_T, bufs);
-    if (n > act_cap(c)) {
-        free(bufs);
-        return bs_fail("internal error: %zu activation buffers, room for %zu (ACT_PER_LAYER / ACT_GLOBAL)", n,
-                       act_cap(c));
-    }
-    int rc = arena_init(&m->arena, act_bytes(bufs, n));
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        *bufs[i].slot = arena_floats(&m->arena, bufs[i].n);
-        if (!*bufs[i].slot) rc = -1;
-    }
-    free(bufs);
-    return rc;
-}
 
 int llama_init(Llama *m, const ModelConfig *cfg, int max_T) {
     memset(m, 0, sizeof *m);
@@ -225,7 +119,7 @@ int llama_init(Llama *m, const ModelConfig *cfg, int max_T) {
     m->q_dim = cfg->n_heads * cfg->head_dim;
     m->kv_dim = cfg->n_kv_heads * cfg->head_dim;
     m->max_T = max_T;
-    m->chunk = head_chunk(cfg, max_T);
+    m->chunk = acts_head_chunk(cfg, max_T);
     m->attn = attn_ops_local();
 
     layout_tensors(m);  // count
@@ -240,7 +134,7 @@ int llama_init(Llama *m, const ModelConfig *cfg, int max_T) {
         layout_tensors(m);  // fill
         bind_weights(m, &m->w, m->params);
         bind_weights(m, &m->g, m->grads);
-        ok = alloc_acts(m) == 0;
+        ok = acts_reserve(m, max_T) == 0;
     }
     if (!ok) {
         bs_fail_ctx("model %s: allocating %zu parameters and activations for %d tokens", cfg->name, m->n_params,
@@ -253,25 +147,10 @@ int llama_init(Llama *m, const ModelConfig *cfg, int max_T) {
 
 int llama_reserve(Llama *m, int max_T) {
     if (max_T <= m->max_T) return 0;
-    Arena old = m->arena;
-    int old_T = m->max_T, old_chunk = m->chunk;
+    // activations live only within a call, so the arena is simply made again, larger
+    if (acts_reserve(m, max_T) != 0) return bs_fail_ctx("model %s: activations for %d tokens", m->cfg.name, max_T);
     m->max_T = max_T;
-    m->chunk = head_chunk(&m->cfg, max_T);
-    if (alloc_acts(m) != 0) {  // the old arena is untouched until the new one exists
-        m->arena = old;
-        m->max_T = old_T;
-        m->chunk = old_chunk;
-        // re-carve the old buffers' pointers from the old arena, exactly as before
-        arena_reset(&m->arena);
-        ActBuf *bufs = malloc(act_cap(&m->cfg) * sizeof *bufs);
-        if (bufs) {
-            size_t n = act_list(&m->acts, &m->cfg, m->max_T, bufs);
-            for (size_t i = 0; i < n; i++) *bufs[i].slot = arena_floats(&m->arena, bufs[i].n);
-        }
-        free(bufs);
-        return bs_fail_ctx("model %s: activations for %d tokens", m->cfg.name, max_T);
-    }
-    arena_free(&old);
+    m->chunk = acts_head_chunk(&m->cfg, max_T);
     return 0;
 }
 
@@ -339,6 +218,8 @@ static int check_batch(const Llama *m, const MicroBatch *mb) {
             return bs_fail("model %s: micro-batch row %d: target %d outside [-1, %d)", n, t, mb->targets[t], V);
         if (mb->pos[t] < 0) return bs_fail("model %s: micro-batch row %d: negative position %d", n, t, mb->pos[t]);
     }
+    if (!(m->offload_ratio >= 0 && m->offload_ratio <= 1))
+        return bs_fail("model %s: offload ratio %g outside [0, 1]", n, (double)m->offload_ratio);
     return 0;
 }
 
@@ -363,7 +244,8 @@ static void grad_bucket(const Llama *m, int i, size_t *begin, size_t *end) {
     }
 }
 
-// Everything up to the final norm; the caller runs the head. Fills the activations.
+// Everything up to the final norm; the caller runs the head. Fills the activations (acts_begin laid
+// them out). Around each layer, acts_* account its memory and move its offloaded part out.
 static int forward_layers(Llama *m, const MicroBatch *mb) {
     const ModelConfig *c = &m->cfg;
     int T = mb->T, D = c->d_model, F = c->d_ff, Q = m->q_dim, KV = m->kv_dim;
@@ -378,6 +260,7 @@ static int forward_layers(Llama *m, const MicroBatch *mb) {
         const LayerWeights *w = &m->w.layers[l];
         LayerActs *la = &a->layers[l];
         float *x_next = l + 1 < c->n_layers ? a->layers[l + 1].x : a->x_out;  // (T, D)
+        acts_forward_layer(m, l);
         // attention block: x_mid = x + Wo attn(q, k, v)
         rmsnorm_forward(a->ln, la->rstd1, la->x, w->attn_norm, T, D, eps);
         matmul_forward(la->q, a->ln, w->wq, T, D, Q, 0);
@@ -396,6 +279,7 @@ static int forward_layers(Llama *m, const MicroBatch *mb) {
         swiglu_forward(a->h, la->gate, la->up, (int64_t)T * F);
         memcpy(x_next, la->x_mid, (size_t)T * D * sizeof(float));
         matmul_forward(x_next, a->h, w->w_down, T, F, D, 1);
+        if (acts_forward_done(m, l) != 0) return bs_fail_ctx("model %s", c->name);
     }
     rmsnorm_forward(a->lnf, a->rstdf, a->x_out, m->w.final_norm, T, D, eps);
     return 0;
@@ -406,18 +290,15 @@ int llama_forward(Llama *m, const MicroBatch *mb, double *loss_sum, int64_t *n_t
     if (n_targets) *n_targets = 0;
     if (check_batch(m, mb) != 0) return -1;
     if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
-    if (forward_layers(m, mb) != 0) return -1;
+    if (acts_begin(m, mb, 0) != 0) return -1;
+    if (acts_end(m, forward_layers(m, mb)) != 0) return -1;
     const ModelConfig *c = &m->cfg;
     *loss_sum = head_loss(NULL, NULL, m->acts.lnf, m->w.lm_head, mb->targets, mb->T, c->d_model, c->vocab_size, 1.0f,
                           m->acts.logits, m->chunk, n_targets);
     return 0;
 }
 
-int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets) {
-    *loss_sum = 0;
-    if (n_targets) *n_targets = 0;
-    if (check_batch(m, mb) != 0) return -1;
-    if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
+static int forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets) {
     if (forward_layers(m, mb) != 0) return -1;
     const ModelConfig *c = &m->cfg;
     int T = mb->T, D = c->d_model, F = c->d_ff, Q = m->q_dim, KV = m->kv_dim;
@@ -442,6 +323,7 @@ int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, dou
         const LayerWeights *w = &m->w.layers[l];
         LayerWeights *g = &m->g.layers[l];
         LayerActs *la = &a->layers[l];
+        if (acts_backward_layer(m, l) != 0) return bs_fail_ctx("model %s", c->name);
         // MLP block backward; the residual path passes a->dx through unchanged.
         // Recompute what the forward did not keep: h = silu(gate) * up and ln = n2(x_mid).
         swiglu_forward(a->h, la->gate, la->up, (int64_t)T * F);
@@ -467,6 +349,7 @@ int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, dou
         matmul_backward(a->dln, g->wk, a->dk, a->ln, w->wk, T, D, KV, 1);
         matmul_backward(a->dln, g->wv, a->dv, a->ln, w->wv, T, D, KV, 1);
         rmsnorm_backward(a->dx, g->attn_norm, a->dln, la->x, la->rstd1, w->attn_norm, T, D);
+        if (acts_backward_done(m, l) != 0) return bs_fail_ctx("model %s: layer %d", c->name, l);
         if (m->grad_ready) {
             grad_bucket(m, c->n_layers - l, &rb, &re);
             m->grad_ready(m->grad_ready_ctx, rb, re);
@@ -478,6 +361,15 @@ int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, dou
         m->grad_ready(m->grad_ready_ctx, rb, re);
     }
     return 0;
+}
+
+int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets) {
+    *loss_sum = 0;
+    if (n_targets) *n_targets = 0;
+    if (check_batch(m, mb) != 0) return -1;
+    if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
+    if (acts_begin(m, mb, 1) != 0) return -1;
+    return acts_end(m, forward_backward(m, mb, loss_scale, loss_sum, n_targets));
 }
 
 void llama_grad_bucket(const Llama *m, int i, size_t *begin, size_t *end) { grad_bucket(m, i, begin, end); }

@@ -104,6 +104,8 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
     ExecStats s = {0};
     *loss_sum = 0;
     e->ring.stats = (RingStats){0};
+    ActStats act0 = m->act;
+    m->act.peak = 0;
     double start = now_seconds();
     for (int32_t i = 0; i < rows->n_items; i++) {
         int32_t k = rows->item[i];
@@ -127,13 +129,16 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
             m->grad_ready = grads_ready;
             m->grad_ready_ctx = e;
         }
+        m->offload_ratio = it->offload;  // the plan's r for this micro-batch (the model's budget applies)
         double t0 = now_seconds(), item_loss;
         int rc = llama_forward_backward(m, &mb, loss_scale, &item_loss, NULL);
         m->attn = attn_ops_local();
         m->grad_ready = NULL;
+        m->offload_ratio = 0;
         if (rc != 0)
-            return bs_fail_ctx("plan item %d (%s of %d ranks, %lld tokens)", k, it->n_ranks > 1 ? "ring" : "pack",
-                               it->n_ranks, (long long)it->tokens);
+            return bs_fail_ctx("plan item %d (%s of %d ranks, %lld tokens, offload ratio %g)", k,
+                               it->n_ranks > 1 ? "ring" : "pack", it->n_ranks, (long long)it->tokens,
+                               (double)it->offload);
         if (e->trace) e->trace(e->trace_ctx, it->n_ranks > 1 ? "ring" : "pack", k, t0, now_seconds());
         *loss_sum += item_loss;
         s.items++;
@@ -143,6 +148,9 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
     s.ring_compute = e->ring.stats.compute;
     s.ring_wait = e->ring.stats.wait;
     s.ring_bytes = e->ring.stats.bytes_sent;
+    s.act_peak = (double)m->act.peak;
+    s.offload_bytes = (double)(m->act.offloaded - act0.offloaded);
+    s.offload_wait = m->act.wait - act0.wait;
     if (st) *st = s;
     return 0;
 }

@@ -3,6 +3,7 @@
 // The pipeline that prepares the next step in the background is in train_prefetch.c.
 #include "bytescale/train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "bytescale/error.h"
 #include "bytescale/fileio.h"
 #include "bytescale/hw.h"
+#include "bytescale/offload.h"
 #include "bytescale/policy.h"
 #include "bytescale/timer.h"
 #include "runtime/train_internal.h"
@@ -33,8 +35,11 @@ TrainConfig train_defaults(void) {
     c.steps = 300;
     c.ckpt_every = 0;
     c.ckpt_keep = 2;
+    snprintf(c.offload_tier, sizeof c.offload_tier, "off");
     return c;
 }
+
+static int tier_is(const TrainConfig *c, const char *name) { return strcmp(c->offload_tier, name) == 0; }
 
 int train_config_check(const TrainConfig *c) {
     if (c->tokens < 1) return bs_fail("tokens per step must be >= 1 (got %lld)", (long long)c->tokens);
@@ -61,10 +66,48 @@ int train_config_check(const TrainConfig *c) {
     if (c->ckpt_keep < 0) return bs_fail("checkpoints to keep must be >= 0 (got %d)", c->ckpt_keep);
     if (c->seed >= (1ull << 53))  // checkpoints and metrics keep it exact as a JSON number
         return bs_fail("seed must be below 2^53 (got %llu)", (unsigned long long)c->seed);
+    if (!tier_is(c, "off") && !tier_is(c, "file") && !tier_is(c, "memory") && !tier_is(c, "resident"))
+        return bs_fail("offload tier must be off, file, memory or resident (got \"%s\")", c->offload_tier);
+    if (c->offload_dir[0] && !tier_is(c, "file"))
+        return bs_fail("an offload directory is used only by the file tier (--offload-tier file), not by \"%s\"",
+                       c->offload_tier);
+    if (c->mem_budget < 0) return bs_fail("memory budget must be >= 0 bytes, 0 for none (got %lld)",
+                                          (long long)c->mem_budget);
     return 0;
 }
 
+int train_plans_offload(const TrainConfig *c) { return !tier_is(c, "off"); }
+
 // ---- making a trainer ---------------------------------------------------------------------------------
+
+// A test aid: BS_OFFLOAD_FAIL=write:N or read:N puts a failing tier around the real one, so the
+// tests can see a copy fail on every rank (ENOSPC writing, EIO reading) at a step they choose.
+static int wrap_failing_tier(OffloadTier *tier) {
+    const char *spec = getenv("BS_OFFLOAD_FAIL");
+    if (!spec || !*spec) return 0;
+    int n = 0, w = strncmp(spec, "write:", 6) == 0, r = strncmp(spec, "read:", 5) == 0;
+    if (w || r) n = atoi(spec + (w ? 6 : 5));
+    if (n < 1) {
+        offload_tier_close(tier);
+        return bs_fail("BS_OFFLOAD_FAIL=%s: expected write:N or read:N with N >= 1", spec);
+    }
+    OffloadTier inner = *tier;
+    return offload_tier_failing(tier, inner, w ? 'w' : 'r', n, w ? ENOSPC : EIO);
+}
+
+// The copiers and tier of --offload-tier file|memory, attached to the model; the budget.
+static int open_offload(Trainer *t) {
+    const TrainConfig *c = &t->cfg;
+    t->llama.act_budget = (size_t)c->mem_budget;
+    if (!tier_is(c, "file") && !tier_is(c, "memory")) return 0;
+    OffloadTier tier;
+    int rc = tier_is(c, "file") ? offload_tier_file(&tier, c->offload_dir) : offload_tier_memory(&tier);
+    if (rc == 0) rc = wrap_failing_tier(&tier);
+    if (rc == 0) rc = offloader_init(&t->offloader, tier);
+    if (rc != 0) return bs_fail_ctx("--offload-tier %s", c->offload_tier);
+    t->llama.offload = t->offloader;
+    return 0;
+}
 
 static int open_dataset(Trainer *t) {
     const char *dir = t->cfg.data;
@@ -122,6 +165,7 @@ int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
     int rc = sampler_init(&t->sampler, &t->data.index, cfg->seed);
     if (rc == 0) rc = batch_init(&t->batch, 64);
     if (rc == 0) rc = llama_init(&t->llama, mc, (int)t->capacity);
+    if (rc == 0) rc = open_offload(t);
     if (rc == 0) rc = zero1_init(&t->zero, comm, &t->llama);
     if (rc == 0) rc = (t->times = bs_calloc((size_t)t->n_ranks, sizeof *t->times)) ? 0 : -1;
     if (rc == 0)
@@ -163,6 +207,7 @@ void trainer_free(Trainer *t) {
     }
     executor_free(&t->exec);
     llama_free(&t->llama);
+    offloader_free(t->offloader);
     zero1_free(&t->zero);
     adamw_free(&t->opt);
     sampler_free(&t->sampler);
@@ -245,8 +290,17 @@ static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *
         rtrace_add(t->trace, "grad reduce-scatter", "comm", arrive, synced, -1);
     }
     // every rank's times: wait at the sync = how long after this rank the last one arrived
-    double mine[TRAIN_RANK_FIELDS] = {ex.seconds - ex.ring_wait, ex.ring_wait, synced - arrive,
-                                      arrive - t->trace_origin, ex.items, ex.rings, (double)ex.rows, ex.ring_bytes};
+    double mine[TRAIN_RANK_FIELDS] = {ex.seconds - ex.ring_wait - ex.offload_wait,
+                                      ex.ring_wait + ex.offload_wait,
+                                      synced - arrive,
+                                      arrive - t->trace_origin,
+                                      ex.items,
+                                      ex.rings,
+                                      (double)ex.rows,
+                                      ex.ring_bytes,
+                                      ex.act_peak,
+                                      ex.offload_bytes,
+                                      ex.offload_wait};
     double *all = t->gathered;
     if (comm_allgather(t->comm, mine, all, sizeof mine) != 0) return bs_fail_ctx("gathering step times");
     double last = 0;
@@ -264,7 +318,10 @@ static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *
                                   .items = (int32_t)a[4],
                                   .rings = (int32_t)a[5],
                                   .tokens = (int64_t)a[6],
-                                  .ring_bytes = a[7]};
+                                  .ring_bytes = a[7],
+                                  .act_peak_bytes = a[8],
+                                  .offload_bytes = a[9],
+                                  .offload_wait = a[10]};
     }
     if (st) {
         int64_t longest = 0;

@@ -5,6 +5,8 @@
 
 #include "bytescale/train.h"
 
+// Whether the run's plans may offload (--offload-tier other than off).
+int train_plans_offload(const TrainConfig *c);
 // Rank 0: plan batch b with the run's policy for all ranks, validate it and pack it into t->wire.
 int train_plan_batch(Trainer *t, const GlobalBatch *b);
 // Rank 0's plan (t->wire) to every rank, unpacked into *out. Rank 0 calls

@@ -14,7 +14,11 @@
 // ---- planning (rank 0) and the broadcast ------------------------------------------------------------
 
 int train_plan_batch(Trainer *t, const GlobalBatch *b) {
-    PlanConfig pc = {.n_ranks = t->n_ranks, .capacity = t->capacity, .context = t->cfg.context, .pp = 1, .offload = 0};
+    PlanConfig pc = {.n_ranks = t->n_ranks,
+                     .capacity = t->capacity,
+                     .context = t->cfg.context,
+                     .pp = 1,
+                     .offload = train_plans_offload(&t->cfg)};
     Plan p;
     if (policy_plan(&p, t->cfg.policy, b, &pc, &t->cost) != 0)
         return bs_fail_ctx("planning a batch of %lld tokens for %d ranks (capacity %lld, policy %s)",

@@ -1,0 +1,187 @@
+// test_cli_profile.c: `bytescale profile` end to end, at fast settings: the file it writes is a cost
+// model that `plan --cost` and `simulate --cost` accept; one process keeps the `cpu` profile's links
+// and says so, `mpirun -np 2` measures them; --plot draws; every bad flag exits 2 with a message
+// before anything is measured.
+#include "cli/cli_run.h"
+
+#include <cJSON.h>
+
+#include "bytescale/cost.h"
+#include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/hw.h"
+#include "bytescale/json.h"
+
+#define DIR "test-tmp/cli_profile"
+// a few short lengths, one run each: seconds, not minutes
+#define FAST "profile --model tiny --lengths 256,384,512,768,1K --reps 3 --warmup 1 --capacity 512 " \
+             "--tier-bytes 4M --tier-reps 1 --p2p-reps 2"
+
+// Run a profile command line (cli_run's way, or the whole shell command `cmd` when given) up to 3
+// times: so few short runs on a machine ctest shares can be too noisy to fit (exit 1, "too noisy"),
+// which is the command doing its job, not a failure of what these tests check.
+static int run_profile(const char *args, const char *cmd) {
+    int rc = -1;
+    for (int attempt = 1; attempt <= 3; attempt++) {
+        if (cmd) {
+            int st = system(cmd);
+            cli_slurp(DIR "/stdout", cli_out, sizeof cli_out);
+            cli_slurp(DIR "/stderr", cli_err, sizeof cli_err);
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        } else {
+            rc = cli_run(DIR, "", args);
+        }
+        if (rc != 1 || !strstr(cli_err, "too noisy")) break;
+        printf("attempt %d: %s", attempt, cli_err);
+    }
+    return rc;
+}
+
+static const cJSON *member(const cJSON *o, const char *path) {  // "a.b.c"
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *save = NULL, *k = strtok_r(buf, ".", &save); k && o; k = strtok_r(NULL, ".", &save))
+        o = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!o) fail_msg("no member %s", path);
+    return o;
+}
+
+static cJSON *read_json(const char *path) {
+    cJSON *root;
+    if (json_read_file(path, &root) != 0) fail_msg("%s", bs_errmsg());
+    return root;
+}
+
+static void test_one_process_file_plan_simulate_plot(void **state) {
+    (void)state;
+    test_tmpdir("cli_profile");
+    int rc = run_profile(FAST " --out " DIR "/one.json --plot " DIR "/fig/one", NULL);
+    if (rc != 0) fail_msg("profile: exit %d: %s", rc, cli_err);
+    // the table, the fit, the links it did not measure
+    const char *says[] = {"held out", "T(s) = a1 s^2 + b1 s + c", "attn_pair = 2 a1", "links: not measured",
+                          "offload tier: file", "wrote " DIR "/one.json", "plot: " DIR "/fig/one.png"};
+    for (size_t i = 0; i < sizeof says / sizeof says[0]; i++)
+        if (!strstr(cli_out, says[i])) fail_msg("no '%s' in:\n%s", says[i], cli_out);
+    CostModel cm;
+    if (cost_load(&cm, DIR "/one.json") != 0) fail_msg("%s", bs_errmsg());
+    const HardwareProfile *cpu = hw_find("cpu");
+    assert_true(cm.ring_bw == cpu->inter_bw && cm.ring_lat == cpu->inter_lat && cm.ring_bw_intra == cpu->intra_bw);
+    assert_true(cm.attn_pair >= 0 && cm.lin_token > 0 && cm.offload_bw > 0);
+    assert_int_equal(cm.n_layers, 2);
+    cJSON *root = read_json(DIR "/one.json");
+    assert_true(cJSON_IsFalse(member(root, "profile.fields.ring_bw.measured")));
+    assert_true(cJSON_IsFalse(member(root, "profile.links.measured")));
+    assert_true(cJSON_IsTrue(member(root, "profile.fields.lin_token.measured")));
+    assert_int_equal(cJSON_GetArraySize(member(root, "profile.compute.points")), 5);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(member(root, "profile.compute.points"), 2),
+                                                 "held_out")));
+    assert_true(member(root, "profile.machine.cores")->valuedouble >= 1);
+    assert_string_equal(member(root, "profile.settings.clock")->valuestring, "cpu");
+    cJSON_Delete(root);
+    // the pictures
+    char head[8] = {0};
+    FILE *f = fopen(DIR "/fig/one.png", "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(head, 1, 4, f), 4);
+    fclose(f);
+    assert_memory_equal(head, "\x89PNG", 4);
+    assert_int_equal(access(DIR "/fig/one.svg", R_OK), 0);
+
+    // what it is for: plan and simulate read it
+    rc = cli_run(DIR, "", "plan --cost " DIR "/one.json --ranks 4 --capacity 512 --context 2K --tokens 16K "
+                          "--dist uniform:64:2048 --policy all");
+    if (rc != 0) fail_msg("plan --cost: exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "cost model: " DIR "/one.json"));
+    rc = cli_run(DIR, "", "simulate --cost " DIR "/one.json --seeds 1 --model tiny --hardware cpu --gpus 4 --tp 1 "
+                          "--capacity 512 --context 2K --tokens 16K --dist uniform:64:2048");
+    if (rc != 0) fail_msg("simulate --cost: exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "balance"));
+}
+
+// Under mpirun the links are measured: the file's ring fields are the ping-pong's fit and say so.
+static void test_two_ranks_measure_links(void **state) {
+    (void)state;
+    test_tmpdir("cli_profile");
+    const char *bin = getenv("BS_BINARY");
+    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun -np 2 --oversubscribe '%s' " FAST " --out " DIR
+             "/two.json >" DIR "/stdout 2>" DIR "/stderr",
+             bin);
+    if (run_profile(NULL, cmd) != 0) fail_msg("mpirun profile: %s\n%s", cli_out, cli_err);
+    assert_non_null(strstr(cli_out, "2 ranks"));
+    assert_non_null(strstr(cli_out, "ping-pong between ranks 0 and 1"));
+    CostModel cm;
+    if (cost_load(&cm, DIR "/two.json") != 0) fail_msg("%s", bs_errmsg());
+    cJSON *root = read_json(DIR "/two.json");
+    assert_true(cJSON_IsTrue(member(root, "profile.links.measured")));
+    const char *ring[] = {"ring_bw", "ring_lat", "ring_bw_intra", "ring_lat_intra"};
+    for (int i = 0; i < 4; i++) {
+        char path[96];
+        snprintf(path, sizeof path, "profile.fields.%s.measured", ring[i]);
+        assert_true(cJSON_IsTrue(member(root, path)));
+    }
+    // the fit's figures are the file's, and the samples are there (2 per size)
+    assert_true(cm.ring_bw > 0 && cm.ring_bw == cm.ring_bw_intra);
+    assert_close(cm.ring_bw, member(root, "profile.links.bw")->valuedouble, 1e-12, 0);
+    const cJSON *pts = member(root, "profile.links.points");
+    assert_true(cJSON_GetArraySize(pts) >= 5);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(pts, 0), "samples")), 2);
+    assert_int_equal((int)member(root, "profile.machine.ranks")->valuedouble, 2);
+    // every rank's runs are in the compute samples: 3 runs x 2 ranks
+    const cJSON *p0 = cJSON_GetArrayItem(member(root, "profile.compute.points"), 0);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(p0, "samples")), 6);
+    cJSON_Delete(root);
+}
+
+// Bad flags: exit 2, a message naming the problem, nothing measured and nothing written.
+static void test_bad_flags(void **state) {
+    (void)state;
+    test_tmpdir("cli_profile");
+    assert_int_equal(file_write_atomic(DIR "/plain", "x", 1), 0);
+    const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"--lengths 0,256,512,1K", "not a length"},
+        {"--lengths 256,-5,512,1K", "not a length"},
+        {"--lengths 256,x", "not an integer"},
+        {"--lengths 256,512", "at least 3"},
+        {"--lengths 256,384,512 --holdout 2", "at least 3"},
+        {"--lengths 256,512,512,1K", "listed twice"},
+        {"--model llama-7b", "not one of the trainer's models"},
+        {"--model nope", "not one of the trainer's models"},
+        {"--reps 0", "--reps"},
+        {"--layers 3,1", "--layers"},
+        {"--clock sundial", "not cpu or wall"},
+        {"--layers 2", "--layers"},
+        {"--holdout -1", "--holdout"},
+        {"--tier-bytes 1", "--tier-bytes"},
+        {"--out " DIR "/plain/p.json", "is a file, not a directory"},
+        {"--out " DIR, "is a directory"},
+        {"--out " DIR "/plain", "refusing to overwrite"},
+        {"--frobnicate", "unknown flag"},
+        {"--model", "needs a value"},
+        {"extra", "unexpected argument"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "profile %s", bad[i].args);
+        cli_expect(DIR, args, 2, bad[i].says);
+    }
+    // --plot without gnuplot on the PATH: refused before measuring
+    int rc = cli_run(DIR, "PATH=/nonexistent", "profile --plot " DIR "/fig");
+    if (rc != 2 || !strstr(cli_err, "--plot needs gnuplot")) fail_msg("no gnuplot: exit %d: %s", rc, cli_err);
+    rc = cli_run(DIR, "", "profile --help");
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(cli_out, "--lengths LIST"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_one_process_file_plan_simulate_plot),
+        cmocka_unit_test(test_two_ranks_measure_links),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,215 @@
+// test_cli_train_offload.c: `mpirun -np 2 bytescale train` with activation offloading. Sequences
+// longer than the capacity train on fewer ranks than ceil(s / C) with an offload ratio r > 0
+// (--policy naive-eq3min: Eq. 3's fewest ranks); moving r of the activations to a file (O_DIRECT)
+// or to host memory gives the losses of the same plans kept resident, bit for bit, with a lower
+// accounted activation peak; --mem-budget refuses what does not fit and lets what fits run; a tier
+// that fails (a real EFBIG from RLIMIT_FSIZE, an injected EIO) stops the job with the layer and the
+// file named, exit code != 0, and no checkpoint of the failed step; the run resumes from the last
+// checkpoint and continues exactly.
+#include "cli/cli_run.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "bytescale/fileio.h"
+#include "test_corpus.h"
+
+#define DIR "test-tmp/cli_train_offload"
+#define COMMON                                                                                                    \
+    "--data " DIR "/data --model small --context 4K --capacity 1K --tokens 4K --policy naive-eq3min --lr 3e-3 " \
+    "--warmup 1"
+
+enum { MAX_STEPS = 8 };
+
+// `mpirun -np 2 bytescale <args>` with env before it, under a file-size limit when fsize > 0; the
+// output into cli_out / cli_err. A job that hangs is killed and fails the test. The exit code.
+static int mpi_run(const char *env, const char *args, rlim_t fsize) {
+    const char *bin = getenv("BS_BINARY");
+    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 exec mpirun -np 2 --oversubscribe '%s' %s >%s/stdout 2>%s/stderr", env,
+             bin, args, DIR, DIR);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (fsize > 0) {  // the whole job inherits it; bytescale turns SIGXFSZ into EFBIG errors
+            struct rlimit lim = {.rlim_cur = fsize, .rlim_max = fsize};
+            if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(126);
+        }
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    if (cli_wait_or_kill(pid, 300, &st) != 0) fail_msg("bytescale %s: still running after 300 s", args);
+    cli_slurp(DIR "/stdout", cli_out, sizeof cli_out);
+    cli_slurp(DIR "/stderr", cli_err, sizeof cli_err);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+// Go-like files of 200 to 4,000 bytes: with C = 1K the long ones need offloading or rings.
+static void make_data(void) {
+    test_tmpdir("cli_train_offload");
+    char data[600];
+    if (test_corpus_make(DIR, 24, 200, 4000, 31, data, sizeof data) != 0) fail_msg("corpus: %s", bs_errmsg());
+}
+
+typedef struct {
+    double loss[MAX_STEPS + 1];
+    double peak[MAX_STEPS + 1][2];     // act_peak_bytes per rank
+    double offloaded[MAX_STEPS + 1][2];
+    int rings;                         // steps whose plan has a ring
+    int steps;
+} Metrics;
+
+static void read_metrics(const char *path, Metrics *m) {
+    memset(m, 0, sizeof *m);
+    char *text;
+    size_t n;
+    if (file_read_all(path, &text, &n) != 0) fail_msg("%s", bs_errmsg());
+    for (char *line = text; *line;) {
+        char *nl = strchr(line, '\n');
+        assert_non_null(nl);
+        *nl = '\0';
+        cJSON *o = cJSON_Parse(line);
+        if (!o) fail_msg("%s: not JSON: %s", path, line);
+        int step = (int)cJSON_GetObjectItemCaseSensitive(o, "step")->valuedouble;
+        assert_true(step >= 1 && step <= MAX_STEPS);
+        m->loss[step] = cJSON_GetObjectItemCaseSensitive(o, "loss")->valuedouble;
+        m->rings += cJSON_GetObjectItemCaseSensitive(o, "plan_rings")->valuedouble > 0;
+        const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks"), *r;
+        assert_int_equal(cJSON_GetArraySize(ranks), 2);
+        int k = 0;
+        cJSON_ArrayForEach(r, ranks) {
+            const cJSON *peak = cJSON_GetObjectItemCaseSensitive(r, "act_peak_bytes");
+            const cJSON *off = cJSON_GetObjectItemCaseSensitive(r, "offload_bytes");
+            assert_true(cJSON_IsNumber(peak) && cJSON_IsNumber(off));
+            assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, "offload_wait")));
+            m->peak[step][k] = peak->valuedouble;
+            m->offloaded[step][k] = off->valuedouble;
+            k++;
+        }
+        cJSON_Delete(o);
+        m->steps++;
+        line = nl + 1;
+    }
+    free(text);
+}
+
+static int dir_entries(const char *path) {
+    char cmd[600], line[64];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", path);
+    FILE *p = popen(cmd, "r");
+    int n = p && fgets(line, sizeof line, p) ? atoi(line) : -1;
+    if (p) pclose(p);
+    return n;
+}
+
+static void test_offloading_gives_the_same_losses(void **state) {
+    (void)state;
+    make_data();
+    assert_int_equal(make_dirs(DIR "/off"), 0);
+    int rc = mpi_run("", "train " COMMON " --steps 3 --offload-tier resident --metrics " DIR "/r.jsonl", 0);
+    if (rc != 0) fail_msg("resident: exit %d: %s", rc, cli_err);
+    rc = mpi_run("", "train " COMMON " --steps 3 --offload-tier file --offload-dir " DIR "/off --metrics " DIR "/f.jsonl", 0);
+    if (rc != 0) fail_msg("file tier: exit %d: %s", rc, cli_err);
+    if (!strstr(cli_out, "offloading: file " DIR "/off/bytescale-offload-")) fail_msg("no tier line: %s", cli_out);
+    assert_int_equal(dir_entries(DIR "/off"), 0);  // the file was unlinked as soon as it was open
+    rc = mpi_run("", "train " COMMON " --steps 3 --offload-tier memory --metrics " DIR "/m.jsonl", 0);
+    if (rc != 0) fail_msg("memory tier: exit %d: %s", rc, cli_err);
+
+    Metrics r, f, m;
+    read_metrics(DIR "/r.jsonl", &r);
+    read_metrics(DIR "/f.jsonl", &f);
+    read_metrics(DIR "/m.jsonl", &m);
+    assert_int_equal(r.steps, 3);
+    assert_int_equal(f.steps, 3);
+    assert_int_equal(m.steps, 3);
+    assert_true(r.rings > 0);  // rings with r > 0 ran, beside single ranks with r > 0
+    double moved_f = 0, moved_m = 0, peak_r = 0, peak_f = 0;
+    for (int s = 1; s <= 3; s++) {
+        // the same plans, the same bits: offloading changes where bytes wait, not what is computed
+        if (f.loss[s] != r.loss[s] || m.loss[s] != r.loss[s])
+            fail_msg("step %d: loss %.9g resident, %.9g file, %.9g memory", s, r.loss[s], f.loss[s], m.loss[s]);
+        for (int k = 0; k < 2; k++) {
+            assert_true(r.offloaded[s][k] == 0);
+            assert_true(f.offloaded[s][k] == m.offloaded[s][k]);  // the same bytes to either tier
+            assert_true(f.peak[s][k] == m.peak[s][k] && f.peak[s][k] <= r.peak[s][k]);
+            moved_f += f.offloaded[s][k];
+            moved_m += m.offloaded[s][k];
+            peak_r = r.peak[s][k] > peak_r ? r.peak[s][k] : peak_r;
+            peak_f = f.peak[s][k] > peak_f ? f.peak[s][k] : peak_f;
+        }
+    }
+    assert_true(moved_f > 0 && moved_m > 0);
+    assert_true(peak_f < 0.9 * peak_r);
+
+    // the budget: what the offloading run held fits; a budget nothing fits stops the job up front
+    char args[1024];
+    snprintf(args, sizeof args, "train " COMMON " --steps 3 --offload-tier file --mem-budget %.0f --metrics " DIR "/b.jsonl",
+             peak_f);
+    rc = mpi_run("", args, 0);
+    if (rc != 0) fail_msg("within the budget: exit %d: %s", rc, cli_err);
+    Metrics b;
+    read_metrics(DIR "/b.jsonl", &b);
+    for (int s = 1; s <= 3; s++) assert_true(b.loss[s] == r.loss[s]);
+    rc = mpi_run("", "train " COMMON " --steps 1 --offload-tier file --mem-budget 1M", 0);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "over the memory budget of 1048576 bytes")) fail_msg("unclear message: %s", cli_err);
+}
+
+// A tier that fails ends the job with the cause, and the failed step leaves no checkpoint behind.
+static void test_failing_tier_stops_without_a_checkpoint(void **state) {
+    (void)state;
+    Metrics r;
+    read_metrics(DIR "/r.jsonl", &r);  // the first test's resident run: the reference losses
+    // a run of 3 steps (the LR schedule is the reference's) keeping only its first checkpoint
+    int rc = mpi_run("", "train " COMMON " --steps 3 --offload-tier memory --ckpt-dir " DIR "/ck --ckpt-every 1 "
+                     "--ckpt-keep 0", 0);
+    if (rc != 0) fail_msg("first run: exit %d: %s", rc, cli_err);
+    assert_int_equal(access(DIR "/ck/ckpt-000001.bin", F_OK), 0);
+    assert_int_equal(unlink(DIR "/ck/ckpt-000002.bin"), 0);
+    assert_int_equal(unlink(DIR "/ck/ckpt-000003.bin"), 0);
+    const char *resume = "train " COMMON " --steps 3 --ckpt-every 1 --resume " DIR "/ck/ckpt-000001.bin";
+    char args[1024];
+
+    // a copy back fails (EIO, injected on every rank): step 2 stops, nothing of it is saved
+    snprintf(args, sizeof args, "%s --offload-tier memory", resume);
+    rc = mpi_run("BS_OFFLOAD_FAIL=read:1", args, 0);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "step 2") || !strstr(cli_err, "layer ") || !strstr(cli_err, "back from host memory") ||
+        !strstr(cli_err, "Input/output error"))
+        fail_msg("unclear message: %s", cli_err);
+    assert_int_not_equal(access(DIR "/ck/ckpt-000002.bin", F_OK), 0);
+
+    // the disk refuses (a 16 MB file-size limit; every tail of this model lies past 16 MB in the
+    // file): EFBIG with the file named
+    snprintf(args, sizeof args, "%s --offload-tier file --offload-dir " DIR, resume);
+    rc = mpi_run("", args, 16 << 20);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "out to file " DIR "/bytescale-offload-") || !strstr(cli_err, "File too large") ||
+        !strstr(cli_err, "layer "))
+        fail_msg("unclear message: %s", cli_err);
+    assert_int_not_equal(access(DIR "/ck/ckpt-000002.bin", F_OK), 0);
+
+    // the last checkpoint resumes and the run continues as if nothing had happened
+    snprintf(args, sizeof args, "%s --offload-tier file --offload-dir " DIR " --metrics " DIR "/c.jsonl", resume);
+    rc = mpi_run("", args, 0);
+    if (rc != 0) fail_msg("resume: exit %d: %s", rc, cli_err);
+    assert_int_equal(access(DIR "/ck/ckpt-000003.bin", F_OK), 0);
+    Metrics c;
+    read_metrics(DIR "/c.jsonl", &c);
+    for (int s = 2; s <= 3; s++)
+        if (c.loss[s] != r.loss[s]) fail_msg("step %d after resuming: loss %.9g, uninterrupted %.9g", s, c.loss[s], r.loss[s]);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offloading_gives_the_same_losses),
+        cmocka_unit_test(test_failing_tier_stops_without_a_checkpoint),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
