@@ -66,6 +66,10 @@ typedef struct {
                                         // but every byte stays in memory (the same plans without copies)
     char offload_dir[TRAIN_PATH_MAX];   // the file tier's directory; "" = $TMPDIR, else /tmp
     int64_t mem_budget;             // activation bytes a rank's micro-batch may hold at once; 0 = no limit
+    // the planner's cost model and the plans it made (run options, not kept by checkpoints)
+    char cost[TRAIN_PATH_MAX];       // a cost-model or profile file (`bytescale profile`); "" = derived
+                                     // from the model and the `cpu` hardware profile
+    char save_plans[TRAIN_PATH_MAX]; // write every step's plan there as plan-<step>.json; "" = none
 } TrainConfig;
 
 // data/go-byte, model small, 300 steps of 32K tokens, context 4K, capacity = context, balance,

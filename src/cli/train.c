@@ -57,6 +57,10 @@ static void usage(FILE *f) {
             "                       or /tmp)\n"
             "  --mem-budget BYTES   most activation bytes one rank's micro-batch may hold at once (suffixes\n"
             "                       K M G); a micro-batch over it stops the run before it runs (default: none)\n"
+            "  --cost FILE          plan with this cost model: a profile of this machine (`bytescale profile`,\n"
+            "                       docs/profile.md) or any cost file (default: derived from the model and the\n"
+            "                       `cpu` hardware profile)\n"
+            "  --save-plans DIR     write every step's plan to DIR/plan-<step>.json (`bytescale simulate --plan`)\n"
             "  --resume PATH        continue from a checkpoint: its settings, weights, optimizer and data\n"
             "                       position; its run's data, steps, checkpoint and metrics paths unless\n"
             "                       given again. The metrics file drops lines past the checkpoint's step.\n"
@@ -80,7 +84,7 @@ enum {
     OPT_MODEL = 1000, OPT_TOKENS, OPT_CONTEXT, OPT_CAPACITY, OPT_POLICY, OPT_LR, OPT_MIN_LR, OPT_WARMUP, OPT_WD,
     OPT_CLIP, OPT_SEED,  // the settings, up to here
     OPT_DATA, OPT_STEPS, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_CKPT_KEEP, OPT_METRICS, OPT_TRACE, OPT_OFFLOAD_TIER,
-    OPT_OFFLOAD_DIR, OPT_MEM_BUDGET, OPT_PLOT, OPT_RESUME, OPT_END
+    OPT_OFFLOAD_DIR, OPT_MEM_BUDGET, OPT_COST, OPT_SAVE_PLANS, OPT_PLOT, OPT_RESUME, OPT_END
 };
 
 static const struct option options[] = {
@@ -105,6 +109,8 @@ static const struct option options[] = {
     {"offload-tier", required_argument, NULL, OPT_OFFLOAD_TIER},
     {"offload-dir", required_argument, NULL, OPT_OFFLOAD_DIR},
     {"mem-budget", required_argument, NULL, OPT_MEM_BUDGET},
+    {"cost", required_argument, NULL, OPT_COST},
+    {"save-plans", required_argument, NULL, OPT_SAVE_PLANS},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"help", no_argument, NULL, 'h'},
@@ -154,6 +160,8 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_OFFLOAD_TIER: return copy_text(c->offload_tier, sizeof c->offload_tier, flag, v);
     case OPT_OFFLOAD_DIR: return copy_text(c->offload_dir, sizeof c->offload_dir, flag, v);
     case OPT_MEM_BUDGET: return arg_int64(flag, v, &c->mem_budget);
+    case OPT_COST: return copy_text(c->cost, sizeof c->cost, flag, v);
+    case OPT_SAVE_PLANS: return copy_text(c->save_plans, sizeof c->save_plans, flag, v);
     default: return bs_fail("%s: not a setting", flag);
     }
 }

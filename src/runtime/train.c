@@ -157,8 +157,17 @@ int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
                        "(run under mpirun -np N), or raise the capacity to the context",
                        (long long)cfg->context, (long long)t->capacity);
     if (!policy_find(cfg->policy)) return -1;
-    const HardwareProfile *hw = hw_find("cpu");
-    if (!hw || cost_derive(&t->cost, mc, hw, 1, 1, t->n_ranks, t->capacity) != 0) return bs_fail_ctx("cost model");
+    if (cfg->cost[0]) {
+        // a measured profile plans this run; one measured for another model would misplan it
+        if (cost_load(&t->cost, cfg->cost) != 0) return bs_fail_ctx("--cost");
+        if (t->cost.n_layers != mc->n_layers)
+            return bs_fail("--cost %s: the file is for a model of %d layers, model %s has %d (`bytescale profile "
+                           "--model %s` makes one)",
+                           cfg->cost, t->cost.n_layers, mc->name, mc->n_layers, mc->name);
+    } else {
+        const HardwareProfile *hw = hw_find("cpu");
+        if (!hw || cost_derive(&t->cost, mc, hw, 1, 1, t->n_ranks, t->capacity) != 0) return bs_fail_ctx("cost model");
+    }
     if (open_dataset(t) != 0) return -1;
     t->tokens = token_source_dataset(&t->data);
 
@@ -364,6 +373,15 @@ int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st) {
     return rc;
 }
 
+// --save-plans: the step's plan as a plan file (docs/plan-format.md), so `bytescale simulate --plan
+// --cost` can predict exactly the steps that ran. Written by the planning rank, atomically.
+static int save_plan(const Trainer *t, const Plan *p, int64_t step) {
+    char path[TRAIN_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/plan-%06lld.json", t->cfg.save_plans, (long long)step);
+    if (plan_write_json(p, path) != 0) return bs_fail_ctx("--save-plans: step %lld", (long long)step);
+    return 0;
+}
+
 int trainer_step(Trainer *t, StepStats *out) {
     double t0 = now_seconds();
     StepStats st;
@@ -374,6 +392,7 @@ int trainer_step(Trainer *t, StepStats *out) {
     st.data_wait = now_seconds() - t0;
     if (t->trace) rtrace_add(t->trace, "plan + data", "data", t0, now_seconds(), s);
     if (run_plan(t, &t->plans[s % 2], &t->rows[s % 2], &st) != 0) return bs_fail_ctx("step %lld", (long long)s);
+    if (t->rank == 0 && t->cfg.save_plans[0] && save_plan(t, &t->plans[s % 2], s) != 0) return -1;
 
     // clip by the global norm, AdamW on this rank's shard, then every rank gets every parameter
     double ts = now_seconds(), sumsq;

@@ -151,6 +151,10 @@ int train_paths_open(TrainPaths *p, const TrainConfig *c) {
         train_paths_close(p);
         return -1;
     }
+    if (c->save_plans[0] && writable_dir(c->save_plans, "--save-plans") != 0) {
+        train_paths_close(p);
+        return -1;
+    }
     return 0;
 }
 

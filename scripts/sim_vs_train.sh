@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# sim_vs_train.sh: does the simulator predict this machine?
+#
+#   1. profile this machine for the model (`bytescale profile`, 2 ranks: compute, memory, link, tier);
+#   2. train STEPS steps of 2-rank HDP under each policy, planning with that profile and writing every
+#      step's plan (`train --cost PROFILE --save-plans DIR`);
+#   3. simulate each of those plans with the same profile (`simulate --plan FILE --cost PROFILE`) and
+#      compare with the step time the trainer measured.
+# Prints a table per policy (median measured, median simulated, the largest per-step difference) and
+# leaves everything in OUT. The first step is a warm-up and is left out.
+#
+# Usage: scripts/sim_vs_train.sh [BUILD_DIR]   (env: OUT, STEPS, DATA, MODEL, CONTEXT, CAPACITY, TOKENS)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+BIN="$BUILD/bytescale"
+OUT=${OUT:-out/sim-vs-train}
+STEPS=${STEPS:-20}
+DATA=${DATA:-data/go-byte}
+MODEL=${MODEL:-tiny}
+CONTEXT=${CONTEXT:-16K}
+CAPACITY=${CAPACITY:-8K}
+TOKENS=${TOKENS:-32K}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 BS_QUIET=1
+MPIRUN="mpirun -np 2 --bind-to core"
+
+[ -x "$BIN" ] || { echo "sim_vs_train.sh: $BIN not found: run make first" >&2; exit 1; }
+[ -f "$DATA/index.bin" ] || { echo "sim_vs_train.sh: no dataset in $DATA: run $BIN prepare first" >&2; exit 1; }
+mkdir -p "$OUT"
+
+# one number from a flat JSON text: the value after "key":
+json_num() { sed -n "s/.*\"$1\":[[:space:]]*\([-0-9.eE+]*\).*/\1/p" | head -1; }
+
+echo "== profile ($MODEL, 2 ranks)" >&2
+$MPIRUN "$BIN" profile --model "$MODEL" --lengths 256,512,1K,2K,4K,8K,12K,16K --out "$OUT/profile.json" >"$OUT/profile.txt"
+
+printf '%-8s %6s %12s %13s %10s %16s\n' policy steps "measured s" "simulated s" "diff" "max step diff"
+for policy in static naive balance; do
+    echo "== train: $policy, $((STEPS + 1)) steps" >&2
+    rm -rf "${OUT:?}/$policy" "$OUT/$policy.jsonl"
+    $MPIRUN "$BIN" train --data "$DATA" --model "$MODEL" --context "$CONTEXT" --capacity "$CAPACITY" \
+        --tokens "$TOKENS" --policy "$policy" --steps $((STEPS + 1)) --cost "$OUT/profile.json" \
+        --save-plans "$OUT/$policy" --metrics "$OUT/$policy.jsonl" >/dev/null
+    : >"$OUT/$policy-steps.txt"
+    for step in $(seq 2 $((STEPS + 1))); do
+        plan=$(printf '%s/%s/plan-%06d.json' "$OUT" "$policy" "$step")
+        sim=$("$BIN" simulate --plan "$plan" --cost "$OUT/profile.json" --model "$MODEL" --hardware cpu --tp 1 --json |
+              json_num step_time)
+        meas=$(sed -n "/\"step\":$step,/p" "$OUT/$policy.jsonl" | sed -n 's/.*"seconds":\([-0-9.eE+]*\).*/\1/p')
+        echo "$step $meas $sim" >>"$OUT/$policy-steps.txt"
+    done
+    # medians and the largest per-step relative difference (simulated vs measured)
+    med() { cut -d' ' -f"$1" "$OUT/$policy-steps.txt" | sort -g |
+            awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+    mm=$(med 2)
+    ms=$(med 3)
+    awk -v p="$policy" -v mm="$mm" -v ms="$ms" '
+        { d = ($3 - $2) / $2; if (d < 0) d = -d; if (d > worst) worst = d }
+        END { printf "%-8s %6d %12.3f %13.3f %+9.1f%% %15.1f%%\n", p, NR, mm, ms, 100 * (ms - mm) / mm, 100 * worst }' \
+        "$OUT/$policy-steps.txt"
+done
+echo "per-step figures: $OUT/<policy>-steps.txt (step, measured s, simulated s); plans: $OUT/<policy>/" >&2
