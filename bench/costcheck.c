@@ -23,6 +23,7 @@
 
 #include "bytescale/cost.h"
 #include "bytescale/error.h"
+#include "bytescale/fileio.h"
 #include "bytescale/hw.h"
 #include "bytescale/json.h"
 #include "bytescale/model.h"
@@ -47,29 +48,6 @@ typedef struct {
     int n;
     Row rows[MAX_ROWS];
 } Measured;
-
-// The file as given, else the same lookup the command uses for files of the source tree.
-static int find_file(const char *rel, char *out, size_t cap) {
-    snprintf(out, cap, "%s", rel);
-    if (access(out, R_OK) == 0) return 0;
-    const char *src = getenv("BS_SOURCE_DIR");
-    if (src) {
-        snprintf(out, cap, "%s/%s", src, rel);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        for (int up = 0; up < 2; up++) {  // drop "/bench_costcheck", then the build directory
-            char *slash = strrchr(exe, '/');
-            if (slash) *slash = '\0';
-        }
-        snprintf(out, cap, "%s/%s", exe, rel);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    return bs_fail("cannot find %s in the current directory, $BS_SOURCE_DIR or the source tree", rel);
-}
 
 static int read_measured(const char *path, Measured *M) {
     memset(M, 0, sizeof *M);
@@ -117,7 +95,7 @@ int main(int argc, char **argv) {
     if (argc > 2) bs_die("usage: bench_costcheck [FILE]   (default %s)", MEASURED_FILE);
     char path[4096];
     if (argc == 2) snprintf(path, sizeof path, "%s", argv[1]);
-    else if (find_file(MEASURED_FILE, path, sizeof path) != 0) bs_die_errmsg();
+    else if (file_find_source(MEASURED_FILE, path, sizeof path) != 0) bs_die_errmsg();
     Measured M;
     if (read_measured(path, &M) != 0) bs_die_errmsg();
 

@@ -42,4 +42,9 @@ uint32_t checksum_crc32(uint32_t crc, const void *data, size_t n);
 // Create a directory and its parents (like mkdir -p). Existing directories are fine.
 int make_dirs(const char *path);
 
+// Find a file of the source tree (tokenizer data, scripts, measured figures) given its path relative
+// to the tree: in the current directory, then under $BS_SOURCE_DIR, then two levels above the running
+// program (build/bytescale -> the tree). -1 + error listing where it looked.
+int file_find_source(const char *rel, char *out, size_t cap);
+
 #endif

@@ -1,11 +1,11 @@
 // args.c: flag value parsing shared by the subcommands.
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "bytescale/error.h"
 #include "cli/cli.h"
@@ -67,24 +67,17 @@ const char *cli_retired_flag(const char *arg) {
     return NULL;
 }
 
-int cli_find_source_file(const char *rel, char *out, size_t cap) {
-    snprintf(out, cap, "%s", rel);
-    if (access(out, R_OK) == 0) return 0;
-    const char *src = getenv("BS_SOURCE_DIR");
-    if (src) {
-        snprintf(out, cap, "%s/%s", src, rel);
-        if (access(out, R_OK) == 0) return 0;
+int cli_read_flags(int argc, char **argv, const struct option *options, int first, const char **given, int n_given) {
+    opterr = 0;  // our own messages
+    optind = 1;
+    for (;;) {
+        int opt = getopt_long(argc, argv, ":h", options, NULL);
+        if (opt == -1) break;
+        if (opt == 'h') return 1;
+        if (opt == ':') return bs_fail("%s needs a value", argv[optind - 1]);
+        if (opt == '?' || opt < first || opt - first >= n_given) return bs_fail("unknown flag '%s'", argv[optind - 1]);
+        given[opt - first] = optarg;
     }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        for (int up = 0; up < 2; up++) {  // drop "/bytescale", then the build directory
-            char *slash = strrchr(exe, '/');
-            if (slash) *slash = '\0';
-        }
-        snprintf(out, cap, "%s/%s", exe, rel);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    return bs_fail("cannot find %s in the current directory, $BS_SOURCE_DIR or the source tree", rel);
+    if (optind < argc) return bs_fail("unexpected argument '%s'", argv[optind]);
+    return 0;
 }

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct option;  // getopt.h
+
 int cmd_plan(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
@@ -16,14 +18,16 @@ int arg_int64(const char *flag, const char *text, int64_t *out);
 int arg_int(const char *flag, const char *text, int *out);
 int arg_double(const char *flag, const char *text, double *out);
 
+// Read argv's flags (getopt_long, every flag but -h/--help taking a value) into given[opt - first]:
+// the value given, NULL where absent. 1: help was asked for; 0: read; -1 + error ("--x needs a
+// value", "unknown flag '--y'", "unexpected argument 'z'").
+int cli_read_flags(int argc, char **argv, const struct option *options, int first, const char **given, int n_given);
+
 // Flags that `plan` and `simulate` once spelled differently (one vocabulary now: --dist SPEC, --lengths
 // FILE, --ranks N, --gpus N, --hardware NAME|FILE, --cost FILE). For an unknown flag arg ("--x" or
 // "--x=value"): the message saying what replaced it, or NULL when it never was one of ours.
 const char *cli_retired_flag(const char *arg);
 
-// Find a file of the source tree (tokenizer data, scripts) given its path relative to the tree:
-// in the current directory, then under $BS_SOURCE_DIR, then two levels above the running binary
-// (build/bytescale -> the tree). -1 + error listing where it looked.
-int cli_find_source_file(const char *rel, char *out, size_t cap);
+// file_find_source (fileio.h) is how the commands find files of the source tree.
 
 #endif

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "bytescale/fileio.h"
 #include "bytescale/prepare.h"
 #include "cli/cli.h"
 
@@ -45,9 +46,9 @@ static int bad_usage(const char *fmt, const char *arg) {
     return 2;
 }
 
-// The default rank file, looked up in the source tree (cli_find_source_file).
+// The default rank file, looked up in the source tree (file_find_source).
 static int find_ranks(char *out, size_t cap) {
-    if (cli_find_source_file(RANKS_REL, out, cap) == 0) return 0;
+    if (file_find_source(RANKS_REL, out, cap) == 0) return 0;
     return bs_fail("gpt2: no rank file %s in the current directory, $BS_SOURCE_DIR or the source tree: run "
                    "`make tokenizer` or pass --bpe-ranks PATH",
                    RANKS_REL);

@@ -140,20 +140,12 @@ static _Noreturn void rank_die(Comm *comm, const char *msg) {
 
 int cmd_profile(int argc, char **argv) {
     const char *given[OPT_PLOT - OPT_MODEL + 1] = {0};
-    opterr = 0;
-    optind = 1;
-    for (;;) {
-        int opt = getopt_long(argc, argv, ":h", options, NULL);
-        if (opt == -1) break;
-        if (opt == 'h') {
-            usage(stdout);
-            return 0;
-        }
-        if (opt == ':') return bad_usage("%s needs a value", argv[optind - 1]);
-        if (opt == '?') return bad_usage("unknown flag '%s'", argv[optind - 1]);
-        given[opt - OPT_MODEL] = optarg;
+    int got = cli_read_flags(argc, argv, options, OPT_MODEL, given, OPT_PLOT - OPT_MODEL + 1);
+    if (got == 1) {
+        usage(stdout);
+        return 0;
     }
-    if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+    if (got != 0) return bad_usage("%s", bs_errmsg());
 #define GIVEN(opt) (given[(opt) - OPT_MODEL])
 
     const char *model_name = GIVEN(OPT_MODEL) ? GIVEN(OPT_MODEL) : "small";

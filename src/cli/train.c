@@ -10,6 +10,7 @@
 
 #include "bytescale/comm.h"
 #include "bytescale/error.h"
+#include "bytescale/fileio.h"
 #include "bytescale/offload.h"
 #include "bytescale/train.h"
 #include "cli/cli.h"
@@ -182,9 +183,9 @@ static int same_setting(const TrainConfig *ck, int opt, const char *v, const cha
     return 0;
 }
 
-// The plotting script, looked up in the source tree (cli_find_source_file).
+// The plotting script, looked up in the source tree (file_find_source).
 static int find_plot_script(char *out, size_t cap) {
-    if (cli_find_source_file("scripts/plot_loss.sh", out, cap) == 0) return 0;
+    if (file_find_source("scripts/plot_loss.sh", out, cap) == 0) return 0;
     return bs_fail_ctx("--plot");
 }
 
@@ -241,20 +242,12 @@ int cmd_train(int argc, char **argv) {
     // checkpoint writer report with the file named, instead of killing the process with SIGXFSZ
     signal(SIGXFSZ, SIG_IGN);
     const char *given[OPT_END - OPT_MODEL] = {0};  // the value of each flag given, NULL if not
-    opterr = 0;  // our own messages
-    optind = 1;
-    for (;;) {
-        int opt = getopt_long(argc, argv, ":h", options, NULL);
-        if (opt == -1) break;
-        if (opt == 'h') {
-            usage(stdout);
-            return 0;
-        }
-        if (opt == ':') return bad_usage("%s needs a value", argv[optind - 1]);
-        if (opt == '?') return bad_usage("unknown flag '%s'", argv[optind - 1]);
-        given[opt - OPT_MODEL] = optarg;
+    int got = cli_read_flags(argc, argv, options, OPT_MODEL, given, OPT_END - OPT_MODEL);
+    if (got == 1) {
+        usage(stdout);
+        return 0;
     }
-    if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+    if (got != 0) return bad_usage("%s", bs_errmsg());
 #define GIVEN(opt) (given[(opt) - OPT_MODEL])
     const char *plot = GIVEN(OPT_PLOT), *resume = GIVEN(OPT_RESUME);
 

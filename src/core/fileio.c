@@ -170,3 +170,25 @@ int make_dirs(const char *path) {
     if (mkdir(buf, 0755) != 0 && errno != EEXIST) return bs_fail("%s: cannot create directory: %s", buf, strerror(errno));
     return 0;
 }
+
+int file_find_source(const char *rel, char *out, size_t cap) {
+    snprintf(out, cap, "%s", rel);
+    if (access(out, R_OK) == 0) return 0;
+    const char *src = getenv("BS_SOURCE_DIR");
+    if (src) {
+        snprintf(out, cap, "%s/%s", src, rel);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        for (int up = 0; up < 2; up++) {  // drop the program's name, then the build directory
+            char *slash = strrchr(exe, '/');
+            if (slash) *slash = '\0';
+        }
+        snprintf(out, cap, "%s/%s", exe, rel);
+        if (access(out, R_OK) == 0) return 0;
+    }
+    return bs_fail("cannot find %s in the current directory, $BS_SOURCE_DIR or the source tree", rel);
+}

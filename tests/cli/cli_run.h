@@ -21,21 +21,27 @@ static inline void cli_slurp(const char *path, char *buf, size_t cap) {
     fclose(f);
 }
 
-// Run `<env> bytescale <args>` quietly with one BLAS thread. stdout and stderr pass through files in
-// dir (an existing scratch directory) into cli_out / cli_err. Returns the exit code.
-static inline int cli_run(const char *dir, const char *env, const char *args) {
+// Run `<env> bytescale <args>` quietly with one BLAS thread; with np > 0 as an MPI job of np ranks
+// (`mpirun -np <np> --oversubscribe`: more ranks than cores is fine for correctness). stdout and
+// stderr pass through files in dir (an existing scratch directory) into cli_out / cli_err. Returns
+// the exit code.
+static inline int cli_run_np(const char *dir, int np, const char *env, const char *args) {
     const char *bin = getenv("BS_BINARY");
     if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
-    char cmd[8192], out_path[600], err_path[600];
+    char cmd[8192], launcher[64] = "", out_path[600], err_path[600];
+    if (np > 0) snprintf(launcher, sizeof launcher, "mpirun -np %d --oversubscribe ", np);
     snprintf(out_path, sizeof out_path, "%s/stdout", dir);
     snprintf(err_path, sizeof err_path, "%s/stderr", dir);
-    snprintf(cmd, sizeof cmd, "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 '%s' %s >%s 2>%s", env, bin, args, out_path, err_path);
+    snprintf(cmd, sizeof cmd, "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 %s'%s' %s >%s 2>%s", env, launcher, bin, args,
+             out_path, err_path);
     int st = system(cmd);
     cli_slurp(out_path, cli_out, sizeof cli_out);
     cli_slurp(err_path, cli_err, sizeof cli_err);
     assert_true(WIFEXITED(st));
     return WEXITSTATUS(st);
 }
+
+static inline int cli_run(const char *dir, const char *env, const char *args) { return cli_run_np(dir, 0, env, args); }
 
 // Run and require exit code `code` and the text in_stderr in what it printed to stderr.
 static inline void cli_expect(const char *dir, const char *args, int code, const char *in_stderr) {

@@ -19,18 +19,7 @@
 #define COMMON "--data " DIR "/data --model tiny --context 512 --capacity 256 --tokens 1024 --lr 3e-3 --warmup 1"
 
 // `mpirun -np N bytescale <args>` with `env` before it; output into cli_out / cli_err. Exit code.
-static int mpi_run(int np, const char *env, const char *args) {
-    const char *bin = getenv("BS_BINARY");
-    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun -np %d --oversubscribe '%s' %s >%s/stdout 2>%s/stderr",
-             env, np, bin, args, DIR, DIR);
-    int st = system(cmd);
-    cli_slurp(DIR "/stdout", cli_out, sizeof cli_out);
-    cli_slurp(DIR "/stderr", cli_err, sizeof cli_err);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
+static int mpi_run(int np, const char *env, const char *args) { return cli_run_np(DIR, np, env, args); }
 
 // Files up to 2,000 bytes: with context 512 and capacity 256 the long ones train as 2-rank rings.
 static void make_data(void) {

@@ -19,19 +19,7 @@
     "train --data " DIR "/data --model tiny --context 512 --capacity 256 --tokens 1024 --lr 3e-3 --warmup 1 " \
     "--steps 3 --policy balance"
 
-static int mpi_run(const char *args) {
-    const char *bin = getenv("BS_BINARY");
-    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd,
-             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun -np 2 --oversubscribe '%s' %s >%s/stdout 2>%s/stderr", bin,
-             args, DIR, DIR);
-    int st = system(cmd);
-    cli_slurp(DIR "/stdout", cli_out, sizeof cli_out);
-    cli_slurp(DIR "/stderr", cli_err, sizeof cli_err);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
+static int mpi_run(const char *args) { return cli_run_np(DIR, 2, "", args); }
 
 static void make_data(void) {
     test_tmpdir("cli_train_plans");

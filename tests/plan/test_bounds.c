@@ -2,7 +2,7 @@
 // policy-independent lower_bound and the HDP-aware hdp_bound. Hand-computed values on a tiny cost
 // model, hdp_bound >= lower_bound, and both below the makespan of every policy's plan on random
 // batches, with and without pipeline parallelism.
-#include "test_util.h"
+#include "plan/plan_fixtures.h"
 
 #include <math.h>
 
@@ -13,28 +13,6 @@
 #include "bytescale/plan.h"
 #include "bytescale/policy.h"
 #include "bytescale/rng.h"
-
-// As in test_plan.c: an item of T tokens on D ranks takes 2 (1e-3 T / D + 0.01) s; two layers, so
-// Eq. 3 cannot offload (two layers always stay resident): a sequence of s > C tokens needs exactly
-// ceil(s / C) ranks.
-static CostModel hand_model(void) {
-    CostModel cm;
-    memset(&cm, 0, sizeof cm);
-    cm.lin_token = 1e-3;
-    cm.layer_const = 0.01;
-    cm.n_layers = 2;
-    cm.act_token = 1;
-    cm.kv_token = 10;
-    cm.offload_bw = 1;
-    return cm;
-}
-
-static GlobalBatch make_batch(const int64_t *lens, int n) {
-    GlobalBatch b;
-    assert_int_equal(batch_init(&b, n), 0);
-    for (int i = 0; i < n; i++) assert_int_equal(batch_push(&b, i, lens[i], -1), 0);
-    return b;
-}
 
 // One long sequence of 300 tokens and a short one of 10; C = 100, 8 ranks.
 //   lower_bound: work 2e-3 x 310 = 0.62, at least ceil(310 / 100) = 4 slots of 2 x 0.01:

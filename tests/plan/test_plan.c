@@ -1,6 +1,6 @@
 // test_plan.c: the plan structure: chunk layout, schedules and estimates derived by hand, the lower
 // bound, the validator against hand-broken plans, plan statistics, and the JSON form.
-#include "test_util.h"
+#include "plan/plan_fixtures.h"
 
 #include <math.h>
 
@@ -11,28 +11,6 @@
 #include "bytescale/plan.h"
 #include "bytescale/policy.h"
 #include "bytescale/rng.h"
-
-// A cost model simple enough to work out by hand: no attention term, no ring traffic time
-// (bandwidth 0 = not modelled, latency 0), so an item of T tokens on D ranks takes
-// n_layers * (lin_token * T / D + layer_const) seconds.
-static CostModel hand_model(void) {
-    CostModel cm;
-    memset(&cm, 0, sizeof cm);
-    cm.lin_token = 1e-3;
-    cm.layer_const = 0.01;
-    cm.n_layers = 2;
-    cm.act_token = 1;
-    cm.kv_token = 10;
-    cm.offload_bw = 1;
-    return cm;
-}
-
-static GlobalBatch make_batch(const int64_t *lens, int n) {
-    GlobalBatch b;
-    assert_int_equal(batch_init(&b, n), 0);
-    for (int i = 0; i < n; i++) assert_int_equal(batch_push(&b, i, lens[i], -1), 0);
-    return b;
-}
 
 static int32_t add(Plan *p, int seq, int64_t len, const int32_t *ranks, int nr) {
     Segment s = {seq, 0, len};

@@ -2,28 +2,13 @@
 // timelines worked out by hand on a tiny cost model, the textbook 1F1B time for equal micro-batches,
 // and bounds every schedule must respect on random plans. The comparison with the simulator itself
 // is tests/sim/test_sim_pp.c.
-#include "test_util.h"
+#include "plan/plan_fixtures.h"
 
 #include <math.h>
 
 #include "bytescale/error.h"
 #include "bytescale/plan.h"
 #include "bytescale/rng.h"
-
-// As in test_plan.c: no attention, no ring traffic time, so an item of T tokens on D ranks takes
-// n_layers * (lin_token * T / D + layer_const) = 2 (1e-3 T / D + 0.01) seconds per stage: forward a
-// third of that, backward two thirds.
-static CostModel hand_model(void) {
-    CostModel cm;
-    memset(&cm, 0, sizeof cm);
-    cm.lin_token = 1e-3;
-    cm.layer_const = 0.01;
-    cm.n_layers = 2;
-    cm.act_token = 1;
-    cm.kv_token = 10;
-    cm.offload_bw = 1;
-    return cm;
-}
 
 // A batch of the given lengths and an empty plan for it.
 static void start_plan(Plan *p, GlobalBatch *b, const int64_t *lens, int n, int32_t ranks, int32_t pp) {
