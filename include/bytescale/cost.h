@@ -32,7 +32,8 @@ typedef struct {
     // whole step
     double grad_sync;     // seconds for ZeRO-1 reduce-scatter + all-gather over all HDP ranks
     double optimizer;     // seconds for the optimizer step on a rank's shard
-    double capacity_bytes;// activation memory budget per rank: l * Act(C)
+    double capacity_bytes;// activation memory per rank at capacity C: cost_rank_act(C, 0) (derived: l * Act(C));
+                          // informative: Eq. 3 computes its budget from C (cost_act_budget)
     // added after the first draft: the faster link for rings that fit inside one node. A ring of
     // D <= ranks_per_node consecutive ranks uses ring_bw_intra / ring_lat_intra, any other ring
     // ring_bw / ring_lat. ranks_per_node <= 1 or ring_bw_intra <= 0 (a hand-built model) means
@@ -40,6 +41,13 @@ typedef struct {
     double ring_bw_intra;  // bytes/s per device per direction inside a node (NVLink)
     double ring_lat_intra; // seconds per message inside a node
     int ranks_per_node;    // HDP ranks per node: gpus_per_node / tp
+    // added with `bytescale profile`, which measures them on the engine (a derived model leaves them
+    // 0: on a GPU the shared buffers are kernel workspace and the head is a few percent of a deep
+    // model). Optional in a file, 0 when absent.
+    double act_shared_token; // bytes per token of the activation buffers all layers share (the head's
+    double act_shared_const; // input, backward scratch): held once per rank, never offloaded
+    double head_token;       // seconds per token of the embedding, output head and loss, forward +
+    double head_const;       // backward: once per micro-batch (not per layer), on the last stage
 } CostModel;
 
 // Derive from a model and hardware. tp and pp >= 1; hdp_ranks = devices / (tp * pp), used for the
@@ -63,12 +71,28 @@ double cost_causal_area(int64_t s);
 // T(s) and Act(s) of one layer.
 double cost_layer_time(const CostModel *cm, int64_t s);
 double cost_layer_act(const CostModel *cm, int64_t s);
+// The embedding, head and loss of a micro-batch of n tokens: head_token * n + head_const.
+double cost_head_time(const CostModel *cm, double n);
+// Activation bytes one rank holds for a micro-batch of n tokens at offload ratio r: the shared
+// buffers plus every layer's Act(n) (r = 0 or l <= 2), or two whole layers and (1-r) of the other
+// l-2 (Eq. 3's 2 + (1-r)(l-2)).
+double cost_rank_act(const CostModel *cm, double n, double r);
+// Eq. 3's budget per rank for capacity C: what C tokens hold without offloading, cost_rank_act(C, 0)
+// (the paper's l Act(C) with the shared buffers). A memory budget enters through C: C is the most
+// tokens the budget holds without offloading (train --mem-budget derives it so).
+double cost_act_budget(const CostModel *cm, int64_t C);
+// The capacity a memory budget gives: the most tokens, up to `most`, whose micro-batch holds at most
+// `budget` bytes without offloading (cost_rank_act(C, 0) <= budget); 0 when not even one token fits.
+int64_t cost_capacity_for(const CostModel *cm, double budget, int64_t most);
+// The most tokens one rank can hold at r = 1 with capacity C: C when the model cannot offload (l <= 2).
+double cost_max_offload_tokens(const CostModel *cm, int64_t C);
 
 // The planner's estimate of one item's per-rank time, seconds, all l layers, forward + backward:
 // segs: lengths of the item's subsequences; D: ranks in its ring (1 = a pack on one rank);
 // r: offload ratio. A ring pays, per layer, D steps of max(attention block compute, K/V transfer)
 // (backward also moves dK/dV) with one transfer exposed (the dK/dV returning home at the end of
-// backward); offload copies that compute cannot hide are added. docs/cost-model.md has the formula.
+// backward); offload copies that compute cannot hide are added, and the head once (cost_head_time of
+// the rank's tokens/D). docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
 // Eq. 3 of the paper (docs/cost-model.md section 5): the fewest ranks D(s) that can hold a sequence of s
@@ -76,8 +100,8 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
 // Returns D >= 1, or -1 + error when s does not fit even on max_ranks ranks.
 int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out);
 // Eq. 3 for one ring size: can D ranks of capacity C hold s tokens? 1 with *r = 0 when s <= D * C;
-// else (offloading, l > 2) 1 with *r the least ratio in [0, 1] with (2 + (1-r)(l-2)) Act(s/D) <=
-// l Act(C) whose copies hide (r <= cost_offload_hidden_max); else 0.
+// else (offloading, l > 2) 1 with *r the least ratio in [0, 1] with cost_rank_act(s/D, r) <=
+// cost_act_budget(C) whose copies hide (r <= cost_offload_hidden_max); else 0.
 int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double *r);
 // The largest offload ratio whose copies hide for a sequence of s tokens on a ring of D ranks: a
 // layer's copy out (r Act(s/D) / offload_bw) takes no longer than the next layer's forward on that

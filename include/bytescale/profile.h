@@ -7,8 +7,10 @@
 //             embedding, the head and the loss cancel). Fitted to the cost model's
 //             T(s) = attn_pair s(s+1)/2 + lin_token s + layer_const by least squares weighted by
 //             1/T^2 (relative error), some lengths held out to test the fit;
-//   memory    Act(s) of one layer from the engine's own accounting (llama_activation_bytes of two
-//             layer counts), fitted to act_token s + act_const;
+//   memory    Act(s) of one layer and the buffers all layers share, from the engine's own
+//             accounting (profile_engine_act);
+//   head      the embedding, output head and loss: the smaller model's time less its layers,
+//             fitted to head_token s + head_const;
 //   links     ping-pong between ranks 0 and 1 of an MPI job through the Comm API at the sizes of
 //             ring blocks, fitted to lat + bytes / bw (one process: the `cpu` profile's figures);
 //   tier      the write and read bandwidth of the offload file tier (offload.h, O_DIRECT);
@@ -45,9 +47,14 @@ int profile_lstsq(const double *X, const double *y, const double *w, int n, int 
 // the relative error is minimized. Fills those three fields of *cm. -1 + error, also when the fit
 // leaves lin_token at 0 (cost_load requires it > 0: the measurements are too noisy to use).
 int profile_fit_time(const int64_t *s, const double *t, int n, CostModel *cm);
-// Act(s) = act_token * s + act_const, unweighted. When integer coefficients reproduce every point
-// exactly (the engine's accounting is linear) those are taken and *exact = 1.
-int profile_fit_act(const int64_t *s, const double *bytes, int n, CostModel *cm, int *exact);
+// The engine's activation accounting as the cost model's memory terms (act_token, act_const,
+// act_shared_token, act_shared_const): one layer's block (llama_activation_bytes of two layer counts)
+// and the shared buffers (what llama_resident_bytes holds at r = 1 beyond the resident layers), each
+// the line through two lengths where the accounting is exact, its constant raised by the largest
+// excess of the rounded accounting over it (*layer_margin, *shared_margin; may be NULL), so
+// cost_rank_act is never below llama_resident_bytes at any length and ratio. What the planner
+// budgets by in training and in a profile.
+int profile_engine_act(const ModelConfig *m, CostModel *cm, double *layer_margin, double *shared_margin);
 // t = lat + bytes / bw, weights 1/t^2. -1 + error when the fit gives no finite bandwidth.
 int profile_fit_link(const double *bytes, const double *t, int n, double *lat, double *bw);
 // Whether the i-th of n lengths (ascending) is held out of the time fit: every `every`-th one
@@ -90,6 +97,9 @@ typedef struct {
     double *samples;        // (n_samples,) per-layer samples: every rank's timed runs
     int n_samples;
     double act_bytes;       // Act(s) from the engine's accounting
+    double shared_bytes;    // the shared buffers at s tokens (profile_engine_act)
+    double head;            // model_t[0] - layers[0] x measured: the embedding, head and loss
+    double head_fitted;     // head_token s + head_const
 } ProfilePoint;
 
 typedef struct {
@@ -113,9 +123,11 @@ typedef struct {
     int n_pts;
     double max_fit_err, max_holdout_err;  // largest |residual| on the fit lengths / held-out lengths
     // activations
-    int act_layers[2];      // the layer counts whose accounting was differenced
-    int act_exact;          // integer coefficients reproduce every length exactly
-    double act_max_dev;     // largest |fitted - accounted| bytes
+    double act_margin;         // bytes act_const was raised by to cover the engine's rounding
+    double act_shared_margin;  // the same for act_shared_const
+    double act_max_dev;        // largest fitted - accounted bytes of one layer at the lengths (>= 0)
+    // the head
+    double max_head_err;       // largest |head_fitted - head| / model_t[0] over the lengths
     // links
     int p2p_measured;       // 0: one process, ring_* are the `cpu` profile's
     ProfileLinkPoint link[PROFILE_MAX_SIZES];

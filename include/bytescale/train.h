@@ -35,7 +35,7 @@
 
 enum { TRAIN_PATH_MAX = 1024 };
 #define TRAIN_MAX_LR 1.0  // the largest peak learning rate train_config_check accepts
-enum { TRAIN_RANK_FIELDS = 11 };  // numbers each rank reports per step (train.c run_plan)
+enum { TRAIN_RANK_FIELDS = 12 };  // numbers each rank reports per step (train.c run_plan)
 enum { TRAIN_TIER_MAX = 16 };
 
 typedef struct {
@@ -90,6 +90,9 @@ typedef struct {
     double act_peak_bytes;  // most activation bytes resident in one micro-batch (the model's accounting)
     double offload_bytes;   // activation bytes copied out to the offload tier (each also came back)
     double offload_wait;    // seconds blocked on the tier's copies (part of wait)
+    double core_share;      // CPU seconds of the rank's process / wall seconds of its items and sync:
+                            // ~1 (or more, with copier threads) when it had its core, below ~0.9 when
+                            // other processes took turns on it and its times are not to be trusted
 } RankTimes;
 
 // What one step did; also one line of the metrics file.
@@ -142,10 +145,11 @@ struct Trainer {
     Zero1 zero;                 // this rank's shard of the parameters and its summed gradient
     AdamW opt;                  // on the shard [zero.begin, zero.end)
     LrSchedule sched;
-    CostModel cost;             // for the planner: cost_derive(model, hw "cpu", 1, 1, n_ranks, C)
+    CostModel cost;             // for the planner: --cost or cost_derive(model, hw "cpu", 1, 1, n_ranks, C), the
+                                // memory terms from the engine (profile_engine_act)
     Executor exec;
     TokenSource tokens;         // this rank reads its rows through it (the dataset's shards)
-    int64_t capacity;           // C, resolved (cfg.capacity or cfg.context)
+    int64_t capacity;           // C, resolved (cfg.capacity, else what cfg.mem_budget holds, else cfg.context)
     int64_t step;               // steps done
     // the pipeline: slot s % 2 holds step s's plan and rows
     Plan plans[2];

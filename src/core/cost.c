@@ -183,6 +183,42 @@ double cost_layer_time(const CostModel *cm, int64_t s) {
 
 double cost_layer_act(const CostModel *cm, int64_t s) { return cm->act_token * (double)(s > 0 ? s : 0) + cm->act_const; }
 
+double cost_head_time(const CostModel *cm, double n) { return n > 0 ? cm->head_token * n + cm->head_const : 0.0; }
+
+double cost_rank_act(const CostModel *cm, double n, double r) {
+    if (n < 0) n = 0;
+    int l = cm->n_layers;
+    double layer = cm->act_token * n + cm->act_const;
+    double shared = cm->act_shared_token * n + cm->act_shared_const;
+    if (!(r > 0) || l <= 2) return shared + l * layer;  // also NaN: nothing moves
+    if (r > 1) r = 1;
+    return shared + (2.0 + (1.0 - r) * (l - 2)) * layer;
+}
+
+double cost_act_budget(const CostModel *cm, int64_t C) { return cost_rank_act(cm, (double)C, 0.0); }
+
+int64_t cost_capacity_for(const CostModel *cm, double budget, int64_t most) {
+    if (most < 1 || cost_rank_act(cm, 1.0, 0.0) > budget) return 0;
+    int64_t lo = 1, hi = most;  // cost_rank_act(lo, 0) <= budget; it grows with the tokens
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (cost_rank_act(cm, (double)mid, 0.0) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+double cost_max_offload_tokens(const CostModel *cm, int64_t C) {
+    double best = (double)C;
+    double per_token = cm->act_shared_token + 2.0 * cm->act_token;
+    if (cm->n_layers > 2 && per_token > 0) {
+        // cost_rank_act(t, 1) = shared(t) + 2 Act(t) <= budget, solved for t
+        double t = (cost_act_budget(cm, C) - cm->act_shared_const - 2.0 * cm->act_const) / per_token;
+        if (t > best) best = t;
+    }
+    return best;
+}
+
 // The link a ring of D consecutive ranks uses: inside one node when it fits there.
 static void ring_link(const CostModel *cm, int D, double *bw, double *lat) {
     if (cm->ranks_per_node > 1 && cm->ring_bw_intra > 0 && D <= cm->ranks_per_node) {
@@ -250,7 +286,7 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
     if (r > 1) r = 1;
     double fwd, bwd;
     item_layer_times(cm, tokens, area, D, &fwd, &bwd);
-    double total = cm->n_layers * (fwd + bwd);
+    double total = cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D);
     int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
     if (r > 0 && n_off > 0 && cm->offload_bw > 0) {
         double copy = offload_copy_time(cm, tokens, D, r);
@@ -266,10 +302,11 @@ int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double 
     if (s <= (int64_t)D * C) return 1;  // fits without copying
     int l = cm->n_layers;
     if (l <= 2 || !(cm->act_token > 0)) return 0;
-    // memory per rank: (2 + (1 - r)(l - 2)) * Act(s/D) <= l * Act(C), solved for the least r
-    double act_rank = cm->act_token * (double)s / (double)D + cm->act_const;
-    double budget = l * cost_layer_act(cm, C);
-    double r_need = 1.0 - (budget / act_rank - 2.0) / (l - 2);
+    // memory per rank: shared(s/D) + (2 + (1 - r)(l - 2)) Act(s/D) <= budget, solved for the least r
+    double share = (double)s / (double)D;
+    double act_rank = cm->act_token * share + cm->act_const;
+    double room = cost_act_budget(cm, C) - (cm->act_shared_token * share + cm->act_shared_const);
+    double r_need = 1.0 - (room / act_rank - 2.0) / (l - 2);
     if (r_need > 1.0) return 0;
     if (r_need < 0.0) r_need = 0.0;
     // overlap: the copy must hide behind the next layer's forward on this ring (cost_item_time's
@@ -292,11 +329,11 @@ int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int m
     int64_t d_hi = d_plain < max_ranks ? d_plain : max_ranks;
     int64_t d_lo = d_hi;
     if (offload && l > 2) {
-        // With r = 1 only the two resident layers count: 2 * Act(s/D) <= l * Act(C) bounds D below.
-        double room = l * (cm->act_token * (double)C + cm->act_const) / 2.0 - cm->act_const;
+        // With r = 1 only the shared buffers and the two resident layers count: s/D tokens at most
+        // cost_max_offload_tokens per rank bounds D below.
         // clamp in double before converting: with extreme coefficients (a cost file may hold 1e308)
         // the quotient is huge, infinite or NaN, and converting that to an integer is undefined
-        double lo = floor(cm->act_token * (double)s / room);
+        double lo = floor((double)s / cost_max_offload_tokens(cm, C));
         d_lo = !(lo >= 1) ? 1 : lo >= (double)d_hi ? d_hi : (int64_t)lo;
     }
     for (int64_t D = d_lo; D <= d_hi; D++) {
@@ -325,7 +362,8 @@ static const CostField cost_fields[] = {
     DFIELD(attn_pair, 0, 0),      DFIELD(lin_token, 1, 0),  DFIELD(layer_const, 0, 0),   DFIELD(act_token, 1, 0),
     DFIELD(act_const, 0, 0),      DFIELD(kv_token, 0, 0),   DFIELD(ring_bw, 1, 0),       DFIELD(ring_lat, 0, 0),
     DFIELD(offload_bw, 1, 0),     DFIELD(grad_sync, 0, 0),  DFIELD(optimizer, 0, 0),     DFIELD(capacity_bytes, 1, 0),
-    DFIELD(ring_bw_intra, 0, 1),  DFIELD(ring_lat_intra, 0, 1),
+    DFIELD(ring_bw_intra, 0, 1),  DFIELD(ring_lat_intra, 0, 1), DFIELD(act_shared_token, 0, 1),
+    DFIELD(act_shared_const, 0, 1), DFIELD(head_token, 0, 1),   DFIELD(head_const, 0, 1),
 };
 #undef DFIELD
 enum { N_COST_FIELDS = (int)(sizeof cost_fields / sizeof cost_fields[0]) };

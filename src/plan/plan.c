@@ -279,38 +279,30 @@ void plan_chunk(int64_t len, int D, int j, int64_t *start, int64_t *n) {
     *start = (int64_t)j * base + (j < rem ? j : rem);
 }
 
-// Work of one sequence with no ring and no per-micro-batch constant: all layers, fwd + bwd.
+// Work of one sequence with no ring and no per-micro-batch constant: all layers and the head, fwd + bwd.
 static double seq_work(const CostModel *cm, int64_t s) {
-    return cm->n_layers * (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s);
+    return cm->n_layers * (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) +
+           cm->head_token * (double)s;
 }
 
-// The most tokens any valid item can put on one of its ranks: C without offloading; with offload
-// ratio r the validator admits (2 + (1-r)(l-2)) Act(T/D) <= l Act(C) (Eq. 3, per rank), which at
-// r = 1 allows T/D up to (l Act(C) / 2 - act_const) / act_token when l > 2 (else C).
-static double max_tokens_per_slot(const CostModel *cm, int64_t capacity) {
-    double best = (double)capacity;
-    if (cm->n_layers > 2 && cm->act_token > 0) {
-        double t = (cm->n_layers * cost_layer_act(cm, capacity) / 2.0 - cm->act_const) / cm->act_token;
-        if (t > best) best = t;
-    }
-    return best;
-}
+// What every (item, member) slot pays once whatever it holds: each layer's constant and the head's.
+static double slot_const(const CostModel *cm) { return cm->n_layers * cm->layer_const + cm->head_const; }
 
 // The two parts of the policy-independent bound for one stage: *avg, the average work per rank,
 // and *single, the longest sequence's fastest time on any ring it fits (docs/planner.md).
 static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, double *avg,
                         double *single) {
-    // 1. average work: every sequence's compute once, plus one layer_const per layer for every
-    //    (item, member) slot; no slot holds more than max_tokens_per_slot tokens
+    // 1. average work: every sequence's compute once, plus slot_const for every (item, member) slot;
+    //    no slot holds more than cost_max_offload_tokens tokens
     double work = 0;
     int64_t longest = 0;
     for (int64_t i = 0; i < b->n; i++) {
         work += seq_work(cm, b->seqs[i].len);
         if (b->seqs[i].len > longest) longest = b->seqs[i].len;
     }
-    double slots = ceil((double)b->n_tokens / max_tokens_per_slot(cm, capacity) - 1e-9);
+    double slots = ceil((double)b->n_tokens / cost_max_offload_tokens(cm, capacity) - 1e-9);
     if (slots < 1) slots = 1;
-    *avg = (work + slots * cm->n_layers * cm->layer_const) / n_ranks;
+    *avg = (work + slots * slot_const(cm)) / n_ranks;
     // 2. the longest sequence (the costliest: the work of a whole sequence grows with its length
     //    at every ring size) must run as one item on some D ranks: at best the fastest ring size
     //    that can hold it, without offload copies
@@ -326,7 +318,7 @@ static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
             double t = cost_item_time(cm, &longest, 1, D, 0.0);
             if (t < *single) *single = t;
         }
-        double share = seq_work(cm, longest) / n_ranks + cm->n_layers * cm->layer_const;
+        double share = seq_work(cm, longest) / n_ranks + slot_const(cm);
         if (d_hi < n_ranks && share < *single) *single = share;
     }
     // (a sequence that fits nowhere leaves only the first term: the policies report that error)
@@ -343,19 +335,30 @@ static double with_pipeline(const CostModel *cm, double avg, double single, int3
     return a > s ? a : s;
 }
 
+// The head runs on the last pipeline stage only, while an item's estimate (cost_item_time) charges
+// it on every stage: with pp > 1 the bounds leave it out, so they stay below any schedule.
+static CostModel without_head(const CostModel *cm, int32_t pp) {
+    CostModel c = *cm;
+    if (pp > 1) c.head_token = c.head_const = 0;
+    return c;
+}
+
 double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity) {
     return plan_lower_bound_pp(b, cm, n_ranks, capacity, 1);
 }
 
 double plan_lower_bound_pp(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp) {
     if (b->n <= 0 || n_ranks < 1) return 0;
+    CostModel c = without_head(cm, pp);
     double avg, single;
-    bound_parts(b, cm, n_ranks, capacity, &avg, &single);
-    return with_pipeline(cm, avg, single, pp < 1 ? 1 : pp);
+    bound_parts(b, &c, n_ranks, capacity, &avg, &single);
+    return with_pipeline(&c, avg, single, pp < 1 ? 1 : pp);
 }
 
-double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp) {
+double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm_in, int32_t n_ranks, int64_t capacity, int32_t pp) {
     if (b->n <= 0 || n_ranks < 1) return 0;
+    CostModel c = without_head(cm_in, pp);
+    const CostModel *cm = &c;
     // Under HDP's rule a sequence of s <= C tokens is packed whole on one rank, and a longer one is
     // a ring of its own on D in [D_off(s), min(ceil(s/C), R)] ranks (Eq. 3's fewest with offloading
     // up to the ranks it needs). Offload copies only add time, so r = 0 below.
@@ -388,7 +391,7 @@ double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks
     if (short_tokens > 0) {
         // packs hold at most C tokens, and each pays l * layer_const; the longest short sequence
         // alone in a pack is its indivisible time
-        work += (double)((short_tokens + capacity - 1) / capacity) * cm->n_layers * cm->layer_const;
+        work += (double)((short_tokens + capacity - 1) / capacity) * slot_const(cm);
         double t = cost_item_time(cm, &longest_short, 1, 1, 0.0);
         if (t > single) single = t;
     }

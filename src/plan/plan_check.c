@@ -62,13 +62,12 @@ static int64_t fullest_member(const Plan *p, const Item *it, int64_t *diff, int3
 }
 
 // Does a member holding `share` tokens of a ring with offload ratio r > 0 fit? Eq. 3 of the paper
-// in the per-rank form cost_min_ranks uses: two layers keep all their activations, the other l-2
-// keep (1-r) of them, against a budget of l Act(C) per rank: (2 + (1-r)(l-2)) Act(share) <= l Act(C).
-// The relative slack absorbs the float rounding of r as stored in the plan.
+// in the per-rank form cost_min_ranks uses: the shared buffers, two layers' whole activations and
+// (1-r) of the other l-2 (cost_rank_act) against the budget for capacity C (cost_act_budget). The
+// relative slack absorbs the float rounding of r as stored in the plan.
 static int offload_fits(const CostModel *cm, double share, double r, int64_t capacity, double *need, double *budget) {
-    int l = cm->n_layers;
-    *need = (2.0 + (1.0 - r) * (l - 2)) * (cm->act_token * share + cm->act_const);
-    *budget = l * cost_layer_act(cm, capacity);
+    *need = cost_rank_act(cm, share, r);
+    *budget = cost_act_budget(cm, capacity);
     return *need <= *budget * (1 + 1e-6);
 }
 

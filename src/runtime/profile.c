@@ -159,25 +159,6 @@ int profile_fit_time(const int64_t *s, const double *t, int n, CostModel *cm) {
     return 0;
 }
 
-int profile_fit_act(const int64_t *s, const double *bytes, int n, CostModel *cm, int *exact) {
-    double *X = malloc(sizeof(double) * (size_t)n * 2), *w = malloc(sizeof(double) * (size_t)n);
-    int rc = X && w ? 0 : bs_fail("out of memory");
-    for (int i = 0; rc == 0 && i < n; i++) X[i * 2] = (double)s[i], X[i * 2 + 1] = 1.0, w[i] = 1.0;
-    double c[2];
-    if (rc == 0) rc = profile_lstsq(X, bytes, w, n, 2, c);
-    free(X), free(w);
-    if (rc != 0) return bs_fail_ctx("fitting Act(s) to %d lengths", n);
-    if (!(c[0] > 0)) return bs_fail("fitting Act(s): act_token came out %g, not > 0", c[0]);
-    // The accounting is whole bytes: when whole-byte coefficients reproduce every point exactly
-    // (all below 2^53, so the doubles are exact), take them rather than the fit's last-bit noise.
-    double a = round(c[0]), b = round(c[1]);
-    *exact = 1;
-    for (int i = 0; i < n; i++) *exact &= a * (double)s[i] + b == bytes[i];
-    cm->act_token = *exact ? a : c[0];
-    cm->act_const = *exact ? b : c[1];
-    return 0;
-}
-
 int profile_fit_link(const double *bytes, const double *t, int n, double *lat, double *bw) {
     double *X = malloc(sizeof(double) * (size_t)n * 2), *w = malloc(sizeof(double) * (size_t)n);
     int rc = X && w ? 0 : bs_fail("out of memory");
@@ -307,12 +288,6 @@ static int tokens_init(Tokens *t, int max_T, int vocab) {
 
 static void tokens_free(Tokens *t) { free(t->tok), free(t->tgt), free(t->pos), free(t->seg); }
 
-static double thread_cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // One forward + backward of the first T tokens: wall seconds and CPU seconds of this thread (the one
 // BLAS thread computes here, and nothing else runs: no offloading). On a core of its own the two are
 // equal; when other processes share the core, the wall clock also counts their turns and the CPU
@@ -409,6 +384,32 @@ int profile_measure_compute(Profile *p, Comm *comm, Progress *pr, int64_t *done)
     return rc == 0 ? 0 : bs_fail_ctx("measuring model %s", c->model->name);
 }
 
+// The embedding, head and loss: what the smaller model takes beyond its layers, head(s) =
+// model_t[0] - layers[0] x the per-layer time, fitted to head_token s + head_const (coefficients >= 0)
+// with weights relative to the whole model's time: the head is a small difference of large times
+// and may measure near zero at short lengths. Every length is used (it has two parameters).
+static int fit_head(Profile *p) {
+    int n = p->n_pts;
+    double X[PROFILE_MAX_LENGTHS * 2], y[PROFILE_MAX_LENGTHS], w[PROFILE_MAX_LENGTHS], c[2];
+    for (int i = 0; i < n; i++) {
+        ProfilePoint *pt = &p->pts[i];
+        pt->head = pt->model_t[0] - p->cfg.layers[0] * pt->measured;
+        X[i * 2] = (double)pt->s, X[i * 2 + 1] = 1.0;
+        y[i] = pt->head;
+        w[i] = 1.0 / (pt->model_t[0] * pt->model_t[0]);
+    }
+    if (profile_lstsq(X, y, w, n, 2, c) != 0) return bs_fail_ctx("fitting the head to %d lengths", n);
+    p->cm.head_token = c[0], p->cm.head_const = c[1];
+    p->max_head_err = 0;
+    for (int i = 0; i < n; i++) {
+        ProfilePoint *pt = &p->pts[i];
+        pt->head_fitted = cost_head_time(&p->cm, (double)pt->s);
+        // against the whole model's time: what an error in the head costs a step's estimate
+        p->max_head_err = fmax(p->max_head_err, fabs(pt->head_fitted - pt->head) / pt->model_t[0]);
+    }
+    return 0;
+}
+
 int profile_fit_compute(Profile *p) {
     int64_t s[PROFILE_MAX_LENGTHS];
     double t[PROFILE_MAX_LENGTHS];
@@ -424,34 +425,62 @@ int profile_fit_compute(Profile *p) {
         double *worst = pt->held_out ? &p->max_holdout_err : &p->max_fit_err;
         if (fabs(pt->residual) > *worst) *worst = fabs(pt->residual);
     }
-    return 0;
+    return fit_head(p);
 }
 
 // ---- activations --------------------------------------------------------------------------------------
 
+// One layer's block and the shared buffers of model m at T tokens, by the engine's accounting: the
+// block is the difference of two layer counts laid out alike (3 or more layers page every block, so
+// the model's own count and the next; else 1 and 2); the shared part is what a rank holds beyond
+// its resident layers at r = 1 (llama_resident_bytes: two layers when the model offloads, all of
+// them when it cannot).
+static void engine_bytes(const ModelConfig *m, int T, double *layer, double *shared) {
+    ModelConfig a = *m, b = *m;
+    a.n_layers = m->n_layers >= 3 ? m->n_layers : 1;
+    b.n_layers = a.n_layers + 1;
+    *layer = (double)(llama_activation_bytes(&b, T) - llama_activation_bytes(&a, T));
+    int resident = m->n_layers >= 3 ? 2 : m->n_layers;
+    *shared = (double)llama_resident_bytes(m, T, 1.0) - resident * *layer;
+}
+
+int profile_engine_act(const ModelConfig *m, CostModel *cm, double *layer_margin, double *shared_margin) {
+    // Every tensor is T x (a whole number of floats) and the head's logits stop growing at the
+    // chunk's rows (at most 2M / vocab): from T0, the first multiple of 1024 past that, every
+    // multiple of 1024 tokens is whole pages, so the accounting there is exactly a line.
+    int T0 = ((1 << 21) / (m->vocab_size > 0 ? m->vocab_size : 1) / 1024 + 1) * 1024, T1 = T0 + 1024;
+    double l0, s0, l1, s1;
+    engine_bytes(m, T0, &l0, &s0);
+    engine_bytes(m, T1, &l1, &s1);
+    double la = (l1 - l0) / 1024, lb = l0 - la * T0, sa = (s1 - s0) / 1024, sb = s0 - sa * T0;
+    if (!(la > 0) || sa < 0) return bs_fail("model %s: the engine's activation accounting is not increasing", m->name);
+    // Elsewhere the tensors round up to 64 bytes and blocks to pages, and below T0 the logits are
+    // fewer: the rounding repeats every 1024 tokens, so the largest excess over the line on 1 ..
+    // T1 + 1024 is the largest anywhere. Raising the constants by it makes the lines upper bounds.
+    double lm = 0, sm = 0;
+    for (int T = 1; T <= T1 + 1024; T++) {
+        double l, sh;
+        engine_bytes(m, T, &l, &sh);
+        lm = fmax(lm, l - (la * T + lb));
+        sm = fmax(sm, sh - (sa * T + sb));
+    }
+    cm->act_token = la, cm->act_const = fmax(0.0, lb + lm);
+    cm->act_shared_token = sa, cm->act_shared_const = fmax(0.0, sb + sm);
+    if (layer_margin) *layer_margin = lm;
+    if (shared_margin) *shared_margin = sm;
+    return 0;
+}
+
 int profile_measure_act(Profile *p) {
     const ProfileConfig *c = &p->cfg;
-    // Two layer counts that lay the arena out alike: a model of 3 or more layers rounds every layer's
-    // block to whole pages (it can offload), one of 1 or 2 does not. The model's own count and the
-    // next one, or 1 and 2, so the difference is exactly one of the model's own layer blocks.
-    int L = c->model->n_layers;
-    p->act_layers[0] = L >= 3 ? L : 1;
-    p->act_layers[1] = p->act_layers[0] + 1;
-    ModelConfig a = *c->model, b = *c->model;
-    a.n_layers = p->act_layers[0], b.n_layers = p->act_layers[1];
-    int64_t s[PROFILE_MAX_LENGTHS];
-    double bytes[PROFILE_MAX_LENGTHS];
-    for (int i = 0; i < c->n_lengths; i++) {
-        int T = (int)c->lengths[i];
-        s[i] = T;
-        bytes[i] = (double)(llama_activation_bytes(&b, T) - llama_activation_bytes(&a, T));
-        p->pts[i].s = T;
-        p->pts[i].act_bytes = bytes[i];
-    }
-    if (profile_fit_act(s, bytes, c->n_lengths, &p->cm, &p->act_exact) != 0) return -1;
+    if (profile_engine_act(c->model, &p->cm, &p->act_margin, &p->act_shared_margin) != 0) return -1;
     p->act_max_dev = 0;
-    for (int i = 0; i < c->n_lengths; i++)
-        p->act_max_dev = fmax(p->act_max_dev, fabs(cost_layer_act(&p->cm, s[i]) - bytes[i]));
+    for (int i = 0; i < c->n_lengths; i++) {
+        ProfilePoint *pt = &p->pts[i];
+        pt->s = c->lengths[i];
+        engine_bytes(c->model, (int)pt->s, &pt->act_bytes, &pt->shared_bytes);
+        p->act_max_dev = fmax(p->act_max_dev, cost_layer_act(&p->cm, pt->s) - pt->act_bytes);
+    }
     return 0;
 }
 
@@ -660,7 +689,7 @@ int profile_run(Profile *p, const ProfileConfig *c, Comm *comm) {
     progress_finish(&pr, units, "done");
 
     CostModel *cm = &p->cm;
-    cm->capacity_bytes = cm->n_layers * cost_layer_act(cm, c->capacity);
+    cm->capacity_bytes = cost_rank_act(cm, (double)c->capacity, 0.0);
     if (p->p2p_measured) {  // one node: both levels are the link just measured
         cm->ring_bw = cm->ring_bw_intra = p->link_bw;
         cm->ring_lat = cm->ring_lat_intra = p->link_lat;
@@ -729,13 +758,16 @@ void profile_print(FILE *f, const Profile *p) {
                "%.2f, %.2f\n\n",
             d->attn_pair, d->lin_token, d->layer_const, cm->attn_pair / d->attn_pair, cm->lin_token / d->lin_token);
 
-    fprintf(f, "activations: one layer, the engine's accounting (llama_activation_bytes, %d - %d layers):\n",
-            p->act_layers[1], p->act_layers[0]);
-    fprintf(f, "  Act(s) = act_token s + act_const = %.17g s + %.17g bytes; ", cm->act_token, cm->act_const);
-    if (p->act_exact) fprintf(f, "exact at every length\n");
-    else
-        fprintf(f, "largest deviation %.0f bytes (%.3f%%: whole pages per layer)\n", p->act_max_dev,
-                100 * p->act_max_dev / cost_layer_act(cm, c->lengths[0]));
+    fprintf(f, "head: the embedding, output head and loss = model A - %d x layer, fitted to head_token s + "
+               "head_const:\n  head_token = %.4e s, head_const = %.4e s; largest |fitted - measured| %.1f%% of "
+               "model A's time\n\n",
+            La, cm->head_token, cm->head_const, 100 * p->max_head_err);
+
+    fprintf(f, "activations: the engine's accounting (llama_activation_bytes, llama_resident_bytes), upper lines:\n");
+    fprintf(f, "  Act(s) = act_token s + act_const = %.17g s + %.17g bytes per layer (rounding margin %.0f)\n",
+            cm->act_token, cm->act_const, p->act_margin);
+    fprintf(f, "  shared = act_shared_token s + act_shared_const = %.17g s + %.17g bytes per rank (margin %.0f)\n",
+            cm->act_shared_token, cm->act_shared_const, p->act_shared_margin);
     fprintf(f, "  the `cpu` profile derives act_token %.0f (it counts the norm and SwiGLU outputs, which the engine "
                "recomputes)\n\n",
             d->act_token);
@@ -775,7 +807,7 @@ void profile_print(FILE *f, const Profile *p) {
                "kv_token %.0f, grad_sync %.4g s, optimizer %.4g s\n",
             c->hdp_ranks, (long long)c->capacity, cm->n_layers, cm->ranks_per_node, cm->kv_token, cm->grad_sync,
             cm->optimizer);
-    fprintf(f, "capacity_bytes = n_layers x Act(C) = %.6g (measured Act; the `cpu` profile's: %.6g)\n",
+    fprintf(f, "capacity_bytes = shared(C) + n_layers x Act(C) = %.6g (the engine's; the `cpu` profile's: %.6g)\n",
             cm->capacity_bytes, d->capacity_bytes);
     fprintf(f, "took %.1f s\n", p->seconds);
 }
@@ -792,6 +824,7 @@ typedef struct {
 static const Field FIELDS[] = {
     F(attn_pair), F(lin_token), F(layer_const), F(act_token), F(act_const), F(kv_token), F(ring_bw),
     F(ring_lat), F(offload_bw), F(grad_sync), F(optimizer), F(capacity_bytes), F(ring_bw_intra), F(ring_lat_intra),
+    F(act_shared_token), F(act_shared_const), F(head_token), F(head_const),
 };
 #undef F
 enum { N_FIELDS = (int)(sizeof FIELDS / sizeof FIELDS[0]) };
@@ -803,15 +836,17 @@ static const char *field_source(const Profile *p, const char *key, int *measured
     *measured = 1;
     if (!strcmp(key, "attn_pair") || !strcmp(key, "lin_token") || !strcmp(key, "layer_const"))
         return "fit of T(s) to the per-layer times (compute.points)";
-    if (!strcmp(key, "act_token") || !strcmp(key, "act_const"))
-        return "fit of Act(s) to the engine's accounting, llama_activation_bytes (activations.points)";
+    if (!strncmp(key, "act_", 4))
+        return "the engine's accounting, llama_activation_bytes and llama_resident_bytes (activations)";
+    if (!strncmp(key, "head_", 5)) return "fit of the model's time beyond its layers (head.points)";
     if (!strncmp(key, "ring_", 5)) {
         *measured = p->p2p_measured;
         return p->p2p_measured ? "fit of lat + bytes / bw to the ping-pong between ranks 0 and 1 (links.points)"
                                : "the `cpu` hardware profile (one process: not measured)";
     }
     if (!strcmp(key, "offload_bw")) return "min(write, read) bandwidth of the offload tier (offload)";
-    if (!strcmp(key, "capacity_bytes")) return "n_layers x the measured Act(C), C = settings.capacity";
+    if (!strcmp(key, "capacity_bytes"))
+        return "what C = settings.capacity tokens hold without offloading: shared(C) + n_layers x Act(C)";
     *measured = 0;
     return "cost_derive on the `cpu` hardware profile";
 }
@@ -894,18 +929,33 @@ static cJSON *profile_json(const Profile *p) {
         cJSON_AddItemToArray(pts, e);
     }
 
+    cJSON *hd = cJSON_AddObjectToObject(o, "head");
+    cJSON_AddStringToObject(hd, "method", "head(s) = compute.points[].model_seconds[0] - layers[0] x the per-layer "
+                                          "time; fit head_token s + head_const, weights 1/model_seconds[0]^2, >= 0");
+    cJSON_AddNumberToObject(hd, "max_error_of_model", p->max_head_err);
+    cJSON *hpts = cJSON_AddArrayToObject(hd, "points");
+    for (int i = 0; i < p->n_pts; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "s", (double)p->pts[i].s);
+        cJSON_AddNumberToObject(e, "measured", p->pts[i].head);
+        cJSON_AddNumberToObject(e, "fitted", p->pts[i].head_fitted);
+        cJSON_AddItemToArray(hpts, e);
+    }
+
     cJSON *act = cJSON_AddObjectToObject(o, "activations");
-    cJSON_AddStringToObject(act, "method", "per layer = llama_activation_bytes(layers[1]) - llama_activation_bytes("
-                                           "layers[0]); fit Act(s) = act_token s + act_const, least squares");
-    double al[2] = {p->act_layers[0], p->act_layers[1]};
-    cJSON_AddItemToObject(act, "layers", number_array(al, 2));
-    cJSON_AddBoolToObject(act, "exact", p->act_exact);
+    cJSON_AddStringToObject(act, "method", "one layer = llama_activation_bytes(L + 1 layers) - llama_activation_bytes("
+                                           "L) (L = the model's layers if >= 3, else 1); shared = llama_resident_bytes("
+                                           "s, r = 1) - the resident layers; each the line through two lengths where "
+                                           "the accounting is exact, its constant raised by the rounding margin");
+    cJSON_AddNumberToObject(act, "layer_margin_bytes", p->act_margin);
+    cJSON_AddNumberToObject(act, "shared_margin_bytes", p->act_shared_margin);
     cJSON_AddNumberToObject(act, "max_deviation_bytes", p->act_max_dev);
     cJSON *apts = cJSON_AddArrayToObject(act, "points");
     for (int i = 0; i < p->n_pts; i++) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "s", (double)p->pts[i].s);
         cJSON_AddNumberToObject(e, "bytes", p->pts[i].act_bytes);
+        cJSON_AddNumberToObject(e, "shared_bytes", p->pts[i].shared_bytes);
         cJSON_AddItemToArray(apts, e);
     }
 

@@ -14,6 +14,7 @@
 #include "bytescale/hw.h"
 #include "bytescale/offload.h"
 #include "bytescale/policy.h"
+#include "bytescale/profile.h"
 #include "bytescale/timer.h"
 #include "runtime/train_internal.h"
 
@@ -109,6 +110,48 @@ static int open_offload(Trainer *t) {
     return 0;
 }
 
+// The planner's cost model and the capacity C. The coefficients come from a measured profile
+// (--cost) or the `cpu` hardware profile; the memory terms always from this engine's own accounting
+// (profile_engine_act), so Eq. 3 counts what the engine holds. A --mem-budget is the paper's device
+// memory: C is the most tokens it holds without offloading (unless --capacity sets a smaller C), and
+// Eq. 3 offloads only what a longer sequence on fewer ranks must, within that budget, and only where
+// the copies hide at the profile's tier bandwidth. The engine enforces the same budget.
+static int plan_cost_model(Trainer *t, const ModelConfig *mc) {
+    const TrainConfig *cfg = &t->cfg;
+    CostModel acts = {.n_layers = mc->n_layers};
+    if (profile_engine_act(mc, &acts, NULL, NULL) != 0) return bs_fail_ctx("cost model");
+    t->capacity = cfg->capacity ? cfg->capacity : cfg->context;
+    if (cfg->mem_budget > 0) {
+        int64_t fit = cost_capacity_for(&acts, (double)cfg->mem_budget, t->capacity);
+        if (fit < 1)
+            return bs_fail("--mem-budget %lld bytes holds no micro-batch of model %s (one token needs %.0f bytes)",
+                           (long long)cfg->mem_budget, mc->name, ceil(cost_rank_act(&acts, 1.0, 0.0)));
+        if (cfg->capacity && fit < cfg->capacity)
+            return bs_fail("--mem-budget %lld bytes holds %lld tokens without offloading, less than --capacity %lld "
+                           "(which needs %.0f bytes): raise the budget, lower the capacity, or leave --capacity out "
+                           "to take it from the budget",
+                           (long long)cfg->mem_budget, (long long)fit, (long long)cfg->capacity,
+                           ceil(cost_rank_act(&acts, (double)cfg->capacity, 0.0)));
+        t->capacity = fit;
+    }
+    CostModel *cm = &t->cost;
+    if (cfg->cost[0]) {
+        // a measured profile plans this run; one measured for another model would misplan it
+        if (cost_load(cm, cfg->cost) != 0) return bs_fail_ctx("--cost");
+        if (cm->n_layers != mc->n_layers)
+            return bs_fail("--cost %s: the file is for a model of %d layers, model %s has %d (`bytescale profile "
+                           "--model %s` makes one)",
+                           cfg->cost, cm->n_layers, mc->name, mc->n_layers, mc->name);
+    } else {
+        const HardwareProfile *hw = hw_find("cpu");
+        if (!hw || cost_derive(cm, mc, hw, 1, 1, t->n_ranks, t->capacity) != 0) return bs_fail_ctx("cost model");
+    }
+    cm->act_token = acts.act_token, cm->act_const = acts.act_const;
+    cm->act_shared_token = acts.act_shared_token, cm->act_shared_const = acts.act_shared_const;
+    cm->capacity_bytes = cost_act_budget(cm, t->capacity);
+    return 0;
+}
+
 static int open_dataset(Trainer *t) {
     const char *dir = t->cfg.data;
     char index[TRAIN_PATH_MAX + 16];
@@ -151,23 +194,12 @@ int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
     const ModelConfig *mc = model_find(cfg->model);
     if (!mc) return -1;
     t->model = *mc;
-    t->capacity = cfg->capacity ? cfg->capacity : cfg->context;
+    if (plan_cost_model(t, mc) != 0) return -1;
     if (cfg->context > t->capacity && t->n_ranks < 2)
         return bs_fail("context %lld > capacity %lld: a sequence that long needs a ring, and a ring needs >= 2 ranks "
                        "(run under mpirun -np N), or raise the capacity to the context",
                        (long long)cfg->context, (long long)t->capacity);
     if (!policy_find(cfg->policy)) return -1;
-    if (cfg->cost[0]) {
-        // a measured profile plans this run; one measured for another model would misplan it
-        if (cost_load(&t->cost, cfg->cost) != 0) return bs_fail_ctx("--cost");
-        if (t->cost.n_layers != mc->n_layers)
-            return bs_fail("--cost %s: the file is for a model of %d layers, model %s has %d (`bytescale profile "
-                           "--model %s` makes one)",
-                           cfg->cost, t->cost.n_layers, mc->name, mc->n_layers, mc->name);
-    } else {
-        const HardwareProfile *hw = hw_find("cpu");
-        if (!hw || cost_derive(&t->cost, mc, hw, 1, 1, t->n_ranks, t->capacity) != 0) return bs_fail_ctx("cost model");
-    }
     if (open_dataset(t) != 0) return -1;
     t->tokens = token_source_dataset(&t->data);
 
@@ -276,6 +308,7 @@ uint32_t train_data_fingerprint(const DocIndex *ix) {
 // Run this rank's rows of plan p: gradients of the batch's token-level mean loss, summed over all
 // ranks into this rank's ZeRO-1 shard (t->zero.grad); t->llama.grads keeps this rank's own sum.
 static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *st) {
+    double w0 = now_seconds(), c0 = process_cpu_seconds();
     llama_zero_grad(&t->llama);
     // the loss's denominator comes from the whole batch, before any item runs
     int64_t targets = train_count_targets(&t->data.index, &p->batch);
@@ -309,7 +342,8 @@ static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *
                                       ex.ring_bytes,
                                       ex.act_peak,
                                       ex.offload_bytes,
-                                      ex.offload_wait};
+                                      ex.offload_wait,
+                                      (process_cpu_seconds() - c0) / fmax(now_seconds() - w0, 1e-9)};
     double *all = t->gathered;
     if (comm_allgather(t->comm, mine, all, sizeof mine) != 0) return bs_fail_ctx("gathering step times");
     double last = 0;
@@ -330,7 +364,8 @@ static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *
                                   .ring_bytes = a[7],
                                   .act_peak_bytes = a[8],
                                   .offload_bytes = a[9],
-                                  .offload_wait = a[10]};
+                                  .offload_wait = a[10],
+                                  .core_share = a[11]};
     }
     if (st) {
         int64_t longest = 0;

@@ -48,6 +48,7 @@ SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int sta
     }
     double layer = lin + attn_elapsed;
     oc.compute = l * (lin + attn);
+    if (stage == p->pp - 1) oc.compute += phi * cost_head_time(cm, n);  // embedding, head and loss: once
     oc.comm = l * (attn_elapsed - attn);
     // offload: l - 2 layers move r of their activations; the copy of one layer overlaps the next
     // layer's work (forward: out; backward: the prefetch in), the last two layers stay resident

@@ -2,12 +2,14 @@
 // longer than the capacity train on fewer ranks than ceil(s / C) with an offload ratio r > 0
 // (--policy naive-eq3min: Eq. 3's fewest ranks); moving r of the activations to a file (O_DIRECT)
 // or to host memory gives the losses of the same plans kept resident, bit for bit, with a lower
-// accounted activation peak; --mem-budget refuses what does not fit and lets what fits run; a tier
+// accounted activation peak; --mem-budget sets the capacity, and a sequence that needs 3 ranks
+// without offloading trains on 2 within the budget (more than it when kept resident); a tier
 // that fails (a real EFBIG from RLIMIT_FSIZE, an injected EIO) stops the job with the layer and the
 // file named, exit code != 0, and no checkpoint of the failed step; the run resumes from the last
 // checkpoint and continues exactly.
 #include "cli/cli_run.h"
 
+#include <math.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -147,18 +149,56 @@ static void test_offloading_gives_the_same_losses(void **state) {
     assert_true(moved_f > 0 && moved_m > 0);
     assert_true(peak_f < 0.9 * peak_r);
 
-    // the budget: what the offloading run held fits; a budget nothing fits stops the job up front
-    char args[1024];
-    snprintf(args, sizeof args, "train " COMMON " --steps 3 --offload-tier file --mem-budget %.0f --metrics " DIR "/b.jsonl",
-             peak_f);
-    rc = mpi_run("", args, 0);
-    if (rc != 0) fail_msg("within the budget: exit %d: %s", rc, cli_err);
-    Metrics b;
-    read_metrics(DIR "/b.jsonl", &b);
-    for (int s = 1; s <= 3; s++) assert_true(b.loss[s] == r.loss[s]);
-    rc = mpi_run("", "train " COMMON " --steps 1 --offload-tier file --mem-budget 1M", 0);
+}
+
+// --mem-budget: the capacity becomes what the budget holds without offloading, and a sequence longer
+// than two such capacities trains on 2 ranks only because the planner offloads (Eq. 3 within the
+// budget): without offloading the plan needs a third rank, and the same plans kept resident hold
+// more than the budget. The engine never holds more than it.
+#define BUDGETED "--data " DIR "/data --model small --context 2K --tokens 8K --policy balance --warmup 1 --steps 3"
+static void test_budget_sets_capacity_and_offloading_fits(void **state) {
+    (void)state;
+    make_data();
+    const double budget = 60 * 1048576.0;
+    int rc = mpi_run("", "train " BUDGETED " --mem-budget 60M --offload-tier off", 0);
     assert_int_not_equal(rc, 0);
-    if (!strstr(cli_err, "over the memory budget of 1048576 bytes")) fail_msg("unclear message: %s", cli_err);
+    if (!strstr(cli_err, "needs 3 ranks of capacity") || !strstr(cli_err, "only 2 given"))
+        fail_msg("without offloading: %s", cli_err);
+    rc = mpi_run("", "train " BUDGETED " --mem-budget 60M --offload-tier file --metrics " DIR "/budget.jsonl", 0);
+    if (rc != 0) fail_msg("with offloading: exit %d: %s", rc, cli_err);
+    const char *cap = strstr(cli_out, "capacity ");
+    assert_non_null(cap);
+    long long C = atoll(cap + 9);
+    assert_true(C > 256 && 2 * C < 2048);  // 2K-token sequences need more than 2 such ranks
+    char args[1024];
+    snprintf(args, sizeof args, "train " BUDGETED " --capacity %lld --offload-tier resident --metrics " DIR "/kept.jsonl", C);
+    rc = mpi_run("", args, 0);
+    if (rc != 0) fail_msg("kept resident: exit %d: %s", rc, cli_err);
+    Metrics b, k;
+    read_metrics(DIR "/budget.jsonl", &b);
+    read_metrics(DIR "/kept.jsonl", &k);
+    assert_int_equal(b.steps, 3);
+    assert_true(b.rings > 0);
+    double peak_b = 0, peak_k = 0, moved = 0;
+    for (int s = 1; s <= 3; s++) {
+        if (b.loss[s] != k.loss[s]) fail_msg("step %d: loss %.9g offloaded, %.9g kept", s, b.loss[s], k.loss[s]);
+        for (int r = 0; r < 2; r++) {
+            peak_b = fmax(peak_b, b.peak[s][r]);
+            peak_k = fmax(peak_k, k.peak[s][r]);
+            moved += b.offloaded[s][r];
+        }
+    }
+    assert_true(moved > 0);
+    if (!(peak_b <= budget && peak_k > budget))
+        fail_msg("peaks: %.0f offloaded, %.0f kept, budget %.0f", peak_b, peak_k, budget);
+
+    // budgets that cannot work are refused up front, naming what they hold
+    rc = mpi_run("", "train " BUDGETED " --mem-budget 1M --offload-tier file", 0);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "--mem-budget 1048576 bytes holds no micro-batch")) fail_msg("unclear message: %s", cli_err);
+    rc = mpi_run("", "train " BUDGETED " --mem-budget 60M --capacity 2K --offload-tier file", 0);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "less than --capacity 2048")) fail_msg("unclear message: %s", cli_err);
 }
 
 // A tier that fails ends the job with the cause, and the failed step leaves no checkpoint behind.
@@ -210,6 +250,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offloading_gives_the_same_losses),
         cmocka_unit_test(test_failing_tier_stops_without_a_checkpoint),
+        cmocka_unit_test(test_budget_sets_capacity_and_offloading_fits),  // last: it makes the data afresh
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,9 +47,17 @@ static CostModel random_model(Rng *g) {
     cm.ring_bw_intra = cm.ring_bw * 4;
     cm.ring_lat_intra = cm.ring_lat / 2;
     cm.ranks_per_node = 1 + (int)rng_below(g, 8);
+    // the engine's shared buffers and the head, each in some models only
+    cm.act_shared_token = rng_below(g, 2) ? uniform(g, 0, 3) * cm.act_token : 0;
+    cm.act_shared_const = rng_below(g, 2) ? uniform(g, 0, 1e7) : 0;
+    cm.head_token = rng_below(g, 2) ? uniform(g, 0, 3) * cm.lin_token : 0;
+    cm.head_const = rng_below(g, 2) ? uniform(g, 0, 1e-4) : 0;
     cm.capacity_bytes = 1;
     return cm;
 }
+
+// The embedding, head and loss once per micro-batch of n tokens on a rank.
+static double head_of(const CostModel *cm, double n) { return cm->head_token * n + cm->head_const; }
 
 static const CostModel *derived(const char *model, const char *hw, int tp, int pp, int hdp, int64_t C) {
     static CostModel cm;
@@ -247,11 +255,14 @@ static void test_pack_time_is_sum_of_segments(void **state) {
             segs[i] = 1 + (int64_t)rng_below(&g, 150);
             compute += cm.attn_pair * brute_pairs(&segs[i], 1) + cm.lin_token * segs[i];
         }
-        assert_close(cost_item_time(&cm, segs, n, 1, 0), cm.n_layers * compute, 1e-12, 0);
-        // and each segment alone: the pack saves only the per-micro-batch constant
+        double tokens = 0;
+        for (int i = 0; i < n; i++) tokens += (double)segs[i];
+        assert_close(cost_item_time(&cm, segs, n, 1, 0), cm.n_layers * compute + head_of(&cm, tokens), 1e-12, 0);
+        // and each segment alone: the pack saves only the per-micro-batch constants
         double alone = 0;
         for (int i = 0; i < n; i++) alone += cost_item_time(&cm, &segs[i], 1, 1, 0);
-        assert_close(cost_item_time(&cm, segs, n, 1, 0), alone - (n - 1) * cm.n_layers * cm.layer_const, 1e-12, 0);
+        assert_close(cost_item_time(&cm, segs, n, 1, 0),
+                     alone - (n - 1) * (cm.n_layers * cm.layer_const + cm.head_const), 1e-12, 0);
     }
     CostModel cm = random_model(&g);
     assert_close(cost_item_time(&cm, NULL, 0, 1, 0), 0, 0, 0);
@@ -297,10 +308,11 @@ static void test_ring_time_against_events(void **state) {
             int intra = D <= cm.ranks_per_node && cm.ranks_per_node > 1;
             double bw = intra ? cm.ring_bw_intra : cm.ring_bw, lat = intra ? cm.ring_lat_intra : cm.ring_lat;
             double t = cost_item_time(&cm, segs, n, D, 0);
-            assert_close(t, cm.n_layers * ring_layer_by_events(&cm, tokens, area, D, bw, lat), 1e-9, 0);
+            double head = head_of(&cm, tokens / D);
+            assert_close(t, cm.n_layers * ring_layer_by_events(&cm, tokens, area, D, bw, lat) + head, 1e-9, 0);
             // never faster than a perfect split of the compute
             double compute = cm.attn_pair * area + cm.lin_token * tokens;
-            assert_true(t >= cm.n_layers * (compute / D + cm.layer_const) * (1 - 1e-12));
+            assert_true(t >= cm.n_layers * (compute / D + cm.layer_const) + head * (1 - 1e-12));
         }
     }
 }
@@ -324,7 +336,8 @@ static void test_ring_time_decreases_when_compute_bound(void **state) {
         cm.kv_token = 0;
         double compute = cm.attn_pair * cost_causal_area(s) + cm.lin_token * s;
         for (int D = 1; D <= 64; D *= 2)
-            assert_close(cost_item_time(&cm, &s, 1, D, 0), cm.n_layers * (compute / D + cm.layer_const), 1e-12, 0);
+            assert_close(cost_item_time(&cm, &s, 1, D, 0),
+                         cm.n_layers * (compute / D + cm.layer_const) + head_of(&cm, (double)s / D), 1e-12, 0);
     }
     // a ring that fits in a node uses the faster link; one more rank crosses nodes
     const CostModel *cm = derived("llama-7b", "h800-sxm", 1, 1, 1024, 8192);
@@ -346,7 +359,7 @@ static void test_offload_copies_hidden_or_paid(void **state) {
         int D = 1 + (int)rng_below(&g, 8);
         double base = cost_item_time(&cm, &s, 1, D, 0);
         double prev = base;
-        double fwd = cost_item_time(&cm, &s, 1, D, 0) / cm.n_layers / 3;  // exact for D == 1
+        double fwd = (base - head_of(&cm, (double)s / D)) / cm.n_layers / 3;  // exact for D == 1
         for (int k = 1; k <= 20; k++) {
             double r = k / 20.0;
             double t = cost_item_time(&cm, &s, 1, D, r);
@@ -369,11 +382,15 @@ static void test_offload_copies_hidden_or_paid(void **state) {
 
 static double act_of(const CostModel *cm, double tokens) { return cm->act_token * tokens + cm->act_const; }
 
-// Memory per rank with D ranks and ratio r: two layers stay resident, the other l - 2 keep (1 - r).
+static double shared_of(const CostModel *cm, double tokens) { return cm->act_shared_token * tokens + cm->act_shared_const; }
+
+// Memory per rank with D ranks and ratio r: the shared buffers, two layers resident, the other l - 2
+// keeping (1 - r); the budget: what C tokens hold without offloading.
 static int memory_fits(const CostModel *cm, int64_t s, int64_t C, int D, double r) {
     int l = cm->n_layers;
     double kept = (l < 2 ? l : 2) + (1 - r) * (l > 2 ? l - 2 : 0);
-    return kept * act_of(cm, (double)s / D) <= l * act_of(cm, (double)C) * (1 + 1e-12);
+    double budget = shared_of(cm, (double)C) + l * act_of(cm, (double)C);
+    return shared_of(cm, (double)s / D) + kept * act_of(cm, (double)s / D) <= budget * (1 + 1e-12);
 }
 
 // Largest ratio whose copies hide, found from the item time alone (issue 9: Eq. 3's overlap test

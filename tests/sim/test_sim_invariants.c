@@ -36,6 +36,10 @@ static CostModel random_cm(Rng *g, int layers, int ranks_per_node) {
     cm.grad_sync = 0.05 * rng_uniform(g);
     cm.optimizer = 0.01 * rng_uniform(g);
     cm.capacity_bytes = layers * 10.0 * 64;
+    if (rng_below(g, 2)) {  // the embedding, head and loss, as a profile measures them
+        cm.head_token = 2e-4 * rng_uniform(g);
+        cm.head_const = 1e-3 * rng_uniform(g);
+    }
     return cm;
 }
 
