@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bytescale/error.h"
@@ -27,6 +28,40 @@ static inline double bench_cpu_seconds(clockid_t clock) {
     struct timespec ts;
     clock_gettime(clock, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Run this program as `mpirun -np <np> [--oversubscribe] --bind-to none|core <this program> <args>`
+// and wait for it: for a benchmark that measures several job sizes, one job each. args ends with
+// NULL. Returns the job's exit code (-1 when it could not start).
+static inline int bench_run_self_under_mpirun(int np, int oversubscribe, char *const *args) {
+    char self[4096], nps[16];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = '\0';
+    snprintf(nps, sizeof nps, "%d", np);
+    setenv("BS_BENCH_RELAUNCHED", "1", 1);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    if (geteuid() == 0) setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0), setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    char *av[64];
+    int k = 0;
+    av[k++] = "mpirun", av[k++] = "-np", av[k++] = nps;
+    // more ranks than cores: no binding, and yield when idle (correct figures of bytes, not of time)
+    if (oversubscribe) av[k++] = "--oversubscribe", av[k++] = "--bind-to", av[k++] = "none";
+    else av[k++] = "--bind-to", av[k++] = "core";
+    av[k++] = self;
+    for (int i = 0; args[i] && k < 63; i++) av[k++] = args[i];
+    av[k] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        execvp("mpirun", av);
+        _exit(127);
+    }
+    int status;
+    if (waitpid(pid, &status, 0) < 0) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // Not started by an MPI launcher: become `mpirun -np <ranks> --bind-to core <this program> <args>`,

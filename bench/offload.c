@@ -48,11 +48,9 @@
 // The tables go to stdout, progress to stderr. One BLAS thread (set by the bench itself).
 #include <cblas.h>
 #include <math.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "bytescale/comm.h"
 #include "bytescale/cost.h"
@@ -68,7 +66,6 @@
 #include "bytescale/train.h"
 #include "bench_util.h"
 
-extern char **environ;
 
 static const double RATIOS[] = {0, 0.25, 0.5, 0.75, 1};
 enum { N_RATIOS = 5, MAX_REPS = 64 };
@@ -274,29 +271,15 @@ static int train_part(int argc, char **argv, const char *data, int steps) {
 
 // Table 3 from the single-process run: the same program under mpirun -np 2 with --train-part.
 static void run_train_part(const char *data, int steps) {
-    char index[4200], self[4096];
+    char index[4200], steps_s[16];
     snprintf(index, sizeof index, "%s/index.bin", data);
     if (access(index, R_OK) != 0) {
         printf("\n(table 3 skipped: no prepared dataset in %s; `make data` or pass --data DIR)\n", data);
         return;
     }
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) bs_die("bench_offload: cannot find its own path (/proc/self/exe)");
-    self[n] = '\0';
-    char steps_s[16];
     snprintf(steps_s, sizeof steps_s, "%d", steps);
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    setenv("BS_BENCH_RELAUNCHED", "1", 1);
-    if (geteuid() == 0) setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0), setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-    char *av[] = {"mpirun", "-np", "2", "--bind-to", "core", self, "--train-part", "--data", (char *)data, "--steps",
-                  steps_s, NULL};
-    fflush(stdout);
-    pid_t pid;
-    int status;
-    if (posix_spawnp(&pid, "mpirun", NULL, NULL, av, environ) != 0)
-        bs_die("bench_offload: cannot run mpirun for table 3 (install Open MPI: apt-get install openmpi-bin)");
-    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        bs_die("bench_offload: the 2-rank part failed");
+    char *args[] = {"--train-part", "--data", (char *)data, "--steps", steps_s, NULL};
+    if (bench_run_self_under_mpirun(2, 0, args) != 0) bs_die("bench_offload: the 2-rank part failed");
 }
 
 int main(int argc, char **argv) {

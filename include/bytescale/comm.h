@@ -1,7 +1,7 @@
 // comm.h: the few collective and point-to-point operations the HDP runtime needs, behind one interface.
 //
 // Two implementations: comm_local (one rank, this process; the single-process trainer) and comm_mpi
-// (MPI_COMM_WORLD of an `mpirun` job). The trainer, the executor and ring attention call only
+// (MPI_COMM_WORLD of an `mpirun` job, or its training ranks when data servers share the job). The trainer, the executor and ring attention call only
 // these functions, so the one-process run is the N = 1 case of the distributed code path, not a
 // second variant. Every ring uses the one global communicator: no communicator is created per
 // group (docs/runtime.md says why).
@@ -53,6 +53,27 @@ int comm_mpi_init(Comm **out, int *argc, char ***argv);
 int comm_mpi_finalize(void);
 // Whether this process was started by an MPI launcher (mpirun/mpiexec set these variables).
 int comm_launched_by_mpi(void);
+
+// ---- roles of one job (the remote data loader, loader.h) ------------------------------------------
+// A job may run training ranks (clients) and data servers side by side, as one MPMD mpirun
+// (`bytescale train ... : bytescale serve ...`) or one command whose last ranks serve
+// (`train --servers N`). Every process says its role; the first client also schedules.
+enum { COMM_ROLE_CLIENT = 0, COMM_ROLE_SERVER = 1, COMM_MAX_SERVERS = 64 };
+typedef struct {
+    int world_rank, world_size;
+    int n_clients, n_servers;
+    int index;                      // this process's index among those of its role
+    int scheduler;                  // world rank of the first client
+    int servers[COMM_MAX_SERVERS];  // world ranks of the servers, in order
+    int thread_multiple;            // the library runs MPI calls from any thread
+} CommRoles;
+// Collective over the whole job, once, right after comm_mpi_init on c: learn every process's role.
+// With servers in the job, c becomes the clients' (or the servers') own communicator: its rank and
+// size are then among them. Also makes the loader's communicator (a duplicate of the world).
+int comm_mpi_split_roles(Comm *c, int role, CommRoles *out);
+// The loader's communicator: a pointer to an MPI_Comm (MPI_COMM_NULL before the split). For
+// loader.c only, which speaks MPI itself.
+void *comm_mpi_loader_handle(void);
 
 // ---- the calls ------------------------------------------------------------------------------------
 // Point-to-point, non-blocking: buf must stay untouched until the request completes (wait/test).

@@ -26,6 +26,7 @@
 #include "bytescale/cost.h"
 #include "bytescale/executor.h"
 #include "bytescale/llama.h"
+#include "bytescale/loader.h"
 #include "bytescale/model.h"
 #include "bytescale/optim.h"
 #include "bytescale/plan.h"
@@ -35,7 +36,7 @@
 
 enum { TRAIN_PATH_MAX = 1024 };
 #define TRAIN_MAX_LR 1.0  // the largest peak learning rate train_config_check accepts
-enum { TRAIN_RANK_FIELDS = 12 };  // numbers each rank reports per step (train.c run_plan)
+enum { TRAIN_RANK_FIELDS = 14 };  // numbers each rank reports per step (train.c run_plan)
 enum { TRAIN_TIER_MAX = 16 };
 
 typedef struct {
@@ -90,6 +91,10 @@ typedef struct {
     double act_peak_bytes;  // most activation bytes resident in one micro-batch (the model's accounting)
     double offload_bytes;   // activation bytes copied out to the offload tier (each also came back)
     double offload_wait;    // seconds blocked on the tier's copies (part of wait)
+    double load_bytes;      // token bytes this rank read for the step's rows (from the data servers or
+                            // its shards), while the step before it trained
+    double load_seconds;    // seconds that reading took (in the prefetch thread: exposed only when the
+                            // step had to wait for it, StepStats.data_wait)
     double core_share;      // CPU seconds of the rank's process / wall seconds of its items and sync:
                             // ~1 (or more, with copier threads) when it had its core, below ~0.9 when
                             // other processes took turns on it and its times are not to be trusted
@@ -148,7 +153,16 @@ struct Trainer {
     CostModel cost;             // for the planner: --cost or cost_derive(model, hw "cpu", 1, 1, n_ranks, C), the
                                 // memory terms from the engine (profile_engine_act)
     Executor exec;
-    TokenSource tokens;         // this rank reads its rows through it (the dataset's shards)
+    TokenSource tokens;         // this rank reads its rows through it (the dataset's shards; local mode)
+    // the remote data loader (loader.h): with data servers in the job, rank 0 is the scheduler (its
+    // t->data holds the gathered metadata, no tokens) and every rank fetches its rows from them
+    const CommRoles *roles;     // NULL = no servers: every rank reads the dataset's shards itself
+    int32_t *doc_server;        // rank 0: (n_docs,) which server holds each document
+    LoadPlan load[2];           // slot s % 2: step s's loading plan
+    RemoteSource remote;        // the TokenSource's state
+    int64_t targets[2];         // slot s % 2: labelled tokens of step s's whole batch (from rank 0)
+    double load_seconds[2];     // slot s % 2: time this rank spent reading step s's rows
+    double load_bytes[2];       // slot s % 2: token bytes it read for them
     int64_t capacity;           // C, resolved (cfg.capacity, else what cfg.mem_budget holds, else cfg.context)
     int64_t step;               // steps done
     // the pipeline: slot s % 2 holds step s's plan and rows
@@ -182,6 +196,11 @@ int trainer_init(Trainer *t, const TrainConfig *cfg);
 // The same over the ranks of comm (every rank calls it with the same settings). Rank 0 samples and
 // plans every batch and broadcasts the plan; each rank reads only its own rows.
 int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm);
+// The same with data servers in the job (roles from comm_mpi_split_roles, must outlive t): rank 0
+// gathers the servers' metadata and schedules; every rank fetches its rows from the servers (the
+// dataset directory is theirs, cfg->data names it only in messages). roles NULL or without servers:
+// trainer_init_comm.
+int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const CommRoles *roles);
 void trainer_free(Trainer *t);
 
 // One step as above; fills *st (may be NULL). -1 + error (a bad plan, an unreadable token range, or

@@ -12,6 +12,10 @@ int cmd_simulate(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+// A data server of this MPI job (roles made by comm_mpi_split_roles): serve dir until the training
+// ranks are done, then finalize MPI. The exit code.
+int cmd_serve_role(const char *dir, const void *roles);
 
 // Integers with an optional binary suffix: 8K = 8192, 2M = 2097152, 1G. Names the flag on error.
 int arg_int64(const char *flag, const char *text, int64_t *out);

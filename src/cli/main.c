@@ -16,6 +16,7 @@ static const Command commands[] = {
     {"prepare", cmd_prepare, "turn text files into token shards plus a document index"},
     {"train", cmd_train, "train a model on a prepared dataset (one process; checkpoints, resume, metrics)"},
     {"profile", cmd_profile, "measure this machine for the cost model and write a profile file (--cost)"},
+    {"serve", cmd_serve, "a data server of an MPI training job (mpirun ... train ... : ... serve --data DIR)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

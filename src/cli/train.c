@@ -64,6 +64,9 @@ static void usage(FILE *f) {
             "                       docs/profile.md) or any cost file (default: derived from the model and the\n"
             "                       `cpu` hardware profile)\n"
             "  --save-plans DIR     write every step's plan to DIR/plan-<step>.json (`bytescale simulate --plan`)\n"
+            "  --servers N          the last N ranks of the mpirun job are data servers of --data: the\n"
+            "                       training ranks fetch only their own token ranges from them (docs/loader.md;\n"
+            "                       also `mpirun ... bytescale train ... : -np N bytescale serve --data DIR`)\n"
             "  --resume PATH        continue from a checkpoint: its settings, weights, optimizer and data\n"
             "                       position; its run's data, steps, checkpoint and metrics paths unless\n"
             "                       given again. The metrics file drops lines past the checkpoint's step.\n"
@@ -87,7 +90,7 @@ enum {
     OPT_MODEL = 1000, OPT_TOKENS, OPT_CONTEXT, OPT_CAPACITY, OPT_POLICY, OPT_LR, OPT_MIN_LR, OPT_WARMUP, OPT_WD,
     OPT_CLIP, OPT_SEED,  // the settings, up to here
     OPT_DATA, OPT_STEPS, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_CKPT_KEEP, OPT_METRICS, OPT_TRACE, OPT_OFFLOAD_TIER,
-    OPT_OFFLOAD_DIR, OPT_MEM_BUDGET, OPT_COST, OPT_SAVE_PLANS, OPT_PLOT, OPT_RESUME, OPT_END
+    OPT_OFFLOAD_DIR, OPT_MEM_BUDGET, OPT_COST, OPT_SAVE_PLANS, OPT_SERVERS, OPT_PLOT, OPT_RESUME, OPT_END
 };
 
 static const struct option options[] = {
@@ -114,6 +117,7 @@ static const struct option options[] = {
     {"mem-budget", required_argument, NULL, OPT_MEM_BUDGET},
     {"cost", required_argument, NULL, OPT_COST},
     {"save-plans", required_argument, NULL, OPT_SAVE_PLANS},
+    {"servers", required_argument, NULL, OPT_SERVERS},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"help", no_argument, NULL, 'h'},
@@ -165,6 +169,7 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_MEM_BUDGET: return arg_int64(flag, v, &c->mem_budget);
     case OPT_COST: return copy_text(c->cost, sizeof c->cost, flag, v);
     case OPT_SAVE_PLANS: return copy_text(c->save_plans, sizeof c->save_plans, flag, v);
+    case OPT_SERVERS: return 0;  // the job's layout, read in cmd_train
     default: return bs_fail("%s: not a setting", flag);
     }
 }
@@ -298,14 +303,35 @@ int cmd_train(int argc, char **argv) {
             bs_die_errmsg();
     }
 
-    // the ranks: MPI when an MPI launcher started us, else this process alone
+    int n_servers = 0;
+    if (GIVEN(OPT_SERVERS)) {
+        if (arg_int("--servers", GIVEN(OPT_SERVERS), &n_servers) != 0) return bad_usage("%s", bs_errmsg());
+        if (n_servers < 1 || n_servers > COMM_MAX_SERVERS)
+            return bad_usage("--servers %s: want 1 .. 64 data servers", GIVEN(OPT_SERVERS));
+        if (!comm_launched_by_mpi())
+            return bad_usage("--servers %s: data servers are ranks of an MPI job: run under mpirun with more ranks "
+                             "than servers",
+                             GIVEN(OPT_SERVERS));
+    }
+
+    // the ranks: MPI when an MPI launcher started us, else this process alone; under MPI every
+    // process says its role (the last --servers ranks serve; `bytescale serve` processes of an MPMD
+    // job serve too), and the training ranks get their own communicator
     Comm *comm = comm_local();
-    if (comm_launched_by_mpi() && comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
+    CommRoles roles = {0};
+    if (comm_launched_by_mpi()) {
+        if (comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
+        if (n_servers >= comm->size)
+            rank_die(comm, "--servers leaves no training rank: run more ranks than data servers");
+        int role = comm->rank >= comm->size - n_servers ? COMM_ROLE_SERVER : COMM_ROLE_CLIENT;
+        if (comm_mpi_split_roles(comm, role, &roles) != 0) rank_die(comm, bs_errmsg());
+        if (role == COMM_ROLE_SERVER) return cmd_serve_role(cfg.data, &roles);
+    }
     int lead = comm->rank == 0;
 
     Trainer *t = malloc(sizeof *t);  // large, and it must not move: not on the stack
     if (!t) rank_die(comm, "out of memory");
-    if (trainer_init_comm(t, &cfg, comm) != 0) rank_die(comm, bs_errmsg());
+    if (trainer_init_roles(t, &cfg, comm, &roles) != 0) rank_die(comm, bs_errmsg());
     if (resume && trainer_load(t, resume) != 0) {
         char msg[2048];
         snprintf(msg, sizeof msg, "cannot resume: %s", bs_errmsg());
@@ -314,6 +340,12 @@ int cmd_train(int argc, char **argv) {
     const DocIndex *ix = &t->data.index;
     if (lead) printf("train: model %s (%.2fM parameters), data %s (%lld documents, %lld tokens)\n", t->model.name,
            (double)t->llama.n_params / 1e6, cfg.data, (long long)ix->n_docs, (long long)ix->n_tokens);
+    if (lead && t->roles) {
+        printf("train: %d data server%s (world rank%s", roles.n_servers, roles.n_servers > 1 ? "s" : "",
+               roles.n_servers > 1 ? "s" : "");
+        for (int i = 0; i < roles.n_servers && i < COMM_MAX_SERVERS; i++) printf("%s %d", i ? "," : "", roles.servers[i]);
+        printf("); this rank schedules, every rank fetches its own token ranges\n");
+    }
     if (lead)
         printf("train: %d rank%s, %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, "
                "schedule %lld steps), steps %lld -> %lld%s%s\n",
@@ -360,7 +392,7 @@ int cmd_train(int argc, char **argv) {
         if (run_plot(script, cfg.metrics, plot) != 0) bs_die_errmsg();
         printf("plot: %s.png %s.svg\n", plot, plot);
     }
-    if (comm->size > 1) comm_mpi_finalize();
+    if (comm_launched_by_mpi()) comm_mpi_finalize();
     return 0;
 #undef GIVEN
 }

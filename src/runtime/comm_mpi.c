@@ -1,4 +1,5 @@
-// comm_mpi.c: the Comm of an MPI job (comm.h), on MPI_COMM_WORLD only.
+// comm_mpi.c: the Comm of an MPI job (comm.h): MPI_COMM_WORLD, or the training ranks' own
+// communicator when the job also runs data servers (comm_mpi_split_roles).
 //
 // Every MPI error is returned, not fatal: MPI_ERRORS_RETURN is set on the communicator, and the
 // caller turns a failure into comm_abort with a message naming this rank. Message sizes above
@@ -37,11 +38,14 @@ static int check_bytes(size_t bytes, const char *what) {
     return bytes > INT_MAX ? bs_fail("%s: %zu bytes is more than one MPI message holds", what, bytes) : 0;
 }
 
+// The communicator the Comm's operations use: the world, or the training ranks' after a split.
+static MPI_Comm g_comm = MPI_COMM_WORLD;
+
 static int m_isend(Comm *c, const void *buf, size_t bytes, int dst, int tag, CommReq *req) {
     (void)c;
     if (check_bytes(bytes, "send") != 0) return -1;
     MPI_Request q;
-    int err = MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, tag, MPI_COMM_WORLD, &q);
+    int err = MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, tag, g_comm, &q);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Isend");
     req_put(req, q);
     return 0;
@@ -51,7 +55,7 @@ static int m_irecv(Comm *c, void *buf, size_t bytes, int src, int tag, CommReq *
     (void)c;
     if (check_bytes(bytes, "receive") != 0) return -1;
     MPI_Request q;
-    int err = MPI_Irecv(buf, (int)bytes, MPI_BYTE, src, tag, MPI_COMM_WORLD, &q);
+    int err = MPI_Irecv(buf, (int)bytes, MPI_BYTE, src, tag, g_comm, &q);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Irecv");
     req_put(req, q);
     return 0;
@@ -82,14 +86,14 @@ static int m_wait(Comm *c, CommReq *req) {
 
 static int m_reduce_scatter(Comm *c, const float *send, float *recv, const int *counts) {
     (void)c;
-    int err = MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    int err = MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g_comm);
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Reduce_scatter (gradients)");
 }
 
 static int m_ireduce_scatter(Comm *c, const float *send, float *recv, const int *counts, CommReq *req) {
     (void)c;
     MPI_Request q;
-    int err = MPI_Ireduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q);
+    int err = MPI_Ireduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g_comm, &q);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Ireduce_scatter (gradients)");
     req_put(req, q);
     return 0;
@@ -97,33 +101,33 @@ static int m_ireduce_scatter(Comm *c, const float *send, float *recv, const int 
 
 static int m_allgatherv(Comm *c, float *buf, const int *counts, const int *displs) {
     (void)c;
-    int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
+    int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, g_comm);
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allgatherv (parameters)");
 }
 
 static int m_allgather(Comm *c, const void *mine, void *all, size_t bytes) {
     (void)c;
     if (check_bytes(bytes, "allgather") != 0) return -1;
-    int err = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+    int err = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, g_comm);
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allgather");
 }
 
 static int m_bcast(Comm *c, void *buf, size_t bytes, int root) {
     (void)c;
     if (check_bytes(bytes, "broadcast") != 0) return -1;
-    int err = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+    int err = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g_comm);
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Bcast");
 }
 
 static int m_allreduce_sum(Comm *c, double *x, int n) {
     (void)c;
-    int err = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    int err = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, g_comm);
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allreduce");
 }
 
 static int m_barrier(Comm *c) {
     (void)c;
-    int err = MPI_Barrier(MPI_COMM_WORLD);
+    int err = MPI_Barrier(g_comm);
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Barrier");
 }
 
@@ -131,7 +135,7 @@ static void m_abort(Comm *c, int code) {
     (void)c;
     fflush(stdout);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, code);
+    MPI_Abort(MPI_COMM_WORLD, code);  // the whole job, data servers included
     exit(code);  // MPI_Abort does not return; this is for the compiler
 }
 
@@ -151,17 +155,22 @@ static const CommOps MPI_OPS = {
 };
 
 static Comm world = {.ops = &MPI_OPS, .name = "mpi"};
+static int g_thread_level = MPI_THREAD_FUNNELED;
+static MPI_Comm g_loader = MPI_COMM_NULL;
 
 int comm_mpi_init(Comm **out, int *argc, char ***argv) {
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
         int provided = 0;
-        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        // MULTIPLE when the library has it: a remote data loader fetches from its prefetch thread
+        // (loader.h) while the main thread runs rings; without it the trainer needs FUNNELED only
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return bs_fail("MPI_Init_thread failed");
         if (provided < MPI_THREAD_FUNNELED)
             return bs_fail("the MPI library gives thread level %d; the prefetch thread needs MPI_THREAD_FUNNELED",
                            provided);
+        g_thread_level = provided;
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
@@ -173,6 +182,49 @@ int comm_mpi_init(Comm **out, int *argc, char ***argv) {
     *out = &world;
     return 0;
 }
+
+int comm_mpi_split_roles(Comm *c, int role, CommRoles *out) {
+    if (c != &world || g_comm != MPI_COMM_WORLD) return bs_fail("comm_mpi_split_roles: call it once, on the world");
+    memset(out, 0, sizeof *out);
+    int *roles = malloc(sizeof(int) * (size_t)world.size);
+    if (!roles) return bs_fail("out of memory");
+    int err = MPI_Allgather(&role, 1, MPI_INT, roles, 1, MPI_INT, MPI_COMM_WORLD);
+    if (err != MPI_SUCCESS) {
+        free(roles);
+        return mpi_fail(err, "MPI_Allgather (roles)");
+    }
+    out->world_rank = world.rank;
+    out->world_size = world.size;
+    for (int r = 0; r < world.size; r++) {
+        if (roles[r] == COMM_ROLE_SERVER && out->n_servers < COMM_MAX_SERVERS) out->servers[out->n_servers] = r;
+        out->n_servers += roles[r] == COMM_ROLE_SERVER;
+        out->n_clients += roles[r] == COMM_ROLE_CLIENT;
+        if (roles[r] == COMM_ROLE_CLIENT && out->n_clients == 1) out->scheduler = r;
+        if (r == world.rank) out->index = roles[r] == COMM_ROLE_SERVER ? out->n_servers - 1 : out->n_clients - 1;
+    }
+    free(roles);
+    if (out->n_servers > COMM_MAX_SERVERS)
+        return bs_fail("%d data servers: at most %d", out->n_servers, COMM_MAX_SERVERS);
+    if (out->n_clients < 1) return bs_fail("the job has data servers but no training ranks");
+    // the loader's own communicator: its tags never meet a ring's
+    err = MPI_Comm_dup(MPI_COMM_WORLD, &g_loader);
+    if (err == MPI_SUCCESS && out->n_servers > 0) {
+        MPI_Comm mine;
+        err = MPI_Comm_split(MPI_COMM_WORLD, role, world.rank, &mine);
+        if (err == MPI_SUCCESS) {
+            MPI_Comm_set_errhandler(mine, MPI_ERRORS_RETURN);
+            g_comm = mine;
+            MPI_Comm_rank(mine, &world.rank);
+            MPI_Comm_size(mine, &world.size);
+        }
+    }
+    if (err != MPI_SUCCESS) return mpi_fail(err, "splitting the job into training ranks and data servers");
+    MPI_Comm_set_errhandler(g_loader, MPI_ERRORS_RETURN);
+    out->thread_multiple = g_thread_level >= MPI_THREAD_MULTIPLE;
+    return 0;
+}
+
+void *comm_mpi_loader_handle(void) { return &g_loader; }
 
 int comm_mpi_finalize(void) {
     int inited = 0, finalized = 0;

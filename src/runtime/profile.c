@@ -390,7 +390,7 @@ int profile_measure_compute(Profile *p, Comm *comm, Progress *pr, int64_t *done)
 // and may measure near zero at short lengths. Every length is used (it has two parameters).
 static int fit_head(Profile *p) {
     int n = p->n_pts;
-    double X[PROFILE_MAX_LENGTHS * 2], y[PROFILE_MAX_LENGTHS], w[PROFILE_MAX_LENGTHS], c[2];
+    double X[PROFILE_MAX_LENGTHS * 2], y[PROFILE_MAX_LENGTHS], w[PROFILE_MAX_LENGTHS], c[2] = {0, 0};
     for (int i = 0; i < n; i++) {
         ProfilePoint *pt = &p->pts[i];
         pt->head = pt->model_t[0] - p->cfg.layers[0] * pt->measured;

@@ -182,14 +182,61 @@ static int open_dataset(Trainer *t) {
     return 0;
 }
 
+// With data servers: rank 0 (the scheduler) gathers their metadata into t->data.index (documents and
+// shards, no tokens) and checks it as open_dataset does; every other rank learns what identifies
+// the dataset (for checkpoints) and holds no documents. Every rank ends with rank 0's verdict.
+static int open_remote_dataset(Trainer *t) {
+    enum { MSG = 1024 };
+    struct {
+        int64_t ok, n_docs, n_tokens, vocab, tokenizer;
+        uint32_t fingerprint;
+        char msg[MSG];
+    } v;
+    memset(&v, 0, sizeof v);
+    DocIndex *ix = &t->data.index;
+    if (t->rank == 0) {
+        int rc = loader_gather_index(t->roles, ix, &t->doc_server);
+        if (rc == 0 && (int64_t)ix->vocab != t->model.vocab_size)
+            rc = bs_fail("the data servers' dataset %s has a vocabulary of %u tokens but model %s has %d: prepare the "
+                         "data with the tokenizer the model was made for",
+                         t->cfg.data, ix->vocab, t->model.name, t->model.vocab_size);
+        if (rc == 0) rc = docindex_check_trainable(ix);
+        v.ok = rc == 0;
+        if (rc == 0) {
+            v.n_docs = ix->n_docs, v.n_tokens = ix->n_tokens, v.vocab = ix->vocab, v.tokenizer = ix->tokenizer;
+            v.fingerprint = train_data_fingerprint(ix);
+        } else {
+            snprintf(v.msg, sizeof v.msg, "%s", bs_errmsg());
+        }
+    }
+    if (comm_bcast(t->comm, &v, sizeof v, 0) != 0) return bs_fail_ctx("sharing the dataset's metadata");
+    if (!v.ok) {
+        if (t->rank == 0) dataset_close(&t->data);
+        return bs_fail("%s", v.msg);
+    }
+    if (t->rank != 0) {  // what checkpoints record of the dataset
+        ix->n_docs = v.n_docs, ix->n_tokens = v.n_tokens, ix->vocab = (uint32_t)v.vocab;
+        ix->tokenizer = (TokenizerKind)v.tokenizer;
+    }
+    t->data_fingerprint = v.fingerprint;
+    t->remote.roles = t->roles;
+    return 0;
+}
+
 int trainer_init(Trainer *t, const TrainConfig *cfg) { return trainer_init_comm(t, cfg, comm_local()); }
 
-int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
+int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) { return trainer_init_roles(t, cfg, comm, NULL); }
+
+int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const CommRoles *roles) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->comm = comm;
     t->rank = comm->rank;
     t->n_ranks = comm->size;
+    t->roles = roles && roles->n_servers > 0 ? roles : NULL;
+    if (t->roles && !t->roles->thread_multiple)
+        return bs_fail("the remote data loader fetches from a prefetch thread while rings run, which needs an MPI "
+                       "library with MPI_THREAD_MULTIPLE; this one does not provide it");
     if (train_config_check(cfg) != 0) return -1;
     const ModelConfig *mc = model_find(cfg->model);
     if (!mc) return -1;
@@ -200,10 +247,11 @@ int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) {
                        "(run under mpirun -np N), or raise the capacity to the context",
                        (long long)cfg->context, (long long)t->capacity);
     if (!policy_find(cfg->policy)) return -1;
-    if (open_dataset(t) != 0) return -1;
-    t->tokens = token_source_dataset(&t->data);
+    if (t->roles ? open_remote_dataset(t) != 0 : open_dataset(t) != 0) return -1;
+    if (!t->roles) t->tokens = token_source_dataset(&t->data);
 
-    int rc = sampler_init(&t->sampler, &t->data.index, cfg->seed);
+    // the sampler lives where the documents are: every rank of a local run, the scheduler of a remote one
+    int rc = t->data.index.docs ? sampler_init(&t->sampler, &t->data.index, cfg->seed) : 0;
     if (rc == 0) rc = batch_init(&t->batch, 64);
     if (rc == 0) rc = llama_init(&t->llama, mc, (int)t->capacity);
     if (rc == 0) rc = open_offload(t);
@@ -254,6 +302,10 @@ void trainer_free(Trainer *t) {
     sampler_free(&t->sampler);
     batch_free(&t->batch);
     if (t->data.index.docs) dataset_close(&t->data);
+    if (t->roles && loader_client_done(t->roles) != 0) fprintf(stderr, "bytescale: %s\n", bs_errmsg());
+    free(t->doc_server);
+    for (int i = 0; i < 2; i++) load_plan_free(&t->load[i]);
+    free(t->remote.reply);
     free(t->wire);
     free(t->times);
     free(t->gathered);
@@ -307,12 +359,13 @@ uint32_t train_data_fingerprint(const DocIndex *ix) {
 
 // Run this rank's rows of plan p: gradients of the batch's token-level mean loss, summed over all
 // ranks into this rank's ZeRO-1 shard (t->zero.grad); t->llama.grads keeps this rank's own sum.
-static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *st) {
+static int run_plan(Trainer *t, int slot, StepStats *st) {
+    const Plan *p = &t->plans[slot];
+    const StepRows *rows = &t->rows[slot];
     double w0 = now_seconds(), c0 = process_cpu_seconds();
     llama_zero_grad(&t->llama);
-    // the loss's denominator comes from the whole batch, before any item runs
-    int64_t targets = train_count_targets(&t->data.index, &p->batch);
-    if (targets < 0) return -1;
+    // the loss's denominator comes from the whole batch (rank 0 counted it when it planned)
+    int64_t targets = t->targets[slot];
     // a batch with no labels at all (only documents' last tokens) contributes no gradient
     float loss_scale = targets > 0 ? (float)(1.0 / (double)targets) : 0.0f;
     ExecStats ex;
@@ -343,6 +396,8 @@ static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *
                                       ex.act_peak,
                                       ex.offload_bytes,
                                       ex.offload_wait,
+                                      t->load_bytes[slot],
+                                      t->load_seconds[slot],
                                       (process_cpu_seconds() - c0) / fmax(now_seconds() - w0, 1e-9)};
     double *all = t->gathered;
     if (comm_allgather(t->comm, mine, all, sizeof mine) != 0) return bs_fail_ctx("gathering step times");
@@ -365,7 +420,9 @@ static int run_plan(Trainer *t, const Plan *p, const StepRows *rows, StepStats *
                                   .act_peak_bytes = a[8],
                                   .offload_bytes = a[9],
                                   .offload_wait = a[10],
-                                  .core_share = a[11]};
+                                  .load_bytes = a[11],
+                                  .load_seconds = a[12],
+                                  .core_share = a[13]};
     }
     if (st) {
         int64_t longest = 0;
@@ -397,12 +454,12 @@ int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st) {
         return -1;
     }
     Plan *p = &t->plans[0];
-    if (train_bcast_plan(t, 0, p) != 0) return -1;
-    if (step_rows_read(&t->rows[0], p, t->rank, &t->tokens) != 0) return -1;
+    if (train_bcast_plan(t, 0, 0) != 0) return -1;
+    if (train_read_rows(t, 0, 0) != 0) return -1;
     t->plan_of[0] = t->rows_of[0] = 0;  // not a step of the run: the pipeline starts afresh
     StepStats s;
     memset(&s, 0, sizeof s);
-    int rc = run_plan(t, p, &t->rows[0], &s);
+    int rc = run_plan(t, 0, &s);
     plan_free(p);
     if (rc == 0 && st) *st = s;
     return rc;
@@ -426,7 +483,7 @@ int trainer_step(Trainer *t, StepStats *out) {
     if (train_prefetch_ready(t, s) != 0) return bs_fail_ctx("step %lld", (long long)s);
     st.data_wait = now_seconds() - t0;
     if (t->trace) rtrace_add(t->trace, "plan + data", "data", t0, now_seconds(), s);
-    if (run_plan(t, &t->plans[s % 2], &t->rows[s % 2], &st) != 0) return bs_fail_ctx("step %lld", (long long)s);
+    if (run_plan(t, (int)(s % 2), &st) != 0) return bs_fail_ctx("step %lld", (long long)s);
     if (t->rank == 0 && t->cfg.save_plans[0] && save_plan(t, &t->plans[s % 2], s) != 0) return -1;
 
     // clip by the global norm, AdamW on this rank's shard, then every rank gets every parameter

@@ -433,8 +433,12 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
     if (ss.seed != t->cfg.seed)
         return bs_fail("%s: the data position was saved for seed %llu, this run has %llu", path,
                        (unsigned long long)ss.seed, (unsigned long long)t->cfg.seed);
-    // the last check; on failure sampler_restore keeps the old position
-    if (sampler_restore(&t->sampler, &ss) != 0) return bs_fail_ctx("%s", path);
+    if (ss.n_docs != t->data.index.n_docs)
+        return bs_fail("%s: the data position is for %lld documents, this run's dataset has %lld", path,
+                       (long long)ss.n_docs, (long long)t->data.index.n_docs);
+    // the last check; on failure sampler_restore keeps the old position. The sampler lives where
+    // the documents are (with data servers: rank 0, the scheduler, alone)
+    if (t->sampler.index && sampler_restore(&t->sampler, &ss) != 0) return bs_fail_ctx("%s", path);
 
     // nothing can fail from here on
     memcpy(t->llama.params, params, np);

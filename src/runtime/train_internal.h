@@ -9,9 +9,13 @@
 int train_plans_offload(const TrainConfig *c);
 // Rank 0: plan batch b with the run's policy for all ranks, validate it and pack it into t->wire.
 int train_plan_batch(Trainer *t, const GlobalBatch *b);
-// Rank 0's plan (t->wire) to every rank, unpacked into *out. Rank 0 calls
-// train_bcast_plan_error instead when it could not plan: then every rank fails with its message.
-int train_bcast_plan(Trainer *t, int64_t step, Plan *out);
+// Rank 0's plan (t->wire) to every rank, unpacked into slot `slot` (t->plans, with the batch's
+// labelled-token count in t->targets and, with data servers, the loading plan in t->load). Rank 0
+// calls train_bcast_plan_error instead when it could not plan: then every rank fails with its message.
+int train_bcast_plan(Trainer *t, int64_t step, int slot);
+// This rank's rows of the plan in slot `slot` (step `step`, for messages), from its shards or the
+// data servers; the bytes and seconds it took in t->load_bytes / t->load_seconds.
+int train_read_rows(Trainer *t, int64_t step, int slot);
 void train_bcast_plan_error(Trainer *t);
 // Make slot s % 2 hold step s's plan and this rank's rows, and start preparing step s + 1 in the
 // background. -1 + error (on every rank when the plan failed; on this rank when its rows did).

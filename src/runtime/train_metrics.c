@@ -95,10 +95,11 @@ int train_metrics_write(FILE *f, const StepStats *s) {
             n = fprintf(f,
                         "%s{\"rank\":%d,\"compute\":%.6g,\"comm\":%.6g,\"wait\":%.6g,\"items\":%d,\"rings\":%d,"
                         "\"tokens\":%lld,\"tokens_per_s\":%.6g,\"ring_bytes\":%.6g,\"act_peak_bytes\":%.0f,"
-                        "\"offload_bytes\":%.0f,\"offload_wait\":%.6g,\"core_share\":%.3f}",
+                        "\"offload_bytes\":%.0f,\"offload_wait\":%.6g,\"load_bytes\":%.0f,\"load_seconds\":%.6g,"
+                        "\"core_share\":%.3f}",
                         r ? "," : "", r, t->compute, t->comm, t->wait, t->items, t->rings, (long long)t->tokens,
                         s->seconds > 0 ? (double)t->tokens / s->seconds : 0.0, t->ring_bytes, t->act_peak_bytes,
-                        t->offload_bytes, t->offload_wait, t->core_share);
+                        t->offload_bytes, t->offload_wait, t->load_bytes, t->load_seconds, t->core_share);
         }
         if (n >= 0) n = fprintf(f, "]");
     }

@@ -9,9 +9,22 @@
 
 #include "bytescale/error.h"
 #include "bytescale/policy.h"
+#include "bytescale/timer.h"
 #include "runtime/train_internal.h"
 
 // ---- planning (rank 0) and the broadcast ------------------------------------------------------------
+
+// The wire of one step: a header, the loading plan (with data servers: the batch's documents,
+// ascending, and the server of each), then the packed plan (plan_wire.c).
+typedef struct {
+    int64_t targets;  // labelled tokens of the whole batch: the loss's denominator on every rank
+    int64_t n_load;   // entries of the loading plan (0 without data servers)
+} WireHead;
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
 
 int train_plan_batch(Trainer *t, const GlobalBatch *b) {
     PlanConfig pc = {.n_ranks = t->n_ranks,
@@ -19,20 +32,45 @@ int train_plan_batch(Trainer *t, const GlobalBatch *b) {
                      .context = t->cfg.context,
                      .pp = 1,
                      .offload = train_plans_offload(&t->cfg)};
+    WireHead h = {.targets = train_count_targets(&t->data.index, b)};
+    if (h.targets < 0) return -1;
     Plan p;
     if (policy_plan(&p, t->cfg.policy, b, &pc, &t->cost) != 0)
         return bs_fail_ctx("planning a batch of %lld tokens for %d ranks (capacity %lld, policy %s)",
                            (long long)b->n_tokens, t->n_ranks, (long long)t->capacity, t->cfg.policy);
-    uint8_t *wire = NULL;
+    uint8_t *packed = NULL;
     size_t size = 0;
     int rc = plan_validate(&p, &t->cost);
     if (rc != 0) bs_fail_ctx("the %s plan is not valid", t->cfg.policy);
-    if (rc == 0) rc = plan_pack(&p, &wire, &size);
+    if (rc == 0) rc = plan_pack(&p, &packed, &size);
     plan_free(&p);
     if (rc != 0) return -1;
+    // the loading plan: every document of the batch once, with the server that holds it
+    int64_t *docs = NULL;
+    if (t->roles) {
+        docs = bs_malloc(sizeof(int64_t) * (size_t)(b->n > 0 ? b->n : 1));
+        if (!docs) rc = -1;
+        for (int64_t i = 0; rc == 0 && i < b->n; i++) docs[i] = b->seqs[i].id;
+        if (rc == 0) qsort(docs, (size_t)b->n, sizeof *docs, cmp_i64);
+        for (int64_t i = 0; rc == 0 && i < b->n; i++)
+            if (i == 0 || docs[i] != docs[i - 1]) docs[h.n_load++] = docs[i];
+    }
+    size_t load_bytes = (size_t)h.n_load * (sizeof(int64_t) + sizeof(int32_t));
+    uint8_t *wire = rc == 0 ? bs_malloc(sizeof h + load_bytes + size) : NULL;
+    if (wire) {
+        memcpy(wire, &h, sizeof h);
+        uint8_t *at = wire + sizeof h;
+        memcpy(at, docs, sizeof(int64_t) * (size_t)h.n_load);
+        at += sizeof(int64_t) * (size_t)h.n_load;
+        for (int64_t i = 0; i < h.n_load; i++, at += sizeof(int32_t)) memcpy(at, &t->doc_server[docs[i]], sizeof(int32_t));
+        memcpy(at, packed, size);
+    }
+    free(docs);
+    free(packed);
+    if (!wire) return -1;
     free(t->wire);
     t->wire = wire;
-    t->wire_size = size;
+    t->wire_size = sizeof h + load_bytes + size;
     return 0;
 }
 
@@ -46,7 +84,28 @@ void train_bcast_plan_error(Trainer *t) {
     bs_fail("%s", msg);
 }
 
-int train_bcast_plan(Trainer *t, int64_t step, Plan *out) {
+// A step's wire (train_plan_batch) into slot `slot`.
+static int unpack_wire(Trainer *t, const uint8_t *buf, size_t size, int slot) {
+    WireHead h;
+    if (size < sizeof h) return bs_fail("a plan message of %zu bytes", size);
+    memcpy(&h, buf, sizeof h);
+    size_t load_bytes = (size_t)h.n_load * (sizeof(int64_t) + sizeof(int32_t));
+    if (h.n_load < 0 || h.targets < 0 || load_bytes > size - sizeof h) return bs_fail("a malformed plan message");
+    LoadPlan *lp = &t->load[slot];
+    load_plan_free(lp);
+    if (h.n_load > 0) {
+        lp->docs = bs_malloc(sizeof(int64_t) * (size_t)h.n_load);
+        lp->servers = bs_malloc(sizeof(int32_t) * (size_t)h.n_load);
+        if (!lp->docs || !lp->servers) return -1;
+        memcpy(lp->docs, buf + sizeof h, sizeof(int64_t) * (size_t)h.n_load);
+        memcpy(lp->servers, buf + sizeof h + sizeof(int64_t) * (size_t)h.n_load, sizeof(int32_t) * (size_t)h.n_load);
+        lp->n = h.n_load;
+    }
+    t->targets[slot] = h.targets;
+    return plan_unpack(&t->plans[slot], buf + sizeof h + load_bytes, size - sizeof h - load_bytes);
+}
+
+int train_bcast_plan(Trainer *t, int64_t step, int slot) {
     int64_t size = t->rank == 0 ? (int64_t)t->wire_size : 0;
     if (comm_bcast(t->comm, &size, sizeof size, 0) != 0) return bs_fail_ctx("broadcasting plan %lld", (long long)step);
     if (size < 0) {  // rank 0 could not plan: everyone stops with its message
@@ -58,9 +117,10 @@ int train_bcast_plan(Trainer *t, int64_t step, Plan *out) {
     uint8_t *buf = t->rank == 0 ? t->wire : bs_malloc((size_t)(size > 0 ? size : 1));
     if (!buf) return -1;
     int rc = comm_bcast(t->comm, buf, (size_t)size, 0);
-    if (rc == 0) rc = plan_unpack(out, buf, (size_t)size);
+    if (rc == 0) rc = unpack_wire(t, buf, (size_t)size, slot);
     if (t->rank != 0) free(buf);
     if (rc != 0) return bs_fail_ctx("rank %d: the plan of step %lld", t->rank, (long long)step);
+    Plan *out = &t->plans[slot];
     if (out->n_ranks != t->n_ranks) {
         plan_free(out);
         return bs_fail("the plan of step %lld is for %d ranks, the job has %d", (long long)step, out->n_ranks,
@@ -95,9 +155,30 @@ static int injected_fault(const Trainer *t, int64_t step) {
                    (long long)step);
 }
 
-static int read_rows(Trainer *t, int64_t step) {
+// Counts what a TokenSource delivers: the bytes a rank read for its rows, from shards or servers.
+typedef struct {
+    const TokenSource *inner;
+    double bytes;
+} Counted;
+
+static int counted_read(void *ctx, int64_t doc, int64_t src, int64_t n, uint32_t *out, int64_t *got) {
+    Counted *c = ctx;
+    int rc = c->inner->read(c->inner->ctx, doc, src, n, out, got);
+    if (rc == 0) c->bytes += (double)*got * sizeof(uint32_t);
+    return rc;
+}
+
+int train_read_rows(Trainer *t, int64_t step, int slot) {
     if (injected_fault(t, step) != 0) return -1;
-    return step_rows_read(&t->rows[step % 2], &t->plans[step % 2], t->rank, &t->tokens);
+    double t0 = now_seconds();
+    t->remote.plan = &t->load[slot];
+    TokenSource inner = t->roles ? loader_source(&t->remote) : t->tokens;
+    Counted c = {&inner, 0};
+    TokenSource src = {.read = counted_read, .ctx = &c};
+    int rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->rank, &src);
+    t->load_seconds[slot] = now_seconds() - t0;
+    t->load_bytes[slot] = c.bytes;
+    return rc;
 }
 
 // ---- the background thread -------------------------------------------------------------------------
@@ -107,7 +188,7 @@ static void *prefetch_main(void *arg) {
     Trainer *t = pf->t;
     int64_t r = pf->read_step;
     pf->rc = 0;
-    if (r && read_rows(t, r) != 0) {
+    if (r && train_read_rows(t, r, (int)(r % 2)) != 0) {
         pf->rc = -1;
         snprintf(pf->err, sizeof pf->err, "reading step %lld's tokens: %s", (long long)r, bs_errmsg());
         return NULL;
@@ -161,7 +242,7 @@ static int plan_step(Trainer *t, int64_t s) {
             return -1;
         }
     }
-    if (train_bcast_plan(t, s, slot) != 0) return -1;
+    if (train_bcast_plan(t, s, (int)(s % 2)) != 0) return -1;
     t->plan_of[s % 2] = s;
     if (s > t->planned) t->planned = s;
     return 0;
@@ -171,7 +252,7 @@ int train_prefetch_ready(Trainer *t, int64_t s) {
     if (train_prefetch_join(t) != 0) return -1;
     if (t->plan_of[s % 2] != s && plan_step(t, s) != 0) return -1;
     if (t->rows_of[s % 2] != s) {
-        if (read_rows(t, s) != 0) return -1;
+        if (train_read_rows(t, s, (int)(s % 2)) != 0) return -1;
         t->rows_of[s % 2] = s;
     }
     // the next step: already prepared when this step is being retried (a refused update)

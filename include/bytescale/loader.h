@@ -1,0 +1,71 @@
+// loader.h: the remote data loader (docs/loader.md), ByteScale's three roles in one MPI job.
+//
+//   servers    each holds a disjoint part of a prepared dataset (a contiguous range of documents,
+//              about 1/S of its tokens), reports that part's metadata (document ids, lengths,
+//              global offsets) to the scheduler, then serves token ranges on request;
+//   scheduler  the first training rank: it gathers every server's metadata into one DocIndex (no
+//              tokens), samples every global batch from it, plans it, and sends every client the
+//              plan with a loading plan (which server holds each of the batch's documents);
+//   clients    the training ranks: each fetches exactly the token ranges of its own chunks (plus one
+//              token past each chunk, for the label) from the servers that hold them, in the
+//              prefetch thread, for the next step while the current one trains.
+//
+// The messages travel on a duplicate of the job's world communicator (comm_mpi_loader_handle), so
+// they never meet a ring's. A client fetches from its prefetch thread while its main thread runs
+// rings: that needs MPI_THREAD_MULTIPLE (Open MPI has it). Errors are messages that name the server,
+// its world rank and the file or request; a server never answers a range it does not hold.
+#ifndef BYTESCALE_LOADER_H
+#define BYTESCALE_LOADER_H
+
+#include <stdint.h>
+
+#include "bytescale/comm.h"
+#include "bytescale/microbatch.h"
+#include "bytescale/shard.h"
+
+// ---- servers ---------------------------------------------------------------------------------------
+
+// Documents [*first, *end) of server i of n: the documents whose first token lies in the i-th of n
+// equal parts of the dataset's tokens (every document goes to exactly one server).
+void loader_part(const DocIndex *ix, int i, int n, int64_t *first, int64_t *end);
+
+// Run data server roles->index: open the dataset in dir, send the scheduler this server's part of
+// the metadata (or the reason it cannot), then answer requests until every client has said it is
+// done. -1 + error when it could not serve (the scheduler was told, and ends the job).
+int loader_serve(const char *dir, const CommRoles *roles);
+
+// ---- the scheduler ---------------------------------------------------------------------------------
+
+// Receive every server's metadata into ix (documents and shards; ix->dir names the servers; no
+// tokens) and which server holds each document: *doc_server (n_docs,), malloc'ed. -1 + error naming
+// the server when one could not open its data, or when the parts disagree or do not cover the
+// dataset exactly once.
+int loader_gather_index(const CommRoles *roles, DocIndex *ix, int32_t **doc_server);
+
+// ---- clients -----------------------------------------------------------------------------------------
+
+// One step's loading plan: the batch's documents, ascending, and the server of each.
+typedef struct {
+    int64_t *docs;     // (n,)
+    int32_t *servers;  // (n,) index among the job's servers
+    int64_t n;
+} LoadPlan;
+
+void load_plan_free(LoadPlan *lp);
+
+typedef struct {
+    const CommRoles *roles;
+    LoadPlan *plan;     // the step being read
+    uint32_t *reply;    // receive buffer, grown as needed
+    int64_t reply_cap;  // tokens
+    int misroute;       // test aid (BS_LOADER_MISROUTE=1): ask the next server instead
+} RemoteSource;
+
+// A TokenSource whose reads are requests to the server the plan names. src must outlive it and
+// src->plan must be set before a read. Reads block (one request, one reply); call them from one
+// thread at a time.
+TokenSource loader_source(RemoteSource *src);
+// Tell every server this client is done (each server stops after the last client).
+int loader_client_done(const CommRoles *roles);
+
+#endif

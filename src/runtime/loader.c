@@ -1,0 +1,345 @@
+// loader.c: the remote data loader's three roles (loader.h, docs/loader.md).
+//
+// Messages, all on the loader's communicator (a duplicate of the world):
+//   META   server -> scheduler, once: int64 header (status, n_docs, first, end, vocab, tokenizer,
+//          width, n_shards, n_tokens), per shard (n_tokens, crc, base), per document of the part
+//          (shard, offset, len, start); status < 0: the text of the error instead
+//   REQ    client -> server: int64 (doc, src, n): tokens [src, src + n) of document doc
+//   REPLY  server -> client: int64 (status, got), then got uint32 tokens; status < 0: an error text
+//   DONE   client -> server: this client will ask nothing more
+// Nothing here blocks in MPI: a blocking MPI call spins on its core, and a data server or a
+// waiting prefetch thread shares its core with training. Waits poll with a short sleep instead.
+#include "bytescale/loader.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bytescale/error.h"
+
+enum { TAG_META = 7101, TAG_REQ = 7102, TAG_REPLY = 7103, TAG_DONE = 7104 };
+enum { META_HEAD = 9, ERR_TEXT = 1024 };
+
+static MPI_Comm loader_comm(void) { return *(MPI_Comm *)comm_mpi_loader_handle(); }
+
+// Sleep a little, longer the longer nothing has come (up to 200 us): a wait costs no core.
+static void backoff(int *spins) {
+    long ns = *spins < 50 ? 0 : *spins < 200 ? 20000 : 200000;
+    (*spins)++;
+    if (ns > 0) nanosleep(&(struct timespec){0, ns}, NULL);
+}
+
+// Wait for a message with this tag from src (MPI_ANY_SOURCE: any) without spinning; its status.
+static int probe(int src, int tag, MPI_Status *st) {
+    int flag = 0, spins = 0;
+    while (!flag) {
+        int err = MPI_Iprobe(src, tag, loader_comm(), &flag, st);
+        if (err != MPI_SUCCESS) return bs_fail("data loader: MPI_Iprobe failed (%d)", err);
+        if (!flag) backoff(&spins);
+    }
+    return 0;
+}
+
+// ---- servers ---------------------------------------------------------------------------------------
+
+void loader_part(const DocIndex *ix, int i, int n, int64_t *first, int64_t *end) {
+    // the first document whose start reaches the k-th n-th of the tokens; parts are contiguous
+    int64_t bound[2];
+    for (int j = 0; j < 2; j++) {
+        int k = i + j;
+        if (k >= n) {
+            bound[j] = ix->n_docs;
+            continue;
+        }
+        double at = (double)ix->n_tokens * k / n;
+        int64_t lo = 0, hi = ix->n_docs;  // first d with docs[d].start >= at
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if ((double)ix->docs[mid].start >= at) hi = mid;
+            else lo = mid + 1;
+        }
+        bound[j] = k == 0 ? 0 : lo;
+    }
+    *first = bound[0], *end = bound[1];
+}
+
+static int send_error(int dst, int tag, const char *msg) {
+    size_t len = strlen(msg) + 1;
+    uint8_t *buf = malloc(16 + len);
+    if (!buf) return bs_fail("out of memory");
+    int64_t head[2] = {-1, (int64_t)len};
+    memcpy(buf, head, 16);
+    memcpy(buf + 16, msg, len);
+    int err = MPI_Send(buf, (int)(16 + len), MPI_BYTE, dst, tag, loader_comm());
+    free(buf);
+    return err == MPI_SUCCESS ? 0 : bs_fail("data loader: MPI_Send failed (%d)", err);
+}
+
+// This server's part of the metadata to the scheduler.
+static int send_meta(const Dataset *ds, const CommRoles *roles, int64_t first, int64_t end) {
+    const DocIndex *ix = &ds->index;
+    size_t n = META_HEAD + 3 * (size_t)ix->n_shards + 4 * (size_t)(end - first);
+    int64_t *m = malloc(sizeof(int64_t) * n);
+    if (!m) return bs_fail("out of memory");
+    int64_t head[META_HEAD] = {0, ix->n_docs, first, end, ix->vocab, ix->tokenizer, ix->width, ix->n_shards,
+                               ix->n_tokens};
+    memcpy(m, head, sizeof head);
+    int64_t *at = m + META_HEAD;
+    for (int s = 0; s < ix->n_shards; s++)
+        *at++ = ix->shards[s].n_tokens, *at++ = ix->shards[s].crc, *at++ = ix->shards[s].base;
+    for (int64_t d = first; d < end; d++) {
+        const DocEntry *e = &ix->docs[d];
+        *at++ = e->shard, *at++ = e->offset, *at++ = e->len, *at++ = e->start;
+    }
+    int rc = n * sizeof(int64_t) > (size_t)INT32_MAX ? bs_fail("metadata of %lld documents is too large for one message",
+                                                                  (long long)(end - first))
+                                                     : 0;
+    if (rc == 0 && MPI_Send(m, (int)(n * sizeof(int64_t)), MPI_BYTE, roles->scheduler, TAG_META, loader_comm()) !=
+                       MPI_SUCCESS)
+        rc = bs_fail("data server %d: sending its metadata failed", roles->index);
+    free(m);
+    return rc;
+}
+
+// One request: read it, answer it. A range this server does not hold is an error answer, never
+// tokens from somewhere else.
+static int answer(const Dataset *ds, const CommRoles *roles, const char *dir, int64_t first, int64_t end,
+                  const MPI_Status *st, uint32_t **buf, int64_t *cap) {
+    int64_t req[3];
+    if (MPI_Recv(req, 3 * (int)sizeof(int64_t), MPI_BYTE, st->MPI_SOURCE, TAG_REQ, loader_comm(),
+                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        return bs_fail("data server %d: receiving a request failed", roles->index);
+    int64_t doc = req[0], src = req[1], n = req[2];
+    char msg[ERR_TEXT];
+    if (doc < first || doc >= end) {
+        snprintf(msg, sizeof msg,
+                 "data server %d (world rank %d, %s) holds documents [%lld, %lld); document %lld is not one of them",
+                 roles->index, roles->world_rank, dir, (long long)first, (long long)end, (long long)doc);
+        return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
+    }
+    if (n < 0 || n > (1 << 28)) {
+        snprintf(msg, sizeof msg, "data server %d (world rank %d): a request for %lld tokens", roles->index,
+                 roles->world_rank, (long long)n);
+        return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
+    }
+    if (n + 4 > *cap) {
+        uint32_t *b = realloc(*buf, sizeof(uint32_t) * (size_t)(n + 4));
+        if (!b) return bs_fail("out of memory");
+        *buf = b, *cap = n + 4;
+    }
+    int64_t got = 0;
+    // the reply: (status, got) in the first 4 words, the tokens after them
+    if (dataset_read_span(ds, doc, src, n, *buf + 4, &got) != 0) {
+        snprintf(msg, sizeof msg, "data server %d (world rank %d, %s): %s", roles->index, roles->world_rank, dir,
+                 bs_errmsg());
+        return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
+    }
+    int64_t head[2] = {0, got};
+    memcpy(*buf, head, sizeof head);
+    if (MPI_Send(*buf, (int)(sizeof(uint32_t) * (size_t)(got + 4)), MPI_BYTE, st->MPI_SOURCE, TAG_REPLY,
+                 loader_comm()) != MPI_SUCCESS)
+        return bs_fail("data server %d: answering world rank %d failed", roles->index, st->MPI_SOURCE);
+    return 0;
+}
+
+int loader_serve(const char *dir, const CommRoles *roles) {
+    Dataset ds;
+    if (dataset_open(&ds, dir) != 0) {
+        char msg[ERR_TEXT];
+        snprintf(msg, sizeof msg, "data server %d (world rank %d) cannot open its data: %s", roles->index,
+                 roles->world_rank, bs_errmsg());
+        send_error(roles->scheduler, TAG_META, msg);
+        return bs_fail("%s", msg);
+    }
+    int64_t first, end;
+    loader_part(&ds.index, roles->index, roles->n_servers, &first, &end);
+    int rc = send_meta(&ds, roles, first, end);
+    uint32_t *buf = NULL;
+    int64_t cap = 0;
+    for (int done = 0; rc == 0 && done < roles->n_clients;) {
+        MPI_Status st;
+        if (probe(MPI_ANY_SOURCE, MPI_ANY_TAG, &st) != 0) rc = -1;
+        else if (st.MPI_TAG == TAG_REQ) rc = answer(&ds, roles, dir, first, end, &st, &buf, &cap);
+        else if (st.MPI_TAG == TAG_DONE) {
+            char b;
+            rc = MPI_Recv(&b, 1, MPI_BYTE, st.MPI_SOURCE, TAG_DONE, loader_comm(), MPI_STATUS_IGNORE) == MPI_SUCCESS
+                     ? 0
+                     : bs_fail("data server %d: receiving a goodbye failed", roles->index);
+            done++;
+        } else {
+            rc = bs_fail("data server %d: an unexpected message (tag %d) from world rank %d", roles->index, st.MPI_TAG,
+                         st.MPI_SOURCE);
+        }
+    }
+    free(buf);
+    dataset_close(&ds);
+    return rc;
+}
+
+// ---- the scheduler ---------------------------------------------------------------------------------
+
+// Receive one server's META into a malloc'ed buffer of *n int64 (or fail with its error text).
+static int recv_meta(const CommRoles *roles, int i, int64_t **out, size_t *n) {
+    int src = roles->servers[i];
+    MPI_Status st;
+    if (probe(src, TAG_META, &st) != 0) return -1;
+    int bytes = 0;
+    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    uint8_t *buf = malloc((size_t)bytes + 1);
+    if (!buf) return bs_fail("out of memory");
+    if (MPI_Recv(buf, bytes, MPI_BYTE, src, TAG_META, loader_comm(), MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        free(buf);
+        return bs_fail("receiving data server %d's metadata failed", i);
+    }
+    int64_t head[2] = {0, 0};
+    if (bytes >= 16) memcpy(head, buf, 16);
+    if (head[0] < 0) {
+        buf[bytes] = '\0';
+        int rc = bs_fail("%s", bytes > 16 ? (char *)buf + 16 : "a data server failed");
+        free(buf);
+        return rc;
+    }
+    if (bytes < (int)(META_HEAD * sizeof(int64_t)) || bytes % (int)sizeof(int64_t) != 0) {
+        free(buf);
+        return bs_fail("data server %d sent %d bytes of metadata: not a metadata message", i, bytes);
+    }
+    *out = (int64_t *)buf;
+    *n = (size_t)bytes / sizeof(int64_t);
+    return 0;
+}
+
+int loader_gather_index(const CommRoles *roles, DocIndex *ix, int32_t **doc_server) {
+    memset(ix, 0, sizeof *ix);
+    *doc_server = NULL;
+    int rc = 0;
+    int64_t covered = 0;
+    for (int i = 0; i < roles->n_servers; i++) {
+        int64_t *m = NULL;
+        size_t n = 0;
+        // every server's message is received, even after an error, so no server is left waiting
+        int r = recv_meta(roles, i, &m, &n);
+        if (r != 0) {
+            if (rc == 0) rc = bs_fail_ctx("data server %d (world rank %d)", i, roles->servers[i]);
+            continue;
+        }
+        int64_t n_docs = m[1], first = m[2], end = m[3], n_shards = m[7];
+        if (rc == 0 && i == 0) {  // the dataset as server 0 sees it
+            ix->n_docs = n_docs, ix->vocab = (uint32_t)m[4], ix->tokenizer = (TokenizerKind)m[5];
+            ix->width = (uint32_t)m[6], ix->n_shards = (int)n_shards, ix->n_tokens = m[8];
+            snprintf(ix->dir, sizeof ix->dir, "%d data server%s", roles->n_servers, roles->n_servers > 1 ? "s" : "");
+            ix->shards = calloc((size_t)(n_shards > 0 ? n_shards : 1), sizeof *ix->shards);
+            ix->docs = calloc((size_t)(n_docs > 0 ? n_docs : 1), sizeof *ix->docs);
+            *doc_server = malloc(sizeof(int32_t) * (size_t)(n_docs > 0 ? n_docs : 1));
+            if (!ix->shards || !ix->docs || !*doc_server) rc = bs_fail("out of memory");
+            for (int64_t d = 0; rc == 0 && d < n_docs; d++) (*doc_server)[d] = -1;
+            for (int s = 0; rc == 0 && s < n_shards; s++) {
+                const int64_t *e = m + META_HEAD + 3 * s;
+                ix->shards[s].n_tokens = e[0], ix->shards[s].crc = (uint32_t)e[1], ix->shards[s].base = e[2];
+            }
+        }
+        if (rc == 0 && (n_docs != ix->n_docs || m[4] != ix->vocab || m[8] != ix->n_tokens || n_shards != ix->n_shards))
+            rc = bs_fail("data server %d (world rank %d) serves another dataset than server 0 (%lld documents, %lld "
+                         "tokens vs %lld, %lld)",
+                         i, roles->servers[i], (long long)n_docs, (long long)m[8], (long long)ix->n_docs,
+                         (long long)ix->n_tokens);
+        if (rc == 0 && (first < 0 || end < first || end > n_docs ||
+                        n != META_HEAD + 3 * (size_t)n_shards + 4 * (size_t)(end - first)))
+            rc = bs_fail("data server %d sent a malformed part [%lld, %lld)", i, (long long)first, (long long)end);
+        for (int64_t d = first; rc == 0 && d < end; d++) {
+            const int64_t *e = m + META_HEAD + 3 * n_shards + 4 * (d - first);
+            if ((*doc_server)[d] >= 0) {
+                rc = bs_fail("document %lld is held by data servers %d and %d", (long long)d, (*doc_server)[d], i);
+                break;
+            }
+            ix->docs[d] = (DocEntry){.shard = (uint32_t)e[0], .offset = e[1], .len = e[2], .start = e[3]};
+            (*doc_server)[d] = i;
+            covered++;
+        }
+        free(m);
+    }
+    if (rc == 0 && covered != ix->n_docs)
+        rc = bs_fail("the data servers hold %lld of the dataset's %lld documents", (long long)covered,
+                     (long long)ix->n_docs);
+    if (rc != 0) {
+        docindex_free(ix);
+        free(*doc_server);
+        *doc_server = NULL;
+    }
+    return rc;
+}
+
+// ---- clients -----------------------------------------------------------------------------------------
+
+void load_plan_free(LoadPlan *lp) {
+    free(lp->docs);
+    free(lp->servers);
+    memset(lp, 0, sizeof *lp);
+}
+
+static int server_of(const LoadPlan *lp, int64_t doc) {
+    int64_t lo = 0, hi = lp->n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (lp->docs[mid] < doc) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < lp->n && lp->docs[lo] == doc ? lp->servers[lo] : -1;
+}
+
+static int remote_read(void *ctx, int64_t doc, int64_t src, int64_t n, uint32_t *out, int64_t *got) {
+    RemoteSource *rs = ctx;
+    const CommRoles *roles = rs->roles;
+    LoadPlan *lp = rs->plan;
+    int server = lp ? server_of(lp, doc) : -1;
+    if (server < 0) return bs_fail("the loading plan names no data server for document %lld", (long long)doc);
+    if (rs->misroute) server = (server + 1) % roles->n_servers;
+    int dst = roles->servers[server];
+    if (n + 4 + ERR_TEXT / 4 > rs->reply_cap) {
+        int64_t cap = n + 4 + ERR_TEXT / 4;
+        uint32_t *b = realloc(rs->reply, sizeof(uint32_t) * (size_t)cap);
+        if (!b) return bs_fail("out of memory");
+        rs->reply = b, rs->reply_cap = cap;
+    }
+    int64_t req[3] = {doc, src, n};
+    if (MPI_Send(req, (int)sizeof req, MPI_BYTE, dst, TAG_REQ, loader_comm()) != MPI_SUCCESS)
+        return bs_fail("asking data server %d (world rank %d) for document %lld failed", server, dst, (long long)doc);
+    MPI_Request q;
+    int done = 0, spins = 0;
+    if (MPI_Irecv(rs->reply, (int)(sizeof(uint32_t) * (size_t)rs->reply_cap), MPI_BYTE, dst, TAG_REPLY,
+                  loader_comm(), &q) != MPI_SUCCESS)
+        return bs_fail("receiving from data server %d failed", server);
+    while (!done) {
+        if (MPI_Test(&q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return bs_fail("receiving from data server %d (world rank %d) failed", server, dst);
+        if (!done) backoff(&spins);
+    }
+    int64_t head[2];
+    memcpy(head, rs->reply, sizeof head);
+    if (head[0] < 0) {
+        char *text = (char *)rs->reply + 16;
+        text[ERR_TEXT - 1] = '\0';
+        return bs_fail("%s", text);
+    }
+    if (head[1] < 0 || head[1] > n)
+        return bs_fail("data server %d answered %lld tokens for a request of %lld", server, (long long)head[1],
+                       (long long)n);
+    memcpy(out, rs->reply + 4, sizeof(uint32_t) * (size_t)head[1]);
+    *got = head[1];
+    return 0;
+}
+
+TokenSource loader_source(RemoteSource *src) {
+    const char *m = getenv("BS_LOADER_MISROUTE");
+    src->misroute = m && m[0] == '1';
+    return (TokenSource){.read = remote_read, .ctx = src};
+}
+
+int loader_client_done(const CommRoles *roles) {
+    char b = 0;
+    for (int i = 0; i < roles->n_servers; i++)
+        if (MPI_Send(&b, 1, MPI_BYTE, roles->servers[i], TAG_DONE, loader_comm()) != MPI_SUCCESS)
+            return bs_fail("telling data server %d that this client is done failed", i);
+    return 0;
+}
