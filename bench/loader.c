@@ -59,7 +59,8 @@ static int part(int argc, char **argv, const char *data, int steps) {
     CommRoles roles;
     if (comm_mpi_split_roles(comm, role, &roles) != 0) bs_die_errmsg();
     if (role == COMM_ROLE_SERVER) {
-        int rc = loader_serve(data, &roles);
+        LoaderServeConfig sc = {.dir = data, .tokenizer = "byte", .cache_bytes = 256ll << 20};
+        int rc = loader_serve(&sc, &roles);
         comm_mpi_finalize();
         return rc == 0 ? 0 : 1;
     }

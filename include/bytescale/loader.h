@@ -1,8 +1,9 @@
 // loader.h: the remote data loader (docs/loader.md), ByteScale's three roles in one MPI job.
 //
 //   servers    each holds a disjoint part of a prepared dataset (a contiguous range of documents,
-//              about 1/S of its tokens), reports that part's metadata (document ids, lengths,
-//              global offsets) to the scheduler, then serves token ranges on request;
+//              about 1/S of its tokens) or of a directory of text files that it tokenizes itself
+//              (with a cache), reports that part's metadata (document ids, lengths, global
+//              offsets) to the scheduler, then serves token ranges on request;
 //   scheduler  the first training rank: it gathers every server's metadata into one DocIndex (no
 //              tokens), samples every global batch from it, plans it, and sends every client the
 //              plan with a loading plan (which server holds each of the batch's documents);
@@ -29,10 +30,22 @@
 // equal parts of the dataset's tokens (every document goes to exactly one server).
 void loader_part(const DocIndex *ix, int i, int n, int64_t *first, int64_t *end);
 
-// Run data server roles->index: open the dataset in dir, send the scheduler this server's part of
-// the metadata (or the reason it cannot), then answer requests until every client has said it is
+typedef struct {
+    const char *dir;         // a prepared dataset (it holds index.bin), or text files to tokenize
+    // text only: every file under dir (prepare's walk and order) is a document
+    const char *ext;         // only files ending in ext; NULL = all
+    const char *tokenizer;   // "byte" or "gpt2"
+    const char *bpe_ranks;   // gpt2's rank file
+    int64_t cache_bytes;     // tokens of recently used documents kept; the others are tokenized again
+} LoaderServeConfig;
+
+// Run data server roles->index. A prepared dataset: open it and hold the documents loader_part
+// gives. Text files: list them as prepare does, take the files whose bytes lie in this server's 1/S
+// of the corpus, tokenize each once for its length (the metadata), and tokenize again on request
+// what the cache no longer holds. Then send the scheduler this part's metadata (or the reason it
+// cannot), learn where its documents start, and answer requests until every client has said it is
 // done. -1 + error when it could not serve (the scheduler was told, and ends the job).
-int loader_serve(const char *dir, const CommRoles *roles);
+int loader_serve(const LoaderServeConfig *cfg, const CommRoles *roles);
 
 // ---- the scheduler ---------------------------------------------------------------------------------
 

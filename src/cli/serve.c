@@ -17,20 +17,27 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: mpirun -np N bytescale train --data DIR [flags] : -np S bytescale serve --data DIR\n"
+            "usage: mpirun -np N bytescale train --data DIR [flags] : -np S bytescale serve --data DIR [flags]\n"
             "\n"
-            "A data server of the job: holds about 1/S of the prepared dataset DIR (a contiguous range of\n"
-            "documents), tells the scheduler (the first training rank) their lengths, and answers the\n"
-            "training ranks' requests for token ranges until they are done. Every server must see the same\n"
-            "dataset. One program can do the same: mpirun -np N+S bytescale train --servers S ...\n"
+            "A data server of the job: holds about 1/S of DIR (a contiguous range of documents), tells the\n"
+            "scheduler (the first training rank) their lengths, and answers the training ranks' requests for\n"
+            "token ranges until they are done. DIR is a prepared dataset (`bytescale prepare`), or a directory\n"
+            "of text files, every file a document, which the servers tokenize themselves: training starts\n"
+            "from the text without a prepare step. Every server must see the same DIR. One program can do\n"
+            "the same: mpirun -np N+S bytescale train --servers S --data DIR ...\n"
             "\n"
-            "  --data DIR    the prepared dataset (default data/go-byte)\n"
-            "  --help        this text\n");
+            "  --data DIR         the dataset or text directory (default data/go-byte)\n"
+            "text directories only:\n"
+            "  --ext EXT          only files ending in EXT (default: every file)\n"
+            "  --tokenizer NAME   byte (default) or gpt2\n"
+            "  --bpe-ranks PATH   gpt2's rank file (default data/gpt-tokenizer/data/r50k_base.tiktoken)\n"
+            "  --cache BYTES      tokens of recently used documents kept per server; others are tokenized\n"
+            "                     again when asked for (suffixes K M G; default 256M)\n"
+            "  --help             this text\n");
 }
 
-int cmd_serve_role(const char *dir, const void *roles_ptr) {
-    const CommRoles *roles = roles_ptr;
-    int rc = loader_serve(dir, roles);
+int cmd_serve_role(const LoaderServeConfig *cfg, const CommRoles *roles) {
+    int rc = loader_serve(cfg, roles);
     if (rc != 0) fprintf(stderr, "bytescale serve: data server %d (world rank %d): error: %s\n", roles->index,
                          roles->world_rank, bs_errmsg());
     // the scheduler was told and ends the job; until then this server waits in MPI_Finalize
@@ -38,36 +45,52 @@ int cmd_serve_role(const char *dir, const void *roles_ptr) {
     return rc == 0 ? 0 : 1;
 }
 
+void serve_defaults(LoaderServeConfig *cfg, const char *dir) {
+    *cfg = (LoaderServeConfig){.dir = dir,
+                               .tokenizer = "byte",
+                               .bpe_ranks = "data/gpt-tokenizer/data/r50k_base.tiktoken",
+                               .cache_bytes = 256ll << 20};
+}
+
 int cmd_serve(int argc, char **argv) {
+    enum { O_DATA = 1, O_EXT, O_TOK, O_RANKS, O_CACHE };
     static const struct option options[] = {
-        {"data", required_argument, NULL, 'd'},
-        {"help", no_argument, NULL, 'h'},
+        {"data", required_argument, NULL, O_DATA},   {"ext", required_argument, NULL, O_EXT},
+        {"tokenizer", required_argument, NULL, O_TOK}, {"bpe-ranks", required_argument, NULL, O_RANKS},
+        {"cache", required_argument, NULL, O_CACHE}, {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *dir = "data/go-byte";
-    opterr = 0;
-    optind = 1;
-    for (int c; (c = getopt_long(argc, argv, "", options, NULL)) != -1;) {
-        if (c == 'h') {
-            usage(stdout);
-            return 0;
-        }
-        if (c == 'd') {
-            dir = optarg;
-            continue;
-        }
-        fprintf(stderr, "bytescale serve: error: %s\n",
-                c == ':' ? "--data needs a value" : "unknown flag (bytescale serve --help lists them)");
+    const char *given[O_CACHE] = {0};
+    int got = cli_read_flags(argc, argv, options, O_DATA, given, O_CACHE);
+    if (got == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (got != 0) {
+        fprintf(stderr, "bytescale serve: error: %s\n(bytescale serve --help lists the flags)\n", bs_errmsg());
         return 2;
     }
-    if (optind < argc) {
-        fprintf(stderr, "bytescale serve: error: unexpected argument '%s'\n", argv[optind]);
+    LoaderServeConfig cfg;
+    serve_defaults(&cfg, given[O_DATA - O_DATA] ? given[O_DATA - O_DATA] : "data/go-byte");
+    if (given[O_EXT - O_DATA]) cfg.ext = given[O_EXT - O_DATA];
+    if (given[O_TOK - O_DATA]) cfg.tokenizer = given[O_TOK - O_DATA];
+    if (given[O_RANKS - O_DATA]) cfg.bpe_ranks = given[O_RANKS - O_DATA];
+    if (given[O_CACHE - O_DATA] && arg_int64("--cache", given[O_CACHE - O_DATA], &cfg.cache_bytes) != 0) {
+        fprintf(stderr, "bytescale serve: error: %s\n", bs_errmsg());
+        return 2;
+    }
+    if (strcmp(cfg.tokenizer, "byte") != 0 && strcmp(cfg.tokenizer, "gpt2") != 0) {
+        fprintf(stderr, "bytescale serve: error: --tokenizer %s: byte or gpt2\n", cfg.tokenizer);
+        return 2;
+    }
+    if (cfg.cache_bytes < 0) {
+        fprintf(stderr, "bytescale serve: error: --cache must be >= 0 bytes\n");
         return 2;
     }
     if (!comm_launched_by_mpi()) {
         fprintf(stderr, "bytescale serve: error: a data server is a rank of an MPI job beside training ranks: "
                         "mpirun -np N bytescale train --data %s ... : -np S bytescale serve --data %s\n",
-                dir, dir);
+                cfg.dir, cfg.dir);
         return 2;
     }
     Comm *comm;
@@ -77,5 +100,5 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "bytescale serve: error: %s\n", bs_errmsg());
         comm_abort(comm, 1);
     }
-    return cmd_serve_role(dir, &roles);
+    return cmd_serve_role(&cfg, &roles);
 }

@@ -325,7 +325,11 @@ int cmd_train(int argc, char **argv) {
             rank_die(comm, "--servers leaves no training rank: run more ranks than data servers");
         int role = comm->rank >= comm->size - n_servers ? COMM_ROLE_SERVER : COMM_ROLE_CLIENT;
         if (comm_mpi_split_roles(comm, role, &roles) != 0) rank_die(comm, bs_errmsg());
-        if (role == COMM_ROLE_SERVER) return cmd_serve_role(cfg.data, &roles);
+        if (role == COMM_ROLE_SERVER) {
+            LoaderServeConfig sc;
+            serve_defaults(&sc, cfg.data);
+            return cmd_serve_role(&sc, &roles);
+        }
     }
     int lead = comm->rank == 0;
 

@@ -3,7 +3,9 @@
 // Messages, all on the loader's communicator (a duplicate of the world):
 //   META   server -> scheduler, once: int64 header (status, n_docs, first, end, vocab, tokenizer,
 //          width, n_shards, n_tokens), per shard (n_tokens, crc, base), per document of the part
-//          (shard, offset, len, start); status < 0: the text of the error instead
+//          (shard, offset, len, start); status < 0: the text of the error instead. A server of text
+//          files sends n_tokens and every start as -1: the scheduler places the documents
+//   BASE   scheduler -> server, once: the global offset of the part's first document
 //   REQ    client -> server: int64 (doc, src, n): tokens [src, src + n) of document doc
 //   REPLY  server -> client: int64 (status, got), then got uint32 tokens; status < 0: an error text
 //   DONE   client -> server: this client will ask nothing more
@@ -11,15 +13,21 @@
 // waiting prefetch thread shares its core with training. Waits poll with a short sleep instead.
 #include "bytescale/loader.h"
 
+#include <errno.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bytescale/error.h"
+#include "bytescale/fileio.h"
+#include "bytescale/prepare.h"
+#include "bytescale/tokenizer.h"
 
-enum { TAG_META = 7101, TAG_REQ = 7102, TAG_REPLY = 7103, TAG_DONE = 7104 };
+enum { TAG_META = 7101, TAG_REQ = 7102, TAG_REPLY = 7103, TAG_DONE = 7104, TAG_BASE = 7105 };
 enum { META_HEAD = 9, ERR_TEXT = 1024 };
 
 static MPI_Comm loader_comm(void) { return *(MPI_Comm *)comm_mpi_loader_handle(); }
@@ -42,28 +50,156 @@ static int probe(int src, int tag, MPI_Status *st) {
     return 0;
 }
 
-// ---- servers ---------------------------------------------------------------------------------------
+// ---- what a server holds ----------------------------------------------------------------------------
+
+// The first of n_docs documents whose start reaches `at`; start(d) ascends.
+static int64_t first_from(int64_t (*start)(const void *, int64_t), const void *ctx, int64_t n_docs, double at) {
+    int64_t lo = 0, hi = n_docs;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((double)start(ctx, mid) >= at) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+// Part i of n: the documents whose first token (or byte) lies in the i-th n-th of `total`.
+static void split(int64_t (*start)(const void *, int64_t), const void *ctx, int64_t n_docs, int64_t total, int i,
+                  int n, int64_t *first, int64_t *end) {
+    *first = i == 0 ? 0 : first_from(start, ctx, n_docs, (double)total * i / n);
+    *end = i + 1 >= n ? n_docs : first_from(start, ctx, n_docs, (double)total * (i + 1) / n);
+}
+
+static int64_t index_start(const void *ctx, int64_t d) { return ((const DocIndex *)ctx)->docs[d].start; }
+static int64_t array_at(const void *ctx, int64_t d) { return ((const int64_t *)ctx)[d]; }
 
 void loader_part(const DocIndex *ix, int i, int n, int64_t *first, int64_t *end) {
-    // the first document whose start reaches the k-th n-th of the tokens; parts are contiguous
-    int64_t bound[2];
-    for (int j = 0; j < 2; j++) {
-        int k = i + j;
-        if (k >= n) {
-            bound[j] = ix->n_docs;
-            continue;
-        }
-        double at = (double)ix->n_tokens * k / n;
-        int64_t lo = 0, hi = ix->n_docs;  // first d with docs[d].start >= at
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if ((double)ix->docs[mid].start >= at) hi = mid;
-            else lo = mid + 1;
-        }
-        bound[j] = k == 0 ? 0 : lo;
-    }
-    *first = bound[0], *end = bound[1];
+    split(index_start, ix, ix->n_docs, ix->n_tokens, i, n, first, end);
 }
+
+// A server's documents [first, end): of a prepared dataset, or of a directory of text files it
+// tokenizes itself, on the fly, keeping the most recently used documents' tokens in a bounded cache.
+typedef struct {
+    LoaderServeConfig cfg;
+    int text;
+    int64_t n_docs, first, end;
+    Dataset ds;          // prepared
+    char **files;        // text: (n_docs,) the corpus's files, in prepare's order
+    Tokenizer *tok;
+    int64_t *len;        // text: (end - first,) tokens of each of its documents
+    int64_t *start;      // text: (end - first,) global offset of each (once the scheduler sent the base)
+    Tokens *cache;       // text: (end - first,) tokenized documents; ids NULL = not held
+    uint64_t *used;      // text: (end - first,) last use, for eviction
+    uint64_t tick;
+    int64_t cached;      // bytes of tokens held
+} Part;
+
+static void part_free(Part *p) {
+    if (p->ds.index.docs) dataset_close(&p->ds);
+    for (int64_t d = 0; p->files && d < p->n_docs; d++) free(p->files[d]);
+    for (int64_t d = 0; p->cache && d < p->end - p->first; d++) tokens_free(&p->cache[d]);
+    free(p->files), free(p->len), free(p->start), free(p->cache), free(p->used);
+    tokenizer_free(p->tok);
+    memset(p, 0, sizeof *p);
+}
+
+// Text document d (local index) tokenized, through the cache. A file whose tokens changed since
+// the job started is an error: its length is in every plan already.
+static int text_tokens(Part *p, int64_t d, const Tokens **out) {
+    Tokens *t = &p->cache[d];
+    p->used[d] = ++p->tick;
+    if (!t->ids) {
+        char *text;
+        size_t n;
+        const char *path = p->files[p->first + d];
+        if (file_read_all(path, &text, &n) != 0) return -1;
+        int rc = tokenizer_encode(p->tok, text, n, t);
+        free(text);
+        if (rc != 0) return bs_fail_ctx("tokenizing %s", path);
+        if (p->len[d] >= 0 && t->n != p->len[d]) {
+            tokens_free(t);
+            return bs_fail("%s changed while the job runs: %lld tokens now, %lld when it started", path,
+                           (long long)t->n, (long long)p->len[d]);
+        }
+        p->cached += t->n * (int64_t)sizeof(uint32_t);
+        // over the budget: drop the least recently used documents (never the one just made)
+        while (p->cached > p->cfg.cache_bytes) {
+            int64_t victim = -1;
+            for (int64_t k = 0; k < p->end - p->first; k++)
+                if (k != d && p->cache[k].ids && (victim < 0 || p->used[k] < p->used[victim])) victim = k;
+            if (victim < 0) break;
+            p->cached -= p->cache[victim].n * (int64_t)sizeof(uint32_t);
+            tokens_free(&p->cache[victim]);
+        }
+    }
+    *out = t;
+    return 0;
+}
+
+// Open part i of n of cfg->dir: a prepared dataset when it holds an index, else its text files.
+static int part_open(Part *p, const LoaderServeConfig *cfg, int i, int n) {
+    memset(p, 0, sizeof *p);
+    p->cfg = *cfg;
+    char index[4200];
+    snprintf(index, sizeof index, "%s/%s", cfg->dir, INDEX_FILE);
+    if (access(index, F_OK) == 0 || access(cfg->dir, F_OK) != 0) {
+        if (dataset_open(&p->ds, cfg->dir) != 0) return -1;
+        p->n_docs = p->ds.index.n_docs;
+        loader_part(&p->ds.index, i, n, &p->first, &p->end);
+        return 0;
+    }
+    // text: every server lists the same files and splits them by their sizes in bytes, so each
+    // knows its documents before tokenizing any
+    p->text = 1;
+    const char *inputs[1] = {cfg->dir};
+    if (prepare_list_files(inputs, 1, cfg->ext, &p->files, &p->n_docs) != 0) return -1;
+    if (p->n_docs < 1) return bs_fail("%s: no text files%s%s", cfg->dir, cfg->ext ? " ending in " : "", cfg->ext ? cfg->ext : "");
+    int64_t *cum = malloc(sizeof(int64_t) * (size_t)p->n_docs), total = 0;
+    if (!cum) return bs_fail("out of memory");
+    for (int64_t d = 0; d < p->n_docs; d++) {
+        struct stat st;
+        if (stat(p->files[d], &st) != 0) {
+            free(cum);
+            return bs_fail("%s: %s", p->files[d], strerror(errno));
+        }
+        cum[d] = total;
+        total += st.st_size;
+    }
+    split(array_at, cum, p->n_docs, total, i, n, &p->first, &p->end);
+    free(cum);
+    if (tokenizer_open(&p->tok, cfg->tokenizer, cfg->bpe_ranks) != 0) return -1;
+    int64_t k = p->end - p->first;
+    p->len = malloc(sizeof(int64_t) * (size_t)(k > 0 ? k : 1));
+    p->start = malloc(sizeof(int64_t) * (size_t)(k > 0 ? k : 1));
+    p->cache = calloc((size_t)(k > 0 ? k : 1), sizeof *p->cache);
+    p->used = calloc((size_t)(k > 0 ? k : 1), sizeof *p->used);
+    if (!p->len || !p->start || !p->cache || !p->used) return bs_fail("out of memory");
+    // the lengths are the metadata: every document is tokenized once now (the cache keeps what fits)
+    for (int64_t d = 0; d < k; d++) {
+        const Tokens *t;
+        p->len[d] = -1;
+        if (text_tokens(p, d, &t) != 0) return -1;
+        p->len[d] = t->n;
+    }
+    return 0;
+}
+
+// Tokens [src, src + n) of document doc (src a global offset), clipped at its end.
+static int part_read(Part *p, int64_t doc, int64_t src, int64_t n, uint32_t *out, int64_t *got) {
+    if (!p->text) return dataset_read_span(&p->ds, doc, src, n, out, got);
+    int64_t d = doc - p->first, at = src - p->start[d];
+    if (at < 0 || at > p->len[d] || n < 0)
+        return bs_fail("tokens [%lld, %lld) are not inside document %lld [%lld, %lld)", (long long)src,
+                       (long long)(src + n), (long long)doc, (long long)p->start[d],
+                       (long long)(p->start[d] + p->len[d]));
+    const Tokens *t;
+    if (text_tokens(p, d, &t) != 0) return -1;
+    *got = at + n <= t->n ? n : t->n - at;
+    memcpy(out, t->ids + at, sizeof(uint32_t) * (size_t)*got);
+    return 0;
+}
+
+// ---- servers ---------------------------------------------------------------------------------------
 
 static int send_error(int dst, int tag, const char *msg) {
     size_t len = strlen(msg) + 1;
@@ -77,25 +213,39 @@ static int send_error(int dst, int tag, const char *msg) {
     return err == MPI_SUCCESS ? 0 : bs_fail("data loader: MPI_Send failed (%d)", err);
 }
 
-// This server's part of the metadata to the scheduler.
-static int send_meta(const Dataset *ds, const CommRoles *roles, int64_t first, int64_t end) {
-    const DocIndex *ix = &ds->index;
-    size_t n = META_HEAD + 3 * (size_t)ix->n_shards + 4 * (size_t)(end - first);
+// This server's part of the metadata to the scheduler. A text part does not know the global offsets
+// of its documents (they follow the other servers' token counts): start -1 and n_tokens -1, which
+// the scheduler fills in and answers with the part's base.
+static int send_meta(const Part *p, const CommRoles *roles) {
+    const DocIndex *ix = &p->ds.index;
+    int n_shards = p->text ? 0 : ix->n_shards;
+    size_t n = META_HEAD + 3 * (size_t)n_shards + 4 * (size_t)(p->end - p->first);
     int64_t *m = malloc(sizeof(int64_t) * n);
     if (!m) return bs_fail("out of memory");
-    int64_t head[META_HEAD] = {0, ix->n_docs, first, end, ix->vocab, ix->tokenizer, ix->width, ix->n_shards,
-                               ix->n_tokens};
+    int64_t head[META_HEAD] = {0,
+                               p->n_docs,
+                               p->first,
+                               p->end,
+                               p->text ? tokenizer_vocab_size(p->tok) : ix->vocab,
+                               p->text ? tokenizer_kind(p->tok) : ix->tokenizer,
+                               p->text ? 4 : ix->width,
+                               n_shards,
+                               p->text ? -1 : ix->n_tokens};
     memcpy(m, head, sizeof head);
     int64_t *at = m + META_HEAD;
-    for (int s = 0; s < ix->n_shards; s++)
+    for (int s = 0; s < n_shards; s++)
         *at++ = ix->shards[s].n_tokens, *at++ = ix->shards[s].crc, *at++ = ix->shards[s].base;
-    for (int64_t d = first; d < end; d++) {
-        const DocEntry *e = &ix->docs[d];
-        *at++ = e->shard, *at++ = e->offset, *at++ = e->len, *at++ = e->start;
+    for (int64_t d = p->first; d < p->end; d++) {
+        if (p->text) {
+            *at++ = 0, *at++ = 0, *at++ = p->len[d - p->first], *at++ = -1;
+        } else {
+            const DocEntry *e = &ix->docs[d];
+            *at++ = e->shard, *at++ = e->offset, *at++ = e->len, *at++ = e->start;
+        }
     }
-    int rc = n * sizeof(int64_t) > (size_t)INT32_MAX ? bs_fail("metadata of %lld documents is too large for one message",
-                                                                  (long long)(end - first))
-                                                     : 0;
+    int rc = n * sizeof(int64_t) > (size_t)INT32_MAX
+                 ? bs_fail("metadata of %lld documents is too large for one message", (long long)(p->end - p->first))
+                 : 0;
     if (rc == 0 && MPI_Send(m, (int)(n * sizeof(int64_t)), MPI_BYTE, roles->scheduler, TAG_META, loader_comm()) !=
                        MPI_SUCCESS)
         rc = bs_fail("data server %d: sending its metadata failed", roles->index);
@@ -103,20 +253,37 @@ static int send_meta(const Dataset *ds, const CommRoles *roles, int64_t first, i
     return rc;
 }
 
+// The global offset of the part's first document, from the scheduler.
+static int recv_base(Part *p, const CommRoles *roles) {
+    MPI_Status st;
+    int64_t base;
+    if (probe(roles->scheduler, TAG_BASE, &st) != 0) return -1;
+    if (MPI_Recv(&base, (int)sizeof base, MPI_BYTE, roles->scheduler, TAG_BASE, loader_comm(), MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS)
+        return bs_fail("data server %d: receiving its base offset failed", roles->index);
+    if (!p->text) {
+        if (p->first < p->end && base != p->ds.index.docs[p->first].start)
+            return bs_fail("data server %d: the scheduler placed its documents at %lld, the index at %lld", roles->index,
+                           (long long)base, (long long)p->ds.index.docs[p->first].start);
+        return 0;
+    }
+    for (int64_t d = 0; d < p->end - p->first; d++) p->start[d] = base, base += p->len[d];
+    return 0;
+}
+
 // One request: read it, answer it. A range this server does not hold is an error answer, never
 // tokens from somewhere else.
-static int answer(const Dataset *ds, const CommRoles *roles, const char *dir, int64_t first, int64_t end,
-                  const MPI_Status *st, uint32_t **buf, int64_t *cap) {
+static int answer(Part *p, const CommRoles *roles, const MPI_Status *st, uint32_t **buf, int64_t *cap) {
     int64_t req[3];
     if (MPI_Recv(req, 3 * (int)sizeof(int64_t), MPI_BYTE, st->MPI_SOURCE, TAG_REQ, loader_comm(),
                  MPI_STATUS_IGNORE) != MPI_SUCCESS)
         return bs_fail("data server %d: receiving a request failed", roles->index);
     int64_t doc = req[0], src = req[1], n = req[2];
     char msg[ERR_TEXT];
-    if (doc < first || doc >= end) {
+    if (doc < p->first || doc >= p->end) {
         snprintf(msg, sizeof msg,
                  "data server %d (world rank %d, %s) holds documents [%lld, %lld); document %lld is not one of them",
-                 roles->index, roles->world_rank, dir, (long long)first, (long long)end, (long long)doc);
+                 roles->index, roles->world_rank, p->cfg.dir, (long long)p->first, (long long)p->end, (long long)doc);
         return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
     }
     if (n < 0 || n > (1 << 28)) {
@@ -131,8 +298,8 @@ static int answer(const Dataset *ds, const CommRoles *roles, const char *dir, in
     }
     int64_t got = 0;
     // the reply: (status, got) in the first 4 words, the tokens after them
-    if (dataset_read_span(ds, doc, src, n, *buf + 4, &got) != 0) {
-        snprintf(msg, sizeof msg, "data server %d (world rank %d, %s): %s", roles->index, roles->world_rank, dir,
+    if (part_read(p, doc, src, n, *buf + 4, &got) != 0) {
+        snprintf(msg, sizeof msg, "data server %d (world rank %d, %s): %s", roles->index, roles->world_rank, p->cfg.dir,
                  bs_errmsg());
         return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
     }
@@ -144,24 +311,24 @@ static int answer(const Dataset *ds, const CommRoles *roles, const char *dir, in
     return 0;
 }
 
-int loader_serve(const char *dir, const CommRoles *roles) {
-    Dataset ds;
-    if (dataset_open(&ds, dir) != 0) {
+int loader_serve(const LoaderServeConfig *cfg, const CommRoles *roles) {
+    Part p;
+    if (part_open(&p, cfg, roles->index, roles->n_servers) != 0) {
         char msg[ERR_TEXT];
         snprintf(msg, sizeof msg, "data server %d (world rank %d) cannot open its data: %s", roles->index,
                  roles->world_rank, bs_errmsg());
         send_error(roles->scheduler, TAG_META, msg);
+        part_free(&p);
         return bs_fail("%s", msg);
     }
-    int64_t first, end;
-    loader_part(&ds.index, roles->index, roles->n_servers, &first, &end);
-    int rc = send_meta(&ds, roles, first, end);
+    int rc = send_meta(&p, roles);
+    if (rc == 0) rc = recv_base(&p, roles);
     uint32_t *buf = NULL;
     int64_t cap = 0;
     for (int done = 0; rc == 0 && done < roles->n_clients;) {
         MPI_Status st;
         if (probe(MPI_ANY_SOURCE, MPI_ANY_TAG, &st) != 0) rc = -1;
-        else if (st.MPI_TAG == TAG_REQ) rc = answer(&ds, roles, dir, first, end, &st, &buf, &cap);
+        else if (st.MPI_TAG == TAG_REQ) rc = answer(&p, roles, &st, &buf, &cap);
         else if (st.MPI_TAG == TAG_DONE) {
             char b;
             rc = MPI_Recv(&b, 1, MPI_BYTE, st.MPI_SOURCE, TAG_DONE, loader_comm(), MPI_STATUS_IGNORE) == MPI_SUCCESS
@@ -174,7 +341,7 @@ int loader_serve(const char *dir, const CommRoles *roles) {
         }
     }
     free(buf);
-    dataset_close(&ds);
+    part_free(&p);
     return rc;
 }
 
@@ -239,7 +406,8 @@ int loader_gather_index(const CommRoles *roles, DocIndex *ix, int32_t **doc_serv
                 ix->shards[s].n_tokens = e[0], ix->shards[s].crc = (uint32_t)e[1], ix->shards[s].base = e[2];
             }
         }
-        if (rc == 0 && (n_docs != ix->n_docs || m[4] != ix->vocab || m[8] != ix->n_tokens || n_shards != ix->n_shards))
+        if (rc == 0 && (n_docs != ix->n_docs || m[4] != ix->vocab || m[5] != ix->tokenizer || m[8] != ix->n_tokens ||
+                        n_shards != ix->n_shards))
             rc = bs_fail("data server %d (world rank %d) serves another dataset than server 0 (%lld documents, %lld "
                          "tokens vs %lld, %lld)",
                          i, roles->servers[i], (long long)n_docs, (long long)m[8], (long long)ix->n_docs,
@@ -262,6 +430,24 @@ int loader_gather_index(const CommRoles *roles, DocIndex *ix, int32_t **doc_serv
     if (rc == 0 && covered != ix->n_docs)
         rc = bs_fail("the data servers hold %lld of the dataset's %lld documents", (long long)covered,
                      (long long)ix->n_docs);
+    // text files: the documents follow one another in the files' order
+    if (rc == 0 && ix->n_tokens < 0) {
+        int64_t at = 0;
+        for (int64_t d = 0; d < ix->n_docs; d++) ix->docs[d].start = at, at += ix->docs[d].len;
+        ix->n_tokens = at;
+    }
+    // every server learns where its documents start (a server of text files cannot know it)
+    for (int i = 0; i < roles->n_servers; i++) {
+        int64_t base = rc == 0 ? ix->n_tokens : -1;
+        for (int64_t d = 0; rc == 0 && d < ix->n_docs; d++)
+            if ((*doc_server)[d] == i) {
+                base = ix->docs[d].start;
+                break;
+            }
+        if (MPI_Send(&base, (int)sizeof base, MPI_BYTE, roles->servers[i], TAG_BASE, loader_comm()) != MPI_SUCCESS &&
+            rc == 0)
+            rc = bs_fail("telling data server %d where its documents start failed", i);
+    }
     if (rc != 0) {
         docindex_free(ix);
         free(*doc_server);

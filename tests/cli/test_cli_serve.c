@@ -4,6 +4,8 @@
 //   in both job forms (`train --servers N` and MPMD `train ... : serve ...`): the batches (every
 //   step's plan file), the losses and the gradient norms are bit for bit the same, and each rank
 //   read only about its share of the batch's tokens.
+// - Text: servers of a directory of text files tokenize it themselves (through a tiny cache): the
+//   same training as the prepared dataset of those files.
 // - Resume: a checkpoint of a run with 2 servers continues with 1 server exactly as the run without
 //   a break.
 // - Faults: a server that cannot open its data, a request for a range a server does not hold, and a
@@ -128,6 +130,34 @@ static void test_servers_give_the_same_training(void **state) {
     }
 }
 
+// Servers of a directory of text files tokenize it themselves (2 servers, a cache of 1 KiB, so
+// almost every request is tokenized again): the same training as the prepared dataset of the same
+// files, bit for bit, without a prepare step.
+static void test_text_files_without_prepare(void **state) {
+    (void)state;
+    make_data();
+    if (run_job(2, 0, 0, "", "--steps 3", "prepared") != 0) fail_msg("prepared: %s", cli_err);
+    const char *bin = getenv("BS_BINARY");
+    char args[4096];
+    snprintf(args, sizeof args,
+             "train --data " SDIR "/in " COMMON " --steps 3 --metrics " SDIR "/text.jsonl : -np 2 '%s' serve --data "
+             SDIR "/in --cache 1K",
+             bin);
+    if (cli_run_np(SDIR, 2, "", args) != 0) fail_msg("text: %s", cli_err);
+    Run a, b;
+    read_run(SDIR "/prepared.jsonl", &a);
+    read_run(SDIR "/text.jsonl", &b);
+    assert_int_equal(b.steps, 3);
+    for (int st = 1; st <= 3; st++)
+        if (a.loss[st] != b.loss[st] || a.grad_norm[st] != b.grad_norm[st])
+            fail_msg("step %d: loss %.9g prepared, %.9g from text", st, a.loss[st], b.loss[st]);
+    // an unknown tokenizer and a directory without text are refused
+    snprintf(args, sizeof args, "train --data " SDIR "/in " COMMON " --steps 1 : -np 1 '%s' serve --data " SDIR
+             "/in --ext .rs", bin);
+    assert_int_not_equal(cli_run_np(SDIR, 1, "", args), 0);
+    if (!strstr(cli_err, "no text files ending in .rs")) fail_msg("unclear message: %s", cli_err);
+}
+
 // A run with 2 servers checkpoints at step 2; resumed from there with 1 server (in the MPMD form)
 // it continues exactly as the run without a break.
 static void test_resume_with_another_server_count(void **state) {
@@ -223,6 +253,7 @@ static void test_killed_server_ends_the_job(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_servers_give_the_same_training),
+        cmocka_unit_test(test_text_files_without_prepare),
         cmocka_unit_test(test_resume_with_another_server_count),
         cmocka_unit_test(test_server_faults_end_the_job),
         cmocka_unit_test(test_killed_server_ends_the_job),
