@@ -66,18 +66,31 @@ typedef struct {
 
 void load_plan_free(LoadPlan *lp);
 
+// One range a client reads: tokens [src, src + n) of document doc, from server `server`.
+typedef struct {
+    int64_t doc, src, n;
+    int server;
+    int64_t got;  // tokens the server had (n, or fewer at the document's end)
+    int64_t at;   // where they are in RemoteSource.tokens
+} LoadRange;
+
+// A client's fetching. One step's rows are read twice through the same code (step_rows_read): first
+// with loader_recorder, which notes every range and answers zeros, then loader_fetch asks each
+// server for all of its ranges in one request (all servers at once), and loader_replayer answers the
+// second reading from what came back. So a step costs one round trip per server, not one per chunk.
 typedef struct {
     const CommRoles *roles;
-    LoadPlan *plan;     // the step being read
-    uint32_t *reply;    // receive buffer, grown as needed
-    int64_t reply_cap;  // tokens
-    int misroute;       // test aid (BS_LOADER_MISROUTE=1): ask the next server instead
+    LoadPlan *plan;      // the step being read
+    LoadRange *ranges;   // (n_ranges,) in the order the rows asked for them
+    int64_t n_ranges, cap_ranges, next;
+    uint32_t *tokens;    // the fetched tokens, range after range
+    int64_t tokens_cap;
+    int misroute;        // test aid (BS_LOADER_MISROUTE=1): ask the next server instead
 } RemoteSource;
 
-// A TokenSource whose reads are requests to the server the plan names. src must outlive it and
-// src->plan must be set before a read. Reads block (one request, one reply); call them from one
-// thread at a time.
-TokenSource loader_source(RemoteSource *src);
+TokenSource loader_recorder(RemoteSource *src);  // src->plan set; resets the ranges
+int loader_fetch(RemoteSource *src);             // every recorded range from its server
+TokenSource loader_replayer(RemoteSource *src);  // the same reads, answered from the fetch
 // Tell every server this client is done (each server stops after the last client).
 int loader_client_done(const CommRoles *roles);
 

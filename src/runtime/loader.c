@@ -6,8 +6,10 @@
 //          (shard, offset, len, start); status < 0: the text of the error instead. A server of text
 //          files sends n_tokens and every start as -1: the scheduler places the documents
 //   BASE   scheduler -> server, once: the global offset of the part's first document
-//   REQ    client -> server: int64 (doc, src, n): tokens [src, src + n) of document doc
-//   REPLY  server -> client: int64 (status, got), then got uint32 tokens; status < 0: an error text
+//   REQ    client -> server, once per step: int64 k, then k ranges (doc, src, n): tokens
+//          [src, src + n) of document doc
+//   REPLY  server -> client: int64 status and k, int64 got of every range, then the tokens back to
+//          back (uint32); status < 0: an error text instead
 //   DONE   client -> server: this client will ask nothing more
 // Nothing here blocks in MPI: a blocking MPI call spins on its core, and a data server or a
 // waiting prefetch thread shares its core with training. Waits poll with a short sleep instead.
@@ -273,42 +275,66 @@ static int recv_base(Part *p, const CommRoles *roles) {
     return 0;
 }
 
-// One request: read it, answer it. A range this server does not hold is an error answer, never
-// tokens from somewhere else.
-static int answer(Part *p, const CommRoles *roles, const MPI_Status *st, uint32_t **buf, int64_t *cap) {
-    int64_t req[3];
-    if (MPI_Recv(req, 3 * (int)sizeof(int64_t), MPI_BYTE, st->MPI_SOURCE, TAG_REQ, loader_comm(),
-                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+// One request of k ranges: read them all, answer with all of them. A range this server does not
+// hold is an error answer (for the whole request), never tokens from somewhere else.
+static int answer(Part *p, const CommRoles *roles, const MPI_Status *st, int64_t **req, int64_t *req_cap,
+                  uint32_t **buf, int64_t *cap) {
+    int bytes = 0;
+    MPI_Get_count(st, MPI_BYTE, &bytes);
+    int64_t words = bytes / (int64_t)sizeof(int64_t);
+    if (words > *req_cap) {
+        int64_t *r = realloc(*req, sizeof(int64_t) * (size_t)words);
+        if (!r) return bs_fail("out of memory");
+        *req = r, *req_cap = words;
+    }
+    if (MPI_Recv(*req, bytes, MPI_BYTE, st->MPI_SOURCE, TAG_REQ, loader_comm(), MPI_STATUS_IGNORE) != MPI_SUCCESS)
         return bs_fail("data server %d: receiving a request failed", roles->index);
-    int64_t doc = req[0], src = req[1], n = req[2];
     char msg[ERR_TEXT];
-    if (doc < p->first || doc >= p->end) {
-        snprintf(msg, sizeof msg,
-                 "data server %d (world rank %d, %s) holds documents [%lld, %lld); document %lld is not one of them",
-                 roles->index, roles->world_rank, p->cfg.dir, (long long)p->first, (long long)p->end, (long long)doc);
+    int64_t k = words > 0 ? (*req)[0] : -1, total = 0;
+    if (k < 0 || words != 1 + 3 * k) {
+        snprintf(msg, sizeof msg, "data server %d (world rank %d): a malformed request of %d bytes", roles->index,
+                 roles->world_rank, bytes);
         return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
     }
-    if (n < 0 || n > (1 << 28)) {
-        snprintf(msg, sizeof msg, "data server %d (world rank %d): a request for %lld tokens", roles->index,
-                 roles->world_rank, (long long)n);
-        return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
+    for (int64_t i = 0; i < k; i++) {
+        int64_t doc = (*req)[1 + 3 * i], n = (*req)[3 + 3 * i];
+        if (doc < p->first || doc >= p->end) {
+            snprintf(msg, sizeof msg,
+                     "data server %d (world rank %d, %s) holds documents [%lld, %lld); document %lld is not one of them",
+                     roles->index, roles->world_rank, p->cfg.dir, (long long)p->first, (long long)p->end,
+                     (long long)doc);
+            return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
+        }
+        if (n < 0 || n > (1 << 28) || total > (1 << 28)) {
+            snprintf(msg, sizeof msg, "data server %d (world rank %d): a request for %lld tokens", roles->index,
+                     roles->world_rank, (long long)n);
+            return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
+        }
+        total += n;
     }
-    if (n + 4 > *cap) {
-        uint32_t *b = realloc(*buf, sizeof(uint32_t) * (size_t)(n + 4));
+    // the reply: int64 status and k, int64 got of every range, then the tokens back to back
+    int64_t head_words = 2 + k, need = 2 * head_words + total;
+    if (need > *cap) {
+        uint32_t *b = realloc(*buf, sizeof(uint32_t) * (size_t)need);
         if (!b) return bs_fail("out of memory");
-        *buf = b, *cap = n + 4;
+        *buf = b, *cap = need;
     }
-    int64_t got = 0;
-    // the reply: (status, got) in the first 4 words, the tokens after them
-    if (part_read(p, doc, src, n, *buf + 4, &got) != 0) {
-        snprintf(msg, sizeof msg, "data server %d (world rank %d, %s): %s", roles->index, roles->world_rank, p->cfg.dir,
-                 bs_errmsg());
-        return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
+    int64_t *head = (int64_t *)(void *)*buf;
+    uint32_t *at = *buf + 2 * head_words;
+    head[0] = 0, head[1] = k;
+    for (int64_t i = 0; i < k; i++) {
+        int64_t got = 0;
+        if (part_read(p, (*req)[1 + 3 * i], (*req)[2 + 3 * i], (*req)[3 + 3 * i], at, &got) != 0) {
+            snprintf(msg, sizeof msg, "data server %d (world rank %d, %s): %s", roles->index, roles->world_rank,
+                     p->cfg.dir, bs_errmsg());
+            return send_error(st->MPI_SOURCE, TAG_REPLY, msg);
+        }
+        head[2 + i] = got;
+        at += got;
     }
-    int64_t head[2] = {0, got};
-    memcpy(*buf, head, sizeof head);
-    if (MPI_Send(*buf, (int)(sizeof(uint32_t) * (size_t)(got + 4)), MPI_BYTE, st->MPI_SOURCE, TAG_REPLY,
-                 loader_comm()) != MPI_SUCCESS)
+    size_t reply = sizeof(uint32_t) * (size_t)(at - *buf);
+    if (reply > (size_t)INT32_MAX || MPI_Send(*buf, (int)reply, MPI_BYTE, st->MPI_SOURCE, TAG_REPLY, loader_comm()) !=
+                                         MPI_SUCCESS)
         return bs_fail("data server %d: answering world rank %d failed", roles->index, st->MPI_SOURCE);
     return 0;
 }
@@ -326,11 +352,11 @@ int loader_serve(const LoaderServeConfig *cfg, const CommRoles *roles) {
     int rc = send_meta(&p, roles);
     if (rc == 0) rc = recv_base(&p, roles);
     uint32_t *buf = NULL;
-    int64_t cap = 0;
+    int64_t *req = NULL, cap = 0, req_cap = 0;
     for (int done = 0; rc == 0 && done < roles->n_clients;) {
         MPI_Status st;
         if (probe(MPI_ANY_SOURCE, MPI_ANY_TAG, &st) != 0) rc = -1;
-        else if (st.MPI_TAG == TAG_REQ) rc = answer(&p, roles, &st, &buf, &cap);
+        else if (st.MPI_TAG == TAG_REQ) rc = answer(&p, roles, &st, &req, &req_cap, &buf, &cap);
         else if (st.MPI_TAG == TAG_DONE) {
             char b;
             rc = MPI_Recv(&b, 1, MPI_BYTE, st.MPI_SOURCE, TAG_DONE, loader_comm(), MPI_STATUS_IGNORE) == MPI_SUCCESS
@@ -343,6 +369,7 @@ int loader_serve(const LoaderServeConfig *cfg, const CommRoles *roles) {
         }
     }
     free(buf);
+    free(req);
     part_free(&p);
     return rc;
 }
@@ -476,52 +503,137 @@ static int server_of(const LoadPlan *lp, int64_t doc) {
     return lo < lp->n && lp->docs[lo] == doc ? lp->servers[lo] : -1;
 }
 
-static int remote_read(void *ctx, int64_t doc, int64_t src, int64_t n, uint32_t *out, int64_t *got) {
+// Recording: note the range, hand back zeros (the rows made from them are dropped).
+static int record_read(void *ctx, int64_t doc, int64_t src, int64_t n, uint32_t *out, int64_t *got) {
     RemoteSource *rs = ctx;
-    const CommRoles *roles = rs->roles;
-    LoadPlan *lp = rs->plan;
-    int server = lp ? server_of(lp, doc) : -1;
+    if (rs->n_ranges == rs->cap_ranges) {
+        int64_t cap = rs->cap_ranges ? 2 * rs->cap_ranges : 64;
+        LoadRange *r = realloc(rs->ranges, sizeof *r * (size_t)cap);
+        if (!r) return bs_fail("out of memory");
+        rs->ranges = r, rs->cap_ranges = cap;
+    }
+    int server = rs->plan ? server_of(rs->plan, doc) : -1;
     if (server < 0) return bs_fail("the loading plan names no data server for document %lld", (long long)doc);
-    if (rs->misroute) server = (server + 1) % roles->n_servers;
-    int dst = roles->servers[server];
-    if (n + 4 + ERR_TEXT / 4 > rs->reply_cap) {
-        int64_t cap = n + 4 + ERR_TEXT / 4;
-        uint32_t *b = realloc(rs->reply, sizeof(uint32_t) * (size_t)cap);
-        if (!b) return bs_fail("out of memory");
-        rs->reply = b, rs->reply_cap = cap;
-    }
-    int64_t req[3] = {doc, src, n};
-    if (MPI_Send(req, (int)sizeof req, MPI_BYTE, dst, TAG_REQ, loader_comm()) != MPI_SUCCESS)
-        return bs_fail("asking data server %d (world rank %d) for document %lld failed", server, dst, (long long)doc);
-    MPI_Request q;
-    int done = 0, spins = 0;
-    if (MPI_Irecv(rs->reply, (int)(sizeof(uint32_t) * (size_t)rs->reply_cap), MPI_BYTE, dst, TAG_REPLY,
-                  loader_comm(), &q) != MPI_SUCCESS)
-        return bs_fail("receiving from data server %d failed", server);
-    while (!done) {
-        if (MPI_Test(&q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            return bs_fail("receiving from data server %d (world rank %d) failed", server, dst);
-        if (!done) backoff(&spins);
-    }
-    int64_t head[2];
-    memcpy(head, rs->reply, sizeof head);
-    if (head[0] < 0) {
-        char *text = (char *)rs->reply + 16;
-        text[ERR_TEXT - 1] = '\0';
-        return bs_fail("%s", text);
-    }
-    if (head[1] < 0 || head[1] > n)
-        return bs_fail("data server %d answered %lld tokens for a request of %lld", server, (long long)head[1],
-                       (long long)n);
-    memcpy(out, rs->reply + 4, sizeof(uint32_t) * (size_t)head[1]);
-    *got = head[1];
+    if (rs->misroute) server = (server + 1) % rs->roles->n_servers;
+    rs->ranges[rs->n_ranges++] = (LoadRange){.doc = doc, .src = src, .n = n, .server = server};
+    memset(out, 0, sizeof(uint32_t) * (size_t)n);
+    *got = n;
     return 0;
 }
 
-TokenSource loader_source(RemoteSource *src) {
+// Replaying: the same calls in the same order, answered from what the servers sent.
+static int replay_read(void *ctx, int64_t doc, int64_t src, int64_t n, uint32_t *out, int64_t *got) {
+    RemoteSource *rs = ctx;
+    if (rs->next >= rs->n_ranges) return bs_fail("the rows asked for more ranges than were fetched");
+    const LoadRange *r = &rs->ranges[rs->next++];
+    if (r->doc != doc || r->src != src || r->n != n)
+        return bs_fail("the rows asked for document %lld [%lld, +%lld), fetched [%lld, +%lld) of %lld", (long long)doc,
+                       (long long)src, (long long)n, (long long)r->src, (long long)r->n, (long long)r->doc);
+    memcpy(out, rs->tokens + r->at, sizeof(uint32_t) * (size_t)r->got);
+    *got = r->got;
+    return 0;
+}
+
+TokenSource loader_recorder(RemoteSource *src) {
     const char *m = getenv("BS_LOADER_MISROUTE");
     src->misroute = m && m[0] == '1';
-    return (TokenSource){.read = remote_read, .ctx = src};
+    src->n_ranges = 0;
+    return (TokenSource){.read = record_read, .ctx = src};
+}
+
+TokenSource loader_replayer(RemoteSource *src) {
+    src->next = 0;
+    return (TokenSource){.read = replay_read, .ctx = src};
+}
+
+// Wait for req without spinning.
+static int wait_req(MPI_Request *q) {
+    int done = 0, spins = 0;
+    while (!done) {
+        if (MPI_Test(q, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+        if (!done) backoff(&spins);
+    }
+    return 0;
+}
+
+int loader_fetch(RemoteSource *rs) {
+    const CommRoles *roles = rs->roles;
+    int S = roles->n_servers;
+    // per server: its ranges in recording order, one request, all requests out before any answer
+    // is awaited, so the servers read in parallel
+    int64_t *count = calloc((size_t)S, sizeof(int64_t)), *total = calloc((size_t)S, sizeof(int64_t));
+    int64_t **req = calloc((size_t)S, sizeof(int64_t *));
+    uint32_t **reply = calloc((size_t)S, sizeof(uint32_t *));
+    MPI_Request *sq = malloc(sizeof(MPI_Request) * (size_t)S), *rq = malloc(sizeof(MPI_Request) * (size_t)S);
+    int rc = count && total && req && reply && sq && rq ? 0 : bs_fail("out of memory");
+    for (int64_t i = 0; rc == 0 && i < rs->n_ranges; i++)
+        count[rs->ranges[i].server]++, total[rs->ranges[i].server] += rs->ranges[i].n;
+    for (int s = 0; rc == 0 && s < S; s++) {
+        sq[s] = rq[s] = MPI_REQUEST_NULL;
+        if (!count[s]) continue;
+        int64_t words = 2 + count[s];  // the reply: status, k, got per range, tokens
+        size_t reply_bytes = sizeof(int64_t) * (size_t)words + sizeof(uint32_t) * (size_t)total[s] + ERR_TEXT;
+        req[s] = malloc(sizeof(int64_t) * (size_t)(1 + 3 * count[s]));
+        reply[s] = malloc(reply_bytes);
+        if (!req[s] || !reply[s] || reply_bytes > (size_t)INT32_MAX) {
+            rc = bs_fail("out of memory for %lld ranges", (long long)count[s]);
+            break;
+        }
+        int64_t *w = req[s];
+        *w++ = count[s];
+        for (int64_t i = 0; i < rs->n_ranges; i++)
+            if (rs->ranges[i].server == s) *w++ = rs->ranges[i].doc, *w++ = rs->ranges[i].src, *w++ = rs->ranges[i].n;
+        int dst = roles->servers[s];
+        if (MPI_Irecv(reply[s], (int)reply_bytes, MPI_BYTE, dst, TAG_REPLY, loader_comm(), &rq[s]) != MPI_SUCCESS ||
+            MPI_Isend(req[s], (int)(sizeof(int64_t) * (size_t)(1 + 3 * count[s])), MPI_BYTE, dst, TAG_REQ,
+                      loader_comm(), &sq[s]) != MPI_SUCCESS)
+            rc = bs_fail("asking data server %d (world rank %d) failed", s, dst);
+    }
+    // the answers, into one token buffer in recording order: range i at the sum of the ones before
+    int64_t all = 0;
+    for (int64_t i = 0; i < rs->n_ranges; i++) rs->ranges[i].at = all, all += rs->ranges[i].n;
+    if (rc == 0 && all > rs->tokens_cap) {
+        uint32_t *t = realloc(rs->tokens, sizeof(uint32_t) * (size_t)all);
+        if (!t) rc = bs_fail("out of memory");
+        else rs->tokens = t, rs->tokens_cap = all;
+    }
+    for (int s = 0; s < S; s++) {
+        if (!count || !count[s] || rq[s] == MPI_REQUEST_NULL) continue;
+        int dst = roles->servers[s];
+        if (wait_req(&sq[s]) != 0 || wait_req(&rq[s]) != 0) {
+            if (rc == 0) rc = bs_fail("receiving from data server %d (world rank %d) failed", s, dst);
+            continue;
+        }
+        if (rc != 0) continue;
+        const int64_t *head = (const int64_t *)(const void *)reply[s];
+        if (head[0] < 0) {
+            char *text = (char *)reply[s] + 16;
+            text[ERR_TEXT - 1] = '\0';
+            rc = bs_fail("%s", text);
+            continue;
+        }
+        if (head[1] != count[s]) {
+            rc = bs_fail("data server %d answered %lld ranges of %lld", s, (long long)head[1], (long long)count[s]);
+            continue;
+        }
+        const uint32_t *tok = reply[s] + 2 * (2 + count[s]);
+        int64_t j = 0, at = 0;
+        for (int64_t i = 0; rc == 0 && i < rs->n_ranges; i++) {
+            LoadRange *r = &rs->ranges[i];
+            if (r->server != s) continue;
+            int64_t got = head[2 + j++];
+            if (got < 0 || got > r->n) {
+                rc = bs_fail("data server %d answered %lld tokens for a range of %lld", s, (long long)got, (long long)r->n);
+                break;
+            }
+            r->got = got;
+            memcpy(rs->tokens + r->at, tok + at, sizeof(uint32_t) * (size_t)got);
+            at += got;
+        }
+    }
+    for (int s = 0; s < S && req; s++) free(req[s]), free(reply[s]);
+    free(count), free(total), free(req), free(reply), free(sq), free(rq);
+    return rc;
 }
 
 int loader_client_done(const CommRoles *roles) {

@@ -305,7 +305,8 @@ void trainer_free(Trainer *t) {
     if (t->roles && loader_client_done(t->roles) != 0) fprintf(stderr, "bytescale: %s\n", bs_errmsg());
     free(t->doc_server);
     for (int i = 0; i < 2; i++) load_plan_free(&t->load[i]);
-    free(t->remote.reply);
+    free(t->remote.ranges);
+    free(t->remote.tokens);
     free(t->wire);
     free(t->times);
     free(t->gathered);

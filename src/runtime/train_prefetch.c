@@ -171,11 +171,18 @@ static int counted_read(void *ctx, int64_t doc, int64_t src, int64_t n, uint32_t
 int train_read_rows(Trainer *t, int64_t step, int slot) {
     if (injected_fault(t, step) != 0) return -1;
     double t0 = now_seconds();
-    t->remote.plan = &t->load[slot];
-    TokenSource inner = t->roles ? loader_source(&t->remote) : t->tokens;
+    int rc = 0;
+    TokenSource inner = t->tokens;
+    if (t->roles) {  // note the ranges, fetch them from the servers in one request each, then read
+        t->remote.plan = &t->load[slot];
+        TokenSource rec = loader_recorder(&t->remote);
+        rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->rank, &rec);
+        if (rc == 0) rc = loader_fetch(&t->remote);
+        inner = loader_replayer(&t->remote);
+    }
     Counted c = {&inner, 0};
     TokenSource src = {.read = counted_read, .ctx = &c};
-    int rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->rank, &src);
+    if (rc == 0) rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->rank, &src);
     t->load_seconds[slot] = now_seconds() - t0;
     t->load_bytes[slot] = c.bytes;
     return rc;
