@@ -199,7 +199,7 @@ static int part_read(Part *p, int64_t doc, int64_t src, int64_t n, uint32_t *out
     const Tokens *t;
     if (text_tokens(p, d, &t) != 0) return -1;
     *got = at + n <= t->n ? n : t->n - at;
-    memcpy(out, t->ids + at, sizeof(uint32_t) * (size_t)*got);
+    if (*got > 0) memcpy(out, t->ids + at, sizeof(uint32_t) * (size_t)*got);
     return 0;
 }
 
@@ -529,7 +529,7 @@ static int replay_read(void *ctx, int64_t doc, int64_t src, int64_t n, uint32_t 
     if (r->doc != doc || r->src != src || r->n != n)
         return bs_fail("the rows asked for document %lld [%lld, +%lld), fetched [%lld, +%lld) of %lld", (long long)doc,
                        (long long)src, (long long)n, (long long)r->src, (long long)r->n, (long long)r->doc);
-    memcpy(out, rs->tokens + r->at, sizeof(uint32_t) * (size_t)r->got);
+    if (r->got > 0) memcpy(out, rs->tokens + r->at, sizeof(uint32_t) * (size_t)r->got);
     *got = r->got;
     return 0;
 }
@@ -627,7 +627,7 @@ int loader_fetch(RemoteSource *rs) {
                 break;
             }
             r->got = got;
-            memcpy(rs->tokens + r->at, tok + at, sizeof(uint32_t) * (size_t)got);
+            if (got > 0) memcpy(rs->tokens + r->at, tok + at, sizeof(uint32_t) * (size_t)got);
             at += got;
         }
     }

@@ -60,7 +60,7 @@ int train_plan_batch(Trainer *t, const GlobalBatch *b) {
     if (wire) {
         memcpy(wire, &h, sizeof h);
         uint8_t *at = wire + sizeof h;
-        memcpy(at, docs, sizeof(int64_t) * (size_t)h.n_load);
+        if (h.n_load > 0) memcpy(at, docs, sizeof(int64_t) * (size_t)h.n_load);  // docs is NULL without servers
         at += sizeof(int64_t) * (size_t)h.n_load;
         for (int64_t i = 0; i < h.n_load; i++, at += sizeof(int32_t)) memcpy(at, &t->doc_server[docs[i]], sizeof(int32_t));
         memcpy(at, packed, size);
