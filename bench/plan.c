@@ -1,7 +1,8 @@
 // bench/plan.c: how fast the planners are and how good their plans are.
 //
 // Table 1: time and peak memory to plan a 32M-token global batch (2M context, C = 8K, LLaMA-7B on
-// h800-sxm, TP 2, offloading on) for 512, 2,048 and 16,384 ranks, every policy, both datasets.
+// h800-sxm, TP 2, offloading on) for 512, 2,048 and 16,384 ranks, static, naive, balance and
+// elastic, both datasets.
 // Batch generation and planning are timed separately: median (min / max) of REPEATS runs, one core.
 // Peak memory: each configuration runs once more in a fresh child process (fork), which resets its
 // peak resident set (/proc/self/clear_refs, "5") after generating the batch and trimming the heap,
@@ -12,12 +13,19 @@
 // 512K, 1M and 2M context: each policy's estimated makespan / lower bound and its ring traffic, with
 // offloading on and off. Target for balance: within 5% of the bound.
 //
-// Table 3: plan files of 1M and 10M sequences (uniform lengths 1-600, balance plans on 16,384 ranks):
+// Table 3, beyond Algorithm 2: balance and elastic at 512, 2,048, 16,384 and 131,072 ranks with 2K and
+// 64K tokens per rank (the same settings otherwise): makespan over the bounds and planning time
+// (median of several runs, and elastic's over balance's). Where a ring sets balance's step, elastic
+// widens it; target for elastic: within 5% of the bound wherever the batch has enough work for
+// every rank. `bench_plan scale` runs this table alone.
+//
+// Table 4: plan files of 1M and 10M sequences (uniform lengths 1-600, balance plans on 16,384 ranks):
 // write and read time and the peak growth of resident memory while writing and while reading (each
 // in a fresh child, as above), beside the plan's own size in memory and what parsing the same file
 // into a cJSON tree takes (the reader before streaming; at 1M only, 10M would need some 10 GB).
 // `bench_plan files` runs this table alone.
 #include <malloc.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +49,8 @@
 #define REPEATS 11
 #define TOKENS (32ll << 20)
 #define CAPACITY 8192
-static const char *POLICIES[] = {"static", "naive", "balance"};
+static const char *POLICIES[] = {"static", "naive", "balance", "elastic"};
+enum { N_POL = sizeof POLICIES / sizeof POLICIES[0] };
 static const char *DISTS[] = {"byted", "github"};
 
 static void cost_for(CostModel *cm, int ranks) {
@@ -149,13 +158,13 @@ static void table_speed(void) {
     printf("| dataset | ranks | policy  | generate ms | plan ms                 | target ms | peak MB | items  |\n");
     printf("|---------|-------|---------|-------------|-------------------------|-----------|---------|--------|\n");
     Progress pr;
-    progress_start(&pr, "bench plan: speed", 2 * 3 * 3);
+    progress_start(&pr, "bench plan: speed", 2 * 3 * N_POL);
     int done = 0, all_exact = 1;
     for (int d = 0; d < 2; d++)
         for (int ri = 0; ri < 3; ri++) {
             CostModel cm;
             cost_for(&cm, RANKS[ri]);
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < N_POL; k++) {
                 double gen[REPEATS], plan[REPEATS];
                 int32_t items = 0;
                 for (int rep = 0; rep < REPEATS; rep++) {
@@ -199,8 +208,8 @@ static void table_quality(void) {
     static const char *CTX_NAME[] = {"256K", "512K", "1M", "2M"};
     printf("## Makespan / bounds at the paper's settings: 512 ranks, 32M tokens, C = 8K, LLaMA-7B\n\n");
     printf("lower: the policy-independent lower bound; HDP: the HDP-aware bound (a sequence on at most ceil(s/C) "
-           "ranks), which static's mesh does not obey. Target for balance: within 5%% of the HDP bound "
-           "(ratio <= 1.05)\n\n");
+           "ranks), which static's mesh and elastic's wider rings do not obey. Target for balance: within 5%% of "
+           "the HDP bound (ratio <= 1.05)\n\n");
     printf("| dataset | context | policy  | lower, offload on | lower, offload off | HDP, offload on "
            "| HDP, offload off | ring TB, on | ring TB, off |\n");
     printf("|---------|---------|---------|-------------------|--------------------|-----------------"
@@ -214,7 +223,7 @@ static void table_quality(void) {
         for (int c = 0; c < 4; c++) {
             GlobalBatch b;
             if (batch_generate(&b, DISTS[d], 1, TOKENS, CTX[c]) != 0) bs_die_errmsg();
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < N_POL; k++) {
                 double ratio[2], ratio_hdp[2], tb[2];
                 for (int off = 1; off >= 0; off--) {
                     PlanConfig cfg = {.n_ranks = 512, .capacity = CAPACITY, .context = CTX[c], .pp = 1, .offload = off};
@@ -237,6 +246,93 @@ static void table_quality(void) {
     progress_finish(&pr, done, NULL);
     printf("\nring TB: K/V bytes all rings move in one step (forward + backward, all layers, per TP device), 1e12 "
            "bytes\n");
+}
+
+// ---- beyond Algorithm 2: balance and elastic at scale ---------------------------------------------------
+
+// The longest sequence's fastest ring over every width up to all ranks: no plan of any policy beats
+// it. plan_lower_bound searches 65,536 widths past Eq. 3's fewest and takes a smaller stand-in beyond,
+// so from 131,072 ranks on it can be far below this.
+static double longest_fastest(const GlobalBatch *b, const CostModel *cm, int32_t R) {
+    int64_t longest = 0;
+    for (int64_t i = 0; i < b->n; i++) longest = b->seqs[i].len > longest ? b->seqs[i].len : longest;
+    double best = INFINITY;
+    for (int D = 1; D <= R && D <= longest; D++) best = fmin(best, cost_item_time(cm, &longest, 1, D, 0.0));
+    return best;
+}
+
+static int32_t idle_ranks(const Plan *p) {
+    int32_t n = 0;
+    for (int32_t r = 0; r < p->n_ranks; r++) n += p->rank_begin[r] == p->rank_begin[r + 1];
+    return n;
+}
+
+static void table_scale(void) {
+    static const int RANKS[] = {512, 2048, 16384, 131072};
+    static const int64_t PER_RANK[] = {2 << 10, 64 << 10};
+    enum { N_RANKS = 4 };
+    printf("## Beyond Algorithm 2: balance and elastic, 2K and 64K tokens per rank, 2M context, C = 8K, LLaMA-7B, "
+           "offloading on\n\n");
+    printf("lower: the policy-independent lower bound (plan_lower_bound); bound: the same with the longest sequence "
+           "timed at its fastest ring over every width up to all ranks (the lower bound's search stops 65,536 "
+           "widths past Eq. 3's fewest, so they differ from 131,072 ranks on); set by: what sets that bound, the "
+           "batch's work spread over the ranks or the longest sequence's ring (then the batch has less work than "
+           "ranks). Target for elastic: within 5%% of the bound where the work sets it. Planning time: median of "
+           "%d runs (3 from 1G tokens) on one core, wall clock (thread CPU time in brackets)\n\n",
+           REPEATS);
+    printf("| dataset | ranks   | tokens/rank | sequences | set by  | idle ranks, balance | idle ranks, elastic "
+           "| balance / lower | elastic / lower | balance / bound | elastic / bound | balance ms      "
+           "| elastic ms      | elastic / balance time |\n");
+    printf("|---------|---------|-------------|-----------|---------|---------------------|---------------------"
+           "|-----------------|-----------------|-----------------|-----------------|-----------------"
+           "|-----------------|------------------------|\n");
+    Progress pr;
+    progress_start(&pr, "bench plan: scale", 2 * 2 * N_RANKS);
+    int done = 0;
+    for (int d = 1; d >= 0; d--)  // github first, as the issue lists them
+        for (int k = 0; k < 2; k++)
+            for (int ri = 0; ri < N_RANKS; ri++) {
+                int R = RANKS[ri];
+                int64_t tokens = (int64_t)R * PER_RANK[k];
+                int reps = tokens >= (1ll << 30) ? 3 : REPEATS;
+                CostModel cm;
+                cost_for(&cm, R);
+                GlobalBatch b;
+                if (batch_generate(&b, DISTS[d], 1, tokens, 2 << 20) != 0) bs_die_errmsg();
+                PlanConfig cfg = {.n_ranks = R, .capacity = CAPACITY, .context = 2 << 20, .pp = 1, .offload = 1};
+                double wall[2][REPEATS], cpu[2][REPEATS];
+                Plan p[2];
+                for (int rep = 0; rep < reps; rep++)
+                    for (int j = 0; j < 2; j++) {  // balance, elastic, alternating
+                        double w0 = now_seconds(), c0 = bench_cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+                        Plan q;
+                        if (policy_plan(&q, j ? "elastic" : "balance", &b, &cfg, &cm) != 0) bs_die_errmsg();
+                        wall[j][rep] = (now_seconds() - w0) * 1e3;
+                        cpu[j][rep] = (bench_cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0) * 1e3;
+                        if (rep == 0) p[j] = q;
+                        else plan_free(&q);
+                    }
+                double longest = longest_fastest(&b, &cm, R), lower = p[0].lower_bound, bound = fmax(lower, longest);
+                double wmed[2], cmed[2];
+                char col[2][48];
+                for (int j = 0; j < 2; j++) {
+                    wmed[j] = bench_median(wall[j], reps);
+                    cmed[j] = bench_median(cpu[j], reps);
+                    snprintf(col[j], sizeof col[j], "%.1f (%.1f)", wmed[j], cmed[j]);
+                }
+                printf("| %-7s | %7d | %9lldK | %9lld | %-7s | %19d | %19d | %15.3f | %15.3f | %15.3f | %15.3f | %-15s "
+                       "| %-15s | %15.2f (%.2f) |\n",
+                       DISTS[d], R, (long long)(PER_RANK[k] >> 10), (long long)b.n, longest >= lower ? "longest" : "work",
+                       idle_ranks(&p[0]), idle_ranks(&p[1]), p[0].makespan / lower, p[1].makespan / lower,
+                       p[0].makespan / bound, p[1].makespan / bound, col[0], col[1], wmed[1] / wmed[0], cmed[1] / cmed[0]);
+                fflush(stdout);
+                plan_free(&p[0]);
+                plan_free(&p[1]);
+                batch_free(&b);
+                progress_update(&pr, ++done, NULL);
+            }
+    progress_finish(&pr, done, NULL);
+    printf("\n");
 }
 
 // ---- plan files --------------------------------------------------------------------------------------
@@ -330,9 +426,14 @@ int main(int argc, char **argv) {
         table_files(dir);
         return 0;
     }
-    if (argc > 1) bs_die("usage: bench_plan [files]");
+    if (argc > 1 && !strcmp(argv[1], "scale")) {
+        table_scale();
+        return 0;
+    }
+    if (argc > 1) bs_die("usage: bench_plan [files | scale]");
     table_speed();
     table_quality();
+    table_scale();
     table_files(dir);
     return 0;
 }

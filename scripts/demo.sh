@@ -1,7 +1,7 @@
 #!/bin/sh
 # demo.sh: the planner on the paper's case study (docs/planner.md): LLaMA-7B on 1,024 GPUs
 # (512 HDP ranks of TP 2, C = 8K tokens), 2M context, a 32M-token global batch of the Byted
-# dataset. Compares the three policies, then prints the balanced plan's summary and writes it.
+# dataset. Compares every policy, then prints the balanced plan's summary and writes it.
 # Then HDP training for real on this machine, on 2 MPI ranks (docs/runtime.md): the Go standard
 # library, byte-level, prepared into data/go-byte if it is not there yet; the tiny model with
 # contexts up to 16K tokens and a capacity of 8K per rank, so long files train as 2-rank rings with
@@ -26,7 +26,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN="mpirun -np 2 --bind-to core"
 if [ "$(nproc)" -lt 2 ]; then MPIRUN="mpirun -np 2 --oversubscribe"; fi
 
-echo "== the three policies on one global batch (estimated step compute time vs the lower bound)"
+echo "== every policy on one global batch (estimated step compute time vs the lower bound)"
 "$BIN" plan --policy all
 echo
 echo "== the balanced plan"

@@ -27,6 +27,12 @@ $d4 << EOD
 16384 2.06803e+06 1.80134e+06 2.45629e+06
 32768 2.45439e+06 2.45439e+06 2.45439e+06
 EOD
+$d5 << EOD
+4096 738969 663358 862462
+8192 1.4997e+06 1.33764e+06 1.73865e+06
+16384 2.95307e+06 2.64912e+06 3.47932e+06
+32768 4.61657e+06 4.08078e+06 5.57476e+06
+EOD
 set title "8x22b-16384-byted-2m-gpus: mixtral-8x22b, byted, context 2M, mean of 8 seeds"
 set grid
 set key top left
@@ -38,7 +44,7 @@ set ylabel "tokens/s"
 set xtics ("4096" 4096, "8192" 8192, "16384" 16384, "32768" 32768)
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) { set terminal pngcairo size 900,600 noenhanced } else { set terminal png size 900,600 noenhanced }
 set output "8x22b-16384-byted-2m-gpus.png"
-plot $d0 using 1:2:3:4 with yerrorlines lw 2 title "static", $d1 using 1:2:3:4 with yerrorlines lw 2 title "naive-nooff", $d2 using 1:2:3:4 with yerrorlines lw 2 title "naive", $d3 using 1:2:3:4 with yerrorlines lw 2 title "naive-eq3min", $d4 using 1:2:3:4 with yerrorlines lw 2 title "balance"
+plot $d0 using 1:2:3:4 with yerrorlines lw 2 title "static", $d1 using 1:2:3:4 with yerrorlines lw 2 title "naive-nooff", $d2 using 1:2:3:4 with yerrorlines lw 2 title "naive", $d3 using 1:2:3:4 with yerrorlines lw 2 title "naive-eq3min", $d4 using 1:2:3:4 with yerrorlines lw 2 title "balance", $d5 using 1:2:3:4 with yerrorlines lw 2 title "elastic"
 set terminal svg size 900,600 noenhanced
 set output "8x22b-16384-byted-2m-gpus.svg"
 replot

@@ -29,6 +29,12 @@ $d4 << EOD
 1024 1.44094e+06 1.2488e+06 1.80196e+06
 2048 1.01906e+06 806464 1.41475e+06
 EOD
+$d5 << EOD
+256 2.75203e+06 2.59608e+06 2.90476e+06
+512 1.95331e+06 1.77137e+06 2.1759e+06
+1024 1.44094e+06 1.2488e+06 1.80196e+06
+2048 1.01906e+06 806464 1.41475e+06
+EOD
 set title "case-study-contexts: llama-7b, byted, 1024 GPUs, mean of 8 seeds"
 set grid
 set key top right
@@ -40,7 +46,7 @@ set ylabel "tokens/s"
 set xtics ("256K" 256, "512K" 512, "1M" 1024, "2M" 2048)
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) { set terminal pngcairo size 900,600 noenhanced } else { set terminal png size 900,600 noenhanced }
 set output "case-study-contexts.png"
-plot $d0 using 1:2:3:4 with yerrorlines lw 2 title "static", $d1 using 1:2:3:4 with yerrorlines lw 2 title "naive-nooff", $d2 using 1:2:3:4 with yerrorlines lw 2 title "naive", $d3 using 1:2:3:4 with yerrorlines lw 2 title "naive-eq3min", $d4 using 1:2:3:4 with yerrorlines lw 2 title "balance"
+plot $d0 using 1:2:3:4 with yerrorlines lw 2 title "static", $d1 using 1:2:3:4 with yerrorlines lw 2 title "naive-nooff", $d2 using 1:2:3:4 with yerrorlines lw 2 title "naive", $d3 using 1:2:3:4 with yerrorlines lw 2 title "naive-eq3min", $d4 using 1:2:3:4 with yerrorlines lw 2 title "balance", $d5 using 1:2:3:4 with yerrorlines lw 2 title "elastic"
 set terminal svg size 900,600 noenhanced
 set output "case-study-contexts.svg"
 replot

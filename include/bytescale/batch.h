@@ -7,6 +7,9 @@
 #include <stdint.h>
 
 #include "bytescale/rng.h"
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     int64_t id;    // the caller's id: document number, or index in a lengths file (0, 1, ...)
@@ -54,5 +57,7 @@ int dist_buckets(const LengthDist *d, const DistBucket **out);
 // Draw sequences until the token budget is reached (the last one is cut to fit exactly), then
 // cut to max_ctx. max_ctx <= 0 means no cut. b is an output; ids 0..n-1 in draw order, src = -1.
 int batch_generate(GlobalBatch *b, const char *spec, uint64_t seed, int64_t token_budget, int64_t max_ctx);
+
+BS_API_END
 
 #endif

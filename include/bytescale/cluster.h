@@ -17,6 +17,9 @@
 #include <stdint.h>
 
 #include "bytescale/hw.h"
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     int n_gpus;          // devices in the cluster
@@ -55,5 +58,7 @@ double cluster_ring_hop_time(const Cluster *c, const int32_t *ranks, int n, int 
 // reduce-scatter then all-gather, 2 (N - 1) steps of bytes / N each over the slowest hop of
 // the ring 0 -> 1 -> ... -> N-1 -> 0. `bytes` = gradient bytes per device. N = 1: 0.
 double cluster_sync_time(const Cluster *c, int stage, double bytes);
+
+BS_API_END
 
 #endif

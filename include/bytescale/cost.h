@@ -14,6 +14,9 @@
 
 #include "bytescale/hw.h"
 #include "bytescale/model.h"
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     // compute, seconds per layer per rank (forward + backward)
@@ -126,5 +129,7 @@ typedef struct {
 // Fills *out; -1 + error only for invalid arguments (a plan that does not fit is fits = 0).
 int cost_memory(CostMemory *out, const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
                 int64_t capacity);
+
+BS_API_END
 
 #endif

@@ -7,6 +7,9 @@
 #define BYTESCALE_ERROR_H
 
 #include <stddef.h>
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 // Record a formatted message and return -1, so `return bs_fail("...", ...);` reads naturally.
 int bs_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -24,5 +27,7 @@ void *bs_realloc(void *p, size_t n);
 _Noreturn void bs_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // Die with the recorded library message.
 _Noreturn void bs_die_errmsg(void);
+
+BS_API_END
 
 #endif

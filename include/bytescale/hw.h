@@ -3,6 +3,10 @@
 #ifndef BYTESCALE_HW_H
 #define BYTESCALE_HW_H
 
+#include "bytescale/export.h"
+
+BS_API_BEGIN
+
 typedef struct {
     char name[32];
     int gpus_per_node;
@@ -31,5 +35,7 @@ int hw_save_file(const HardwareProfile *h, const char *path);  // written atomic
 // read the same value the same way. -1 + error naming the file or listing the profiles.
 int hw_resolve(const char *name_or_file, HardwareProfile *out);
 int hw_check(const HardwareProfile *h);                    // -1 + error naming the profile and field
+
+BS_API_END
 
 #endif

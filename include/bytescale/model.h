@@ -7,6 +7,9 @@
 #define BYTESCALE_MODEL_H
 
 #include <stdint.h>
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     char name[32];
@@ -35,5 +38,7 @@ int model_check(const ModelConfig *m);
 int64_t model_params_total(const ModelConfig *m);
 int64_t model_params_active(const ModelConfig *m);
 int64_t model_params_per_layer(const ModelConfig *m);  // one decoder layer, all experts
+
+BS_API_END
 
 #endif

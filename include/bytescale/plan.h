@@ -16,6 +16,9 @@
 
 #include "bytescale/batch.h"
 #include "bytescale/cost.h"
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     int32_t seq;    // index into the plan's batch
@@ -119,5 +122,7 @@ typedef struct {
     double offload_min, offload_mean, offload_max;  // offload ratio over the n_long items (0 if none)
 } PlanStats;
 int plan_stats(const Plan *p, const CostModel *cm, PlanStats *out);
+
+BS_API_END
 
 #endif

@@ -2,6 +2,7 @@
 //   static   Megatron-style static DP x CP mesh (the baseline)
 //   naive    ByteScale Algorithm 1: data-aware sharding + offload ratios, no balancing
 //   balance  ByteScale Algorithm 2: DP-Balance (PP-Balance when pp > 1)
+//   elastic  bytescale's own: balance, with rings wider than ceil(s/C) where a ring sets the step
 // A new policy is one new file in src/plan and one line in the table in policy.c.
 #ifndef BYTESCALE_POLICY_H
 #define BYTESCALE_POLICY_H
@@ -9,15 +10,18 @@
 #include "bytescale/batch.h"
 #include "bytescale/cost.h"
 #include "bytescale/plan.h"
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     int32_t n_ranks;    // HDP ranks
     int64_t capacity;   // C tokens per rank per micro-batch
     int64_t context;    // longest sequence allowed (static: d_cp = ceil(context / C)); 0 = the batch's longest
     int32_t pp;         // pipeline stages (1 = none)
-    int offload;        // allow selective offloading (naive, balance)
-    double delta;       // balance: lag threshold as a fraction of the current max (0 = default)
-    int n_buckets;      // balance: length buckets (0 = default)
+    int offload;        // allow selective offloading (naive, balance, elastic)
+    double delta;       // balance, elastic: lag threshold as a fraction of the current max (0 = default)
+    int n_buckets;      // balance, elastic: length buckets (0 = default)
 } PlanConfig;
 
 typedef int (*PolicyFn)(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
@@ -34,5 +38,7 @@ const Policy *policy_find(const char *name);  // NULL + error listing the names
 
 // Run a policy and validate the result: the one entry point the CLI, simulator and runtime use.
 int policy_plan(Plan *out, const char *name, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+
+BS_API_END
 
 #endif

@@ -4,6 +4,9 @@
 #define BYTESCALE_RNG_H
 
 #include <stdint.h>
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     uint64_t s[4];
@@ -14,5 +17,7 @@ uint64_t rng_next(Rng *r);
 double rng_uniform(Rng *r);               // [0, 1), 53 random bits
 uint64_t rng_below(Rng *r, uint64_t n);   // uniform in [0, n), no modulo bias; n > 0
 double rng_normal(Rng *r);                // standard normal (Box-Muller, one value per call)
+
+BS_API_END
 
 #endif

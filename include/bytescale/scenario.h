@@ -22,6 +22,9 @@
 #include "bytescale/model.h"
 #include "bytescale/plan.h"
 #include "bytescale/sim.h"
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     char name[48];
@@ -44,7 +47,8 @@ int scenario_grid_count(void);
 
 // A policy as the comparison runs it: the planner and whether it may offload. The paper's
 // ablation is the first four: static; naive without offloading (data-aware sharding + dynamic
-// communication); naive (+ selective offloading); balance (+ the balance scheduler).
+// communication); naive (+ selective offloading); balance (+ the balance scheduler). naive-eq3min
+// (Eq. 3 read literally) and elastic (bytescale's own, beyond the paper) come with them.
 typedef struct {
     char label[32];     // "static", "naive-nooff", "naive", "balance", or another policy's name
     char policy[24];    // policy_find name
@@ -125,5 +129,7 @@ int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, int n_seeds, const
 
 // Run gnuplot on a script. -1 + a clear error when gnuplot is not installed or fails.
 int sim_gnuplot(const char *script_path);
+
+BS_API_END
 
 #endif

@@ -40,6 +40,9 @@
 #include "bytescale/hw.h"
 #include "bytescale/model.h"
 #include "bytescale/plan.h"
+#include "bytescale/export.h"
+
+BS_API_BEGIN
 
 typedef struct {
     const CostModel *cm;          // per-layer coefficients of one stage (cm->n_layers = layers / pp)
@@ -122,5 +125,7 @@ int sim_trace_write(const SimResult *r, const Plan *p, const char *path, int max
 
 // The step in numbers, one line per field, for a person.
 void sim_result_print(FILE *f, const SimResult *r);
+
+BS_API_END
 
 #endif

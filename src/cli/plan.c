@@ -57,7 +57,8 @@ static void usage(FILE *f) {
             "  --tp N               tensor-parallel degree inside a rank (default 2)\n"
             "  --pp N               pipeline stages per rank (default 1; > 1 plans with PP-Balance)\n"
             "policy:\n"
-            "  --policy NAME        static, naive, naive-eq3min, balance, or all for a comparison table\n"
+            "  --policy NAME        static, naive, naive-eq3min, balance, elastic (balance with rings widened\n"
+            "                       past ceil(s/C) where ranks would idle), or all for a comparison table\n"
             "                       (default balance)\n"
             "  --offload            allow selective offloading (default)\n"
             "  --no-offload         never offload: a sequence of s > C tokens takes ceil(s / C) ranks\n"
@@ -254,6 +255,7 @@ static void print_summary(const PlanArgs *a, const GlobalBatch *b, const Result 
            "%.4f\n",
            p->makespan, p->lower_bound, ratio(p->makespan, p->lower_bound), p->hdp_bound,
            ratio(p->makespan, p->hdp_bound));
+    if (p->makespan < p->hdp_bound) printf("(below the HDP bound: some rings are wider than ceil(s/C), past HDP's rule)\n");
     char bytes[32];
     fmt_bytes(bytes, sizeof bytes, st->ring_bytes);
     printf("ring traffic: %s of K/V (forward + backward, per TP device)\n", bytes);

@@ -31,7 +31,7 @@ static void usage(FILE *f) {
             "  --context N          longest sequence: longer documents are cut (default %lld)\n"
             "  --capacity N         C: most tokens one rank holds in a micro-batch; longer sequences train as\n"
             "                       rings over several ranks (default: the context, or what --mem-budget holds)\n"
-            "  --policy NAME        planner: static, naive or balance (default %s)\n"
+            "  --policy NAME        planner: static, naive, naive-eq3min, balance or elastic (default %s)\n"
             "  --lr X               peak learning rate, in (0, 1] (default %g)\n"
             "  --min-lr X           final learning rate of the cosine decay (default: lr / 10)\n"
             "  --warmup N           linear warmup steps (default %lld)\n"

@@ -18,6 +18,9 @@ static const Policy policies[] = {
      policy_naive_eq3min},
     {"balance", "ByteScale Algorithm 2: as naive, but assigned by estimated time (DP-Balance; PP-Balance when pp > 1)",
      policy_balance},
+    {"elastic", "bytescale's own: balance, then rings widened past ceil(s/C) (up to all ranks) where a ring sets the "
+                "step and ranks would idle; never longer than balance",
+     policy_elastic},
 };
 enum { N_POLICIES = sizeof policies / sizeof policies[0] };
 
@@ -59,7 +62,8 @@ int policy_plan(Plan *out, const char *name, const GlobalBatch *b, const PlanCon
         plan_free(out);
         return bs_fail_ctx("%s", pol->name);
     }
-    if (plan_finalize(out, cm) != 0 || plan_validate(out, cm) != 0) {
+    // a policy that compares makespans (balance with pp > 1, elastic) has finalized its plan already
+    if ((!out->rank_begin && plan_finalize(out, cm) != 0) || plan_validate(out, cm) != 0) {
         plan_free(out);
         return bs_fail_ctx("policy %s produced an invalid plan", pol->name);
     }

@@ -24,8 +24,13 @@
 // (pp - 1) x the fall of its backward (the larger backward drains first), and a ring starts when
 // the last of its members' last stages is ready for it.
 // With pp > 1 the scheduler runs twice, with and without that pipeline model, and keeps the plan
-// whose replayed makespan (plan_finalize) is shorter (policy_balance, at the end).
-// Cost: O((refs + shorts) log ranks) for the heap, O(n log n) for the sorts.
+// whose replayed makespan (plan_finalize) is shorter (balance_best, at the end).
+// The batch is prepared once (balance_prepare) and scheduled by balance_schedule, which elastic
+// (policy_elastic.c) also runs with rings wider than ceil(s/C) (BalanceWidths, policy_balance.h).
+// Cost: O((refs + shorts) log ranks) for the heap, O(n log n) for the ring sort and O(n + C) for the
+// shorts' (a counting sort by length when C is small next to the batch, else O(n log n)).
+#include "plan/policy_balance.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,39 +46,58 @@ typedef struct {
     double from, to;  // the rank idles in [from, to) waiting for a ring
 } Hole;
 
+// An item as the scheduler makes it: its segments and ranks in Balance's made_* arrays.
+typedef struct {
+    int32_t seg_begin, n_segs;
+    int32_t rank_begin, n_ranks;
+    float offload;
+} Made;
+
 typedef struct {
     const GlobalBatch *b;
     const PlanConfig *cfg;
     const CostModel *cm;
-    Plan tmp;          // items in the order they are made; re-emitted in start order at the end
-    double *start;     // (cap_start,) planned start of each item of tmp
-    int32_t cap_start;
+    const CostModel *wide;  // times rings wider than ceil(s/C) (BalanceWidths.wide, else cm)
+    // the items in the order they are made, re-emitted in start order at the end; every sequence is
+    // one segment of one item, so there are at most n of each, and the ranks are counted beforehand
+    Made *made;          // (n,)
+    double *start;       // (n,) planned start of each
+    int32_t n_made;
+    Segment *made_segs;  // (n,)
+    int32_t n_made_segs;
+    int32_t *made_ranks; // (cap_made_ranks,), grown when rings take more than counted
+    int64_t n_made_ranks, cap_made_ranks;
     double open_cost;  // what opening a micro-batch adds: one layer_const per layer
     double lift;       // pp - 1: the stages a forward fills and a backward drains before the last
     double *last_free; // (n_ranks,) when each rank's last stage is done with its micro-batches so far
     double *last_t;    // (n_ranks,) per-stage time of each rank's latest micro-batch (0: none yet)
-    // short sequences, longest first
+    // short sequences that are packed, longest first (BalanceBatch's, less the promoted ones)
     int32_t n_short;
-    int32_t *sidx;     // (n_short,) sequence index
-    int64_t *slen;     // (n_short,) length, non-increasing
-    double *scost;     // (n_short,) time it adds to a micro-batch, non-increasing
-    int32_t *sbucket;  // (n_short,) bucket of equal compute
+    const int32_t *sidx;   // (n_short,) sequence index
+    const int64_t *slen;   // (n_short,) length, non-increasing
+    const double *scost;   // (n_short,) time it adds to a micro-batch, non-increasing
+    int32_t *sbucket;  // (n_short,) bucket of equal compute (pp > 1 only, else NULL)
     int32_t *unused;   // (n_short + 1,) union-find "next unused short at or after i"
-    Segment *segs;     // (n_short or more,) scratch for one micro-batch
+    Segment *segs;     // (min(n_short, C),) scratch for one micro-batch (each segment >= 1 token)
 } Balance;
 
 static int record(Balance *bl, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
                   double start) {
-    int32_t k = plan_add_item(&bl->tmp, segs, n_segs, ranks, n_ranks, offload);
-    if (k < 0) return -1;
-    if (k >= bl->cap_start) {
-        int32_t c = bl->cap_start ? bl->cap_start * 2 : 1024;
-        double *s = bs_realloc(bl->start, (size_t)c * sizeof(double));
-        if (!s) return bs_fail_ctx("balance");
-        bl->start = s;
-        bl->cap_start = c;
+    if (bl->n_made >= bl->b->n || bl->n_made_segs + n_segs > bl->b->n)
+        return bs_fail("balance: more items or segments than sequences (%d items)", bl->n_made);
+    if (bl->n_made_ranks + n_ranks > bl->cap_made_ranks) {
+        int64_t c = 2 * bl->cap_made_ranks > bl->n_made_ranks + n_ranks ? 2 * bl->cap_made_ranks : bl->n_made_ranks + n_ranks;
+        int32_t *r = bs_realloc(bl->made_ranks, (size_t)c * sizeof(int32_t));
+        if (!r) return bs_fail_ctx("balance: %lld rank references", (long long)c);
+        bl->made_ranks = r;
+        bl->cap_made_ranks = c;
     }
-    bl->start[k] = start;
+    bl->made[bl->n_made] = (Made){bl->n_made_segs, n_segs, (int32_t)bl->n_made_ranks, n_ranks, (float)offload};
+    bl->start[bl->n_made++] = start;
+    memcpy(bl->made_segs + bl->n_made_segs, segs, (size_t)n_segs * sizeof(Segment));
+    memcpy(bl->made_ranks + bl->n_made_ranks, ranks, (size_t)n_ranks * sizeof(int32_t));
+    bl->n_made_segs += n_segs;
+    bl->n_made_ranks += n_ranks;
     return 0;
 }
 
@@ -135,9 +159,11 @@ static int by_len_desc(const void *a, const void *b, void *ctx) {
 }
 
 typedef struct {
-    double t;     // estimated time on ceil(s / C) ranks, or on D(s) (offloading) when there are fewer ranks
-    double work;  // t x those ranks: the ring's part of the batch's total work
+    double t;       // estimated time on ceil(s / C) ranks, or on D(s) (offloading) when there are fewer
+                    // ranks, or on d_max ranks when it may be wider (elastic)
+    double work;    // t x those ranks: the ring's part of the batch's total work
     int32_t seq;
+    int32_t d_max;  // the widest it may be: ceil(s / C), or more where elastic widens it
 } Ring;
 
 static int by_time_desc(const void *a, const void *b) {
@@ -226,7 +252,7 @@ static int assign_rest(Balance *bl, RankHeap *heap) {
         if (!fits) {
             if (close_pack(bl, op, next, r) != 0) goto out;
             double f = bl->last_free[r];
-            *op = (OpenPack){i, -1, 0, bl->sbucket[i], f, f + bl->open_cost};
+            *op = (OpenPack){i, -1, 0, pp_balance ? bl->sbucket[i] : 0, f, f + bl->open_cost};
         } else {
             next[op->last] = i;
         }
@@ -255,14 +281,18 @@ out:
 // the currently least-loaded ranks: the D-th least-loaded rank's free time + the ring's time on D
 // ranks (pp > 1: the latest last stage among the D, its largest wait, and the ring's drain); ties go
 // to fewer ranks. With every rank free this is ceil(s/C) (no offload); offloading wins when only a
-// few ranks are free soon. Pops d_hi ranks into members (least-loaded first); the caller takes the
-// first *d and pushes the rest back.
-static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, int32_t *members, int *d, int *d_hi,
-                      double *t, double *r) {
+// few ranks are free soon. Elastic may allow more, up to d_max ranks (no offloading is needed past
+// ceil(s/C): every member holds fewer than C tokens); its widths are chosen where the ring's time
+// still falls with D, so past ceil(s/C) only the widest D of each run of members that are free at
+// the same time (and, pp > 1, at the same levels) can finish first, and only those are costed.
+// Pops d_hi ranks into members (least-loaded first); the caller takes the first *d and pushes the
+// rest back.
+static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
+                      int *d_hi, double *t, double *r) {
     const CostModel *cm = bl->cm;
     int64_t C = bl->cfg->capacity;
-    int64_t plain = len / C + (len % C != 0);
-    *d_hi = plain < heap->n ? (int)plain : heap->n;
+    int64_t plain = len / C + (len % C != 0), top = plain > d_max ? plain : d_max;
+    *d_hi = top < heap->n ? (int)top : heap->n;
     if (d_lo > *d_hi) d_lo = *d_hi;
     for (int j = 0; j < *d_hi; j++) members[j] = rankheap_pop(heap);
     // over the first dd members: the latest last stage, and the lowest and highest levels (the
@@ -279,9 +309,14 @@ static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, 
         latest = fmax(latest, bl->last_free[members[dd - 1]]);
         low = fmin(low, bl->last_t[members[dd - 1]]);
         high = fmax(high, bl->last_t[members[dd - 1]]);
+        if (dd > plain && dd < *d_hi) {  // a wider ring with the same start and wait is faster
+            int32_t next = members[dd];
+            int same_wait = bl->lift == 0 || (bl->last_t[next] >= low && bl->last_t[next] <= high);
+            if (bl->last_free[next] <= latest && same_wait) continue;
+        }
         double rd;
         if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
-        double td = cost_item_time(cm, &len, 1, dd, rd);
+        double td = cost_item_time(dd > plain ? bl->wide : cm, &len, 1, dd, rd);
         double wait = fmax(pipeline_wait(bl, td, low), pipeline_wait(bl, td, high));
         double end = latest + wait + td + pipeline_drain(bl, td);
         if (end < best) {
@@ -295,77 +330,166 @@ static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, 
     return 0;
 }
 
-// ---- the whole policy ------------------------------------------------------------------------------------
+// ---- the prepared batch ----------------------------------------------------------------------------------
 
-static int by_start(const void *a, const void *b, void *ctx) {
-    const double *start = ctx;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    if (start[x] != start[y]) return start[x] < start[y] ? -1 : 1;
-    return (x > y) - (x < y);
+// The short sequences longest first, ties by index: a counting sort by length (stable, so ties stay
+// in index order) when the capacity is small next to the batch, else a comparison sort.
+static int sort_shorts(BalanceBatch *bb) {
+    int64_t C = bb->cfg->capacity;
+    int32_t n = bb->n_short;
+    if (C > (1 << 16) && C > n) {
+        qsort_r(bb->sidx, (size_t)n, sizeof(int32_t), by_len_desc, (void *)bb->b);
+        return 0;
+    }
+    int32_t *start = bs_calloc((size_t)C + 2, sizeof(int32_t)), *tmp = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!start || !tmp) {
+        free(start);
+        free(tmp);
+        return bs_fail_ctx("balance: sorting %d short sequences", n);
+    }
+    // bucket C - len holds the sequences of length len, so the buckets in order are longest first
+    for (int32_t i = 0; i < n; i++) start[C - bb->b->seqs[bb->sidx[i]].len + 1]++;
+    for (int64_t v = 0; v <= C; v++) start[v + 1] += start[v];
+    for (int32_t i = 0; i < n; i++) tmp[start[C - bb->b->seqs[bb->sidx[i]].len]++] = bb->sidx[i];
+    memcpy(bb->sidx, tmp, (size_t)n * sizeof(int32_t));
+    free(start);
+    free(tmp);
+    return 0;
 }
 
-// One run of the scheduler; pipeline: time the ranks as pipelines (pp > 1), else by their per-stage
-// busy time alone.
-static int balance_run(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int pipeline) {
-    int64_t n = b->n;
+int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    memset(bb, 0, sizeof *bb);
+    bb->b = b;
+    bb->cfg = cfg;
+    bb->cm = cm;
+    bb->open_cost = cm->n_layers * cm->layer_const;
+    size_t nn = (size_t)(b->n > 0 ? b->n : 1);
+    bb->d_min = bs_malloc(nn * sizeof(int32_t));
+    bb->r_min = bs_malloc(nn * sizeof(double));
+    bb->long_seq = bs_malloc(nn * sizeof(int32_t));
+    bb->sidx = bs_malloc(nn * sizeof(int32_t));
+    bb->slen = bs_malloc(nn * sizeof(int64_t));
+    bb->scost = bs_malloc(nn * sizeof(double));
+    if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->sidx || !bb->slen || !bb->scost) {
+        balance_batch_free(bb);
+        return bs_fail_ctx("balance: a batch of %lld sequences", (long long)b->n);
+    }
+    if (policy_shard(b, cfg, cm, bb->d_min, bb->r_min) != 0) {
+        balance_batch_free(bb);
+        return -1;
+    }
+    for (int64_t i = 0; i < b->n; i++) {
+        if (b->seqs[i].len > cfg->capacity) bb->long_seq[bb->n_long++] = (int32_t)i;
+        else bb->sidx[bb->n_short++] = (int32_t)i;
+    }
+    if (sort_shorts(bb) != 0) {
+        balance_batch_free(bb);
+        return -1;
+    }
+    for (int32_t i = 0; i < bb->n_short; i++) {  // a pack's time is additive; one length, one cost
+        int64_t s = b->seqs[bb->sidx[i]].len;
+        bb->slen[i] = s;
+        bb->scost[i] = i > 0 && s == bb->slen[i - 1] ? bb->scost[i - 1] : cost_item_time(cm, &s, 1, 1, 0.0) - bb->open_cost;
+    }
+    return 0;
+}
+
+void balance_batch_free(BalanceBatch *bb) {
+    free(bb->d_min);
+    free(bb->r_min);
+    free(bb->long_seq);
+    free(bb->sidx);
+    free(bb->slen);
+    free(bb->scost);
+    memset(bb, 0, sizeof *bb);
+}
+
+// ---- one run of the scheduler ------------------------------------------------------------------------------
+
+// A ring's place in the longest-first order: its time on ceil(s / C) ranks (no offload), where
+// every ring's choice starts, or on Eq. 3's fewest when there are fewer ranks than that; a ring
+// that may be wider (elastic) is timed on its widest.
+static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i) {
+    int64_t s = bb->b->seqs[i].len, C = bb->cfg->capacity, plain = s / C + (s % C != 0);
+    int32_t R = bb->cfg->n_ranks, dm = w && w->d_max ? w->d_max[i] : 0;
+    if (dm > R) dm = R;
+    if (dm > plain) {
+        double t = cost_item_time(w->wide ? w->wide : bb->cm, &s, 1, dm, 0.0);
+        return (Ring){t, t * dm, i, dm};
+    }
+    int d = plain < R ? (int)plain : bb->d_min[i];
+    double t = cost_item_time(bb->cm, &s, 1, d, d == bb->d_min[i] ? bb->r_min[i] : 0.0);
+    return (Ring){t, t * d, i, (int32_t)(plain < R ? plain : R)};
+}
+
+int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, int pipeline, const char *name) {
+    const GlobalBatch *b = bb->b;
+    const PlanConfig *cfg = bb->cfg;
+    const CostModel *cm = bb->cm;
     int32_t R = cfg->n_ranks;
     double delta = cfg->delta > 0 ? cfg->delta : BALANCE_DEFAULT_DELTA;
     int n_buckets = cfg->n_buckets > 0 ? cfg->n_buckets : BALANCE_DEFAULT_BUCKETS;
-    size_t nn = (size_t)(n > 0 ? n : 1);
-    Balance bl = {.b = b, .cfg = cfg, .cm = cm, .open_cost = cm->n_layers * cm->layer_const,
+    int32_t n_promoted = w ? w->n_promoted : 0;
+    memset(out, 0, sizeof *out);
+    if (n_promoted < 0 || n_promoted > bb->n_short || (n_promoted > 0 && !w->d_max))
+        return bs_fail("balance: %d promoted short sequences (of %d, d_max %s)", n_promoted, bb->n_short,
+                       w && w->d_max ? "given" : "missing");
+    int32_t n_rings = bb->n_long + n_promoted;
+    Balance bl = {.b = b, .cfg = cfg, .cm = cm, .wide = w && w->wide ? w->wide : cm, .open_cost = bb->open_cost,
                   .lift = pipeline ? cfg->pp - 1 : 0};
-    int32_t *D = bs_malloc(nn * sizeof(int32_t)), *members = NULL, *sorted = NULL;
-    double *r = bs_malloc(nn * sizeof(double));
-    Ring *rings = bs_malloc(nn * sizeof(Ring));
+    bl.n_short = bb->n_short - n_promoted;
+    bl.sidx = bb->sidx + n_promoted;
+    bl.slen = bb->slen + n_promoted;
+    bl.scost = bb->scost + n_promoted;
+    size_t ns = (size_t)(bl.n_short > 0 ? bl.n_short : 1);
+    Ring *rings = bs_malloc((size_t)(n_rings > 0 ? n_rings : 1) * sizeof(Ring));
+    int32_t *members = NULL, *sorted = NULL;
     Hole *holes = NULL;
     int64_t n_holes = 0, cap_holes = 0;
     RankHeap heap = {0};
     int rc = -1;
-    bl.sidx = bs_malloc(nn * sizeof(int32_t));
-    bl.slen = bs_malloc(nn * sizeof(int64_t));
-    bl.scost = bs_malloc(nn * sizeof(double));
-    bl.sbucket = bs_malloc(nn * sizeof(int32_t));
-    bl.unused = bs_malloc((nn + 1) * sizeof(int32_t));
-    bl.segs = bs_malloc(nn * sizeof(Segment));
+    int pp_balance = cfg->pp > 1;  // PP-Balance: no micro-batch mixes two buckets
+    if (pp_balance) bl.sbucket = bs_malloc(ns * sizeof(int32_t));
+    bl.unused = bs_malloc((ns + 1) * sizeof(int32_t));
+    bl.segs = bs_malloc((bl.n_short < cfg->capacity ? ns : (size_t)cfg->capacity) * sizeof(Segment));
     members = bs_malloc((size_t)R * sizeof(int32_t));
     bl.last_free = bs_calloc((size_t)R, sizeof(double));
     bl.last_t = bs_calloc((size_t)R, sizeof(double));
-    if (!D || !r || !rings || !bl.sidx || !bl.slen || !bl.scost || !bl.sbucket || !bl.unused || !bl.segs || !members ||
-        !bl.last_free || !bl.last_t)
+    if (!rings || (pp_balance && !bl.sbucket) || !bl.unused || !bl.segs || !members || !bl.last_free || !bl.last_t)
         goto fail_mem;
-    if (policy_shard(b, cfg, cm, D, r) != 0) goto out;
-    if (plan_init(&bl.tmp, b, R, cfg->capacity, cfg->pp, "balance") != 0) goto out;
-
-    // split the batch: rings with their estimated time, shorts sorted longest first
-    int32_t n_rings = 0;
+    // the rings with their estimated time (the long sequences, then any promoted shorts), longest first
     double total = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t s = b->seqs[i].len;
-        if (s > cfg->capacity) {
-            // ordered by the time on ceil(s / C) ranks (no offload), where every ring's choice starts
-            int64_t plain = s / cfg->capacity + (s % cfg->capacity != 0);
-            int d = plain < R ? (int)plain : D[i];
-            double t = cost_item_time(cm, &s, 1, d, d == D[i] ? r[i] : 0.0);
-            rings[n_rings++] = (Ring){t, t * d, (int32_t)i};
-            total += t * d;
-        } else {
-            bl.sidx[bl.n_short++] = (int32_t)i;
-        }
+    int64_t refs = bl.n_short;  // at most: a rank for every short sequence, the widest allowed for every ring
+                                // (room for that up front, within reason: more grows)
+    for (int32_t k = 0; k < bb->n_long; k++) {
+        rings[k] = ring_key(bb, w, bb->long_seq[k]);
+        total += rings[k].work;
+        refs += rings[k].d_max;
     }
+    for (int32_t k = 0; k < n_promoted; k++) {
+        rings[bb->n_long + k] = ring_key(bb, w, bb->sidx[k]);
+        total += rings[bb->n_long + k].work;
+        refs += rings[bb->n_long + k].d_max;
+    }
+    // every sequence is one segment of one item
+    size_t nn = (size_t)(b->n > 0 ? b->n : 1);
+    bl.made = bs_malloc(nn * sizeof(Made));
+    bl.start = bs_malloc(nn * sizeof(double));
+    bl.made_segs = bs_malloc(nn * sizeof(Segment));
+    if (refs > (int64_t)b->n + 4 * (int64_t)R) refs = (int64_t)b->n + 4 * (int64_t)R;
+    bl.made_ranks = bs_malloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
+    bl.cap_made_ranks = refs > 0 ? refs : 1;
+    if (!bl.made || !bl.start || !bl.made_segs || !bl.made_ranks) goto fail_mem;
     qsort(rings, (size_t)n_rings, sizeof(Ring), by_time_desc);
-    qsort_r(bl.sidx, (size_t)bl.n_short, sizeof(int32_t), by_len_desc, (void *)b);
     for (int32_t i = 0; i < bl.n_short; i++) {
-        int64_t s = b->seqs[bl.sidx[i]].len;
-        bl.slen[i] = s;
-        bl.scost[i] = cost_item_time(cm, &s, 1, 1, 0.0) - bl.open_cost;  // a pack's time is additive
-        total += bl.scost[i] + bl.open_cost * (double)s / (double)cfg->capacity;
+        total += bl.scost[i] + bl.open_cost * (double)bl.slen[i] / (double)cfg->capacity;
         bl.unused[i] = i;
     }
     bl.unused[bl.n_short] = bl.n_short;
     // buckets of about equal compute over the length-sorted batch (rings first: they are the longest)
     double acc = 0;
     for (int32_t k = 0; k < n_rings; k++) acc += rings[k].work;
-    for (int32_t i = 0; i < bl.n_short; i++) {
+    for (int32_t i = 0; pp_balance && i < bl.n_short; i++) {
         int32_t bk = total > 0 ? (int32_t)(acc / total * n_buckets) : 0;
         bl.sbucket[i] = bk < n_buckets ? bk : n_buckets - 1;
         acc += bl.scost[i] + bl.open_cost * (double)bl.slen[i] / (double)cfg->capacity;
@@ -378,7 +502,7 @@ static int balance_run(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, c
         int64_t len = b->seqs[s].len;
         int d, d_hi;
         double t = 0, rr = 0;
-        if (place_ring(&bl, &heap, len, D[s], members, &d, &d_hi, &t, &rr) != 0) goto out;
+        if (place_ring(&bl, &heap, len, bb->d_min[s], rings[k].d_max, members, &d, &d_hi, &t, &rr) != 0) goto out;
         // in step on every member: it starts when the last of their last stages is ready for it
         // (pp = 1: the last member's free time; members come out least-loaded first)
         double start = 0;
@@ -414,15 +538,16 @@ static int balance_run(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, c
 
     // the global order: by planned start, so every rank meets its items in time order and the
     // members of a ring all reach it at its start
-    int32_t m = bl.tmp.n_items;
+    int32_t m = bl.n_made;
     sorted = bs_malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
     if (!sorted) goto fail_mem;
-    for (int32_t k = 0; k < m; k++) sorted[k] = k;
-    qsort_r(sorted, (size_t)m, sizeof(int32_t), by_start, bl.start);
-    if (plan_init(out, b, R, cfg->capacity, cfg->pp, "balance") != 0) goto out;
+    if (policy_order_by_time(bl.start, m, sorted) != 0) goto out;
+    if (plan_init(out, b, R, cfg->capacity, cfg->pp, name) != 0 ||
+        policy_plan_reserve(out, m, bl.n_made_segs, bl.n_made_ranks) != 0)
+        goto out;
     for (int32_t k = 0; k < m; k++) {
-        const Item *it = &bl.tmp.items[sorted[k]];
-        if (plan_add_item(out, bl.tmp.segs + it->seg_begin, it->n_segs, bl.tmp.ranks + it->rank_begin, it->n_ranks,
+        const Made *it = &bl.made[sorted[k]];
+        if (plan_add_item(out, bl.made_segs + it->seg_begin, it->n_segs, bl.made_ranks + it->rank_begin, it->n_ranks,
                           it->offload) < 0)
             goto out;
     }
@@ -431,23 +556,124 @@ static int balance_run(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, c
 fail_mem:
     bs_fail_ctx("balance");
 out:
-    free(D);
-    free(r);
+    if (rc != 0) plan_free(out);
     free(rings);
     free(holes);
     free(members);
     free(sorted);
     free(bl.start);
-    free(bl.sidx);
-    free(bl.slen);
-    free(bl.scost);
     free(bl.sbucket);
     free(bl.unused);
     free(bl.segs);
     free(bl.last_free);
     free(bl.last_t);
-    plan_free(&bl.tmp);
+    free(bl.made);
+    free(bl.made_segs);
+    free(bl.made_ranks);
     rankheap_free(&heap);
+    return rc;
+}
+
+// ---- balance's rings without the scheduler -------------------------------------------------------------
+//
+// With pp = 1 a ring starts when its last member is free and phases 2 and 3 only fill time before a
+// ring starts or after a rank is free, so the ring phase alone fixes when every ring of balance's
+// plan starts and ends; plan_finalize's schedule of a pp = 1 plan is the planned one. The ring phase
+// needs only the ranks' free times, not which rank is which: a multiset of (time, count) groups in a
+// min-heap, from which a ring takes the ranks free earliest. This replays phase 1 with the very
+// arithmetic of place_ring, in O(rings log rings + the widths costed), without the rank heap.
+
+typedef struct {
+    double t;
+    int64_t n;
+} Free;
+
+static void free_push(Free *h, int32_t *n, Free g) {
+    int32_t i = (*n)++;
+    while (i > 0 && h[(i - 1) / 2].t > g.t) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = g;
+}
+
+static Free free_pop(Free *h, int32_t *n) {
+    Free top = h[0], last = h[--*n];
+    int32_t i = 0;
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && h[c + 1].t < h[c].t) c++;
+        if (!(h[c].t < last.t)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0) h[i] = last;
+    return top;
+}
+
+int balance_rings_end(const BalanceBatch *bb, double *end) {
+    const CostModel *cm = bb->cm;
+    int64_t C = bb->cfg->capacity;
+    int32_t R = bb->cfg->n_ranks, n = bb->n_long, n_heap = 0, n_took;
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    Ring *rings = bs_malloc(nn * sizeof(Ring));
+    Free *heap = bs_malloc((nn + 2) * sizeof(Free)), *took = bs_malloc((nn + 2) * sizeof(Free));
+    int rc = -1;
+    *end = 0;
+    if (!rings || !heap || !took) {
+        bs_fail_ctx("balance: replaying the rings");
+        goto out;
+    }
+    for (int32_t k = 0; k < n; k++) rings[k] = ring_key(bb, NULL, bb->long_seq[k]);
+    qsort(rings, (size_t)n, sizeof(Ring), by_time_desc);
+    free_push(heap, &n_heap, (Free){0, R});
+    for (int32_t k = 0; k < n; k++) {
+        int64_t len = bb->b->seqs[rings[k].seq].len;
+        int d_hi = rings[k].d_max, d_lo = bb->d_min[rings[k].seq];
+        if (d_lo > d_hi) d_lo = d_hi;
+        // the d_hi ranks free earliest, as groups in time order
+        n_took = 0;
+        for (int64_t have = 0; have < d_hi;) {
+            took[n_took] = free_pop(heap, &n_heap);
+            have += took[n_took++].n;
+        }
+        double best = INFINITY, t = 0;
+        int d = -1;
+        int32_t g = 0;
+        int64_t upto = took[0].n;  // ranks in groups 0 .. g
+        for (int dd = d_lo; dd <= d_hi; dd++) {
+            while (upto < dd) upto += took[++g].n;
+            double rd;
+            if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
+            double td = cost_item_time(cm, &len, 1, dd, rd);
+            if (took[g].t + td < best) {
+                best = took[g].t + td;
+                d = dd;
+                t = td;
+            }
+        }
+        if (d < 0) {
+            bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks", (long long)len, d_lo, d_hi);
+            goto out;
+        }
+        // the ring takes the first d of them and starts when the last of those is free
+        int64_t left = d;
+        double start = 0;
+        for (int32_t j = 0; j < n_took; j++) {
+            int64_t take = took[j].n < left ? took[j].n : left;
+            if (take > 0) start = took[j].t;
+            left -= take;
+            if (took[j].n > take) free_push(heap, &n_heap, (Free){took[j].t, took[j].n - take});
+        }
+        free_push(heap, &n_heap, (Free){start + t, d});
+        *end = fmax(*end, start + t);
+    }
+    rc = 0;
+out:
+    free(rings);
+    free(heap);
+    free(took);
     return rc;
 }
 
@@ -456,12 +682,19 @@ out:
 // mislead the list scheduler. The replay in plan_finalize is the simulator's schedule and costs
 // milliseconds, so with pp > 1 the scheduler runs twice, with the pipeline model and with plain
 // per-stage busy times (what pp = 1 uses), and the plan whose replayed makespan is shorter is kept.
-int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
-    if (cfg->pp == 1) return balance_run(out, b, cfg, cm, 0);
+int balance_best(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, const char *name) {
+    if (bb->cfg->pp == 1) {
+        if (balance_schedule(out, bb, w, 0, name) != 0) return -1;
+        if (plan_finalize(out, bb->cm) == 0) return 0;
+        plan_free(out);
+        return -1;
+    }
     Plan plain;
     memset(&plain, 0, sizeof plain);
-    if (balance_run(out, b, cfg, cm, 1) != 0 || balance_run(&plain, b, cfg, cm, 0) != 0 ||
-        plan_finalize(out, cm) != 0 || plan_finalize(&plain, cm) != 0) {
+    if (balance_schedule(out, bb, w, 1, name) != 0) return -1;
+    if (balance_schedule(&plain, bb, w, 0, name) != 0 || plan_finalize(out, bb->cm) != 0 ||
+        plan_finalize(&plain, bb->cm) != 0) {
+        plan_free(out);
         plan_free(&plain);
         return -1;
     }
@@ -472,4 +705,13 @@ int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     }
     plan_free(&plain);
     return 0;
+}
+
+int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    BalanceBatch bb;
+    if (balance_prepare(&bb, b, cfg, cm) != 0) return -1;
+    // pp = 1: one run, finalized by the caller (policy_plan)
+    int rc = cfg->pp == 1 ? balance_schedule(out, &bb, NULL, 0, "balance") : balance_best(out, &bb, NULL, "balance");
+    balance_batch_free(&bb);
+    return rc;
 }

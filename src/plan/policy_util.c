@@ -164,35 +164,39 @@ static int before(const RankHeap *h, int32_t a, int32_t b) {
 }
 
 int rankheap_init(RankHeap *h, int32_t n_ranks) {
+    memset(h, 0, sizeof *h);
     h->key = bs_calloc((size_t)n_ranks, sizeof(double));
     h->heap = bs_malloc((size_t)n_ranks * sizeof(int32_t));
     if (!h->key || !h->heap) {
         rankheap_free(h);
         return bs_fail_ctx("rank heap of %d ranks", n_ranks);
     }
-    for (int32_t r = 0; r < n_ranks; r++) h->heap[r] = r;  // equal keys: rank order is a heap
-    h->n = n_ranks;
+    h->n_ranks = h->n = n_ranks;  // all idle: none in the binary heap yet
     return 0;
 }
 
 int32_t rankheap_pop(RankHeap *h) {
-    int32_t top = h->heap[0], last = h->heap[--h->n];
+    h->n--;
+    // an idle rank (key 0) comes first unless the heap's top is before it
+    if (h->next_idle < h->n_ranks && (h->n_heap == 0 || !before(h, h->heap[0], h->next_idle))) return h->next_idle++;
+    int32_t top = h->heap[0], last = h->heap[--h->n_heap];
     int32_t i = 0;
     for (;;) {  // sift `last` down from the root
         int32_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && before(h, h->heap[c + 1], h->heap[c])) c++;
+        if (c >= h->n_heap) break;
+        if (c + 1 < h->n_heap && before(h, h->heap[c + 1], h->heap[c])) c++;
         if (!before(h, h->heap[c], last)) break;
         h->heap[i] = h->heap[c];
         i = c;
     }
-    if (h->n > 0) h->heap[i] = last;
+    if (h->n_heap > 0) h->heap[i] = last;
     return top;
 }
 
 void rankheap_push(RankHeap *h, int32_t rank, double key) {
     h->key[rank] = key;
-    int32_t i = h->n++;
+    h->n++;
+    int32_t i = h->n_heap++;
     while (i > 0) {  // sift up
         int32_t parent = (i - 1) / 2;
         if (!before(h, rank, h->heap[parent])) break;
@@ -206,6 +210,59 @@ void rankheap_free(RankHeap *h) {
     free(h->key);
     free(h->heap);
     memset(h, 0, sizeof *h);
+}
+
+// ---- plans -------------------------------------------------------------------------------------------
+
+static int reserve(void **arr, int32_t *cap, int64_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    if (need > INT32_MAX) need = INT32_MAX;  // plan_add_item reports what does not fit
+    void *q = bs_realloc(*arr, (size_t)need * elem);
+    if (!q) return -1;
+    *arr = q;
+    *cap = (int32_t)need;
+    return 0;
+}
+
+int policy_plan_reserve(Plan *p, int64_t items, int64_t segs, int64_t refs) {
+    if (reserve((void **)&p->items, &p->cap_items, items, sizeof(Item)) != 0 ||
+        reserve((void **)&p->segs, &p->cap_segs, segs, sizeof(Segment)) != 0 ||
+        reserve((void **)&p->ranks, &p->cap_refs, refs, sizeof(int32_t)) != 0)
+        return bs_fail_ctx("plan: room for %lld items", (long long)items);
+    return 0;
+}
+
+int policy_order_by_time(const double *key, int32_t n, int32_t *order) {
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    uint64_t *bits = bs_malloc(nn * sizeof(uint64_t));
+    int32_t *other = bs_malloc(nn * sizeof(int32_t));
+    if (!bits || !other) {
+        free(bits);
+        free(other);
+        return bs_fail_ctx("ordering %d items by time", n);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        double k = key[i] + 0.0;  // -0 becomes +0
+        memcpy(&bits[i], &k, sizeof k);
+        order[i] = i;
+    }
+    int32_t *from = order, *to = other;
+    for (int shift = 0; shift < 64; shift += 8) {
+        int32_t count[257] = {0};
+        for (int32_t i = 0; i < n; i++) count[((bits[from[i]] >> shift) & 0xff) + 1]++;
+        int skip = 0;  // every key has this byte alike: nothing to move
+        for (int v = 1; v <= 256; v++) skip |= count[v] == n;
+        if (skip) continue;
+        for (int v = 0; v < 256; v++) count[v + 1] += count[v];
+        for (int32_t i = 0; i < n; i++) to[count[(bits[from[i]] >> shift) & 0xff]++] = from[i];  // stable
+        int32_t *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != order) memcpy(order, from, nn * sizeof(int32_t));
+    free(bits);
+    free(other);
+    return 0;
 }
 
 static int by_rank(const void *a, const void *b) {

@@ -14,6 +14,7 @@ int policy_static(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const 
 int policy_naive(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 int policy_naive_eq3min(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 
 // Algorithm 1's sharding: D[i] ranks and offload ratio r[i] for every sequence. s <= C: D = 1,
 // r = 0 (a pack). s > C: with offloading, Eq. 3 (cost_min_ranks); without, ceil(s / C) and r = 0.
@@ -45,17 +46,34 @@ int bestfit_init(BestFit *bf, int64_t capacity);
 int32_t bestfit_add(BestFit *bf, int64_t len);  // the bin it went into, -1 + error (len > capacity, memory)
 void bestfit_free(BestFit *bf);
 
-// A binary min-heap of ranks keyed by a double (time or tokens); ties go to the lower rank.
+// A min-heap of ranks keyed by a double (time or tokens); ties go to the lower rank. Every rank
+// starts with key 0, and the ranks never popped yet are not in the binary heap: they are the range
+// next_idle .. n_ranks - 1, served in rank order (their key 0 is the least there is, their order the
+// tie order). With many more ranks than work most pops are then O(1), and the heap holds only the
+// ranks in use.
 typedef struct {
-    double *key;     // (n,) key of each rank
-    int32_t *heap;   // (n,) ranks in heap order
-    int32_t n;
+    double *key;        // (n_ranks,) key of each rank
+    int32_t *heap;      // (n_ranks,) the ranks pushed back, in heap order
+    int32_t n_heap;
+    int32_t next_idle;  // ranks next_idle .. n_ranks - 1 have never been popped
+    int32_t n_ranks;
+    int32_t n;          // ranks in it: n_heap + n_ranks - next_idle
 } RankHeap;
 
 int rankheap_init(RankHeap *h, int32_t n_ranks);  // every key 0
 int32_t rankheap_pop(RankHeap *h);                // the rank with the least key
 void rankheap_push(RankHeap *h, int32_t rank, double key);
 void rankheap_free(RankHeap *h);
+
+// Make room in a plan for what a policy knows it will add, so that plan_add_item (which grows the
+// arrays by doubling, copying them each time) does not grow them again: at least `items` items,
+// `segs` segments and `refs` rank references in all. -1 + error when out of memory.
+int policy_plan_reserve(Plan *p, int64_t items, int64_t segs, int64_t refs);
+
+// order[0 .. n) = 0 .. n-1 sorted by key, ascending, ties in index order; keys >= 0 (times). An LSD
+// radix sort over the keys' bits (non-negative doubles order as their bit patterns), O(n) per byte
+// that differs. -1 + error when out of memory.
+int policy_order_by_time(const double *key, int32_t n, int32_t *order);
 
 // Sort ranks ascending (ring order of a freshly picked set of members).
 void policy_sort_ranks(int32_t *ranks, int n);

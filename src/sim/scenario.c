@@ -97,6 +97,7 @@ static const SimVariant variants[] = {
     {"naive", "naive", 1, "+ selective offloading"},
     {"naive-eq3min", "naive-eq3min", 1, "naive, every ring on Eq. 3's fewest ranks"},
     {"balance", "balance", 1, "+ balance scheduler"},
+    {"elastic", "elastic", 1, "+ rings past ceil(s/C) where ranks idle; beyond the paper"},
 };
 enum { N_VARIANTS = (int)(sizeof variants / sizeof variants[0]) };
 

@@ -259,6 +259,7 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
     if (atomic_open(&af, path) != 0) return -1;
     FILE *f = af.f;
     int js = find_label(v, n_v, "static"), jn = find_label(v, n_v, "naive"), jb = find_label(v, n_v, "balance");
+    int je = find_label(v, n_v, "elastic");
     fprintf(f, "# The ByteScale paper grid, simulated\n\n");
     fprintf(f, "Regenerate with:\n\n```\n%s\n```\n\n", command);
     if (n_seeds == 1)
@@ -271,11 +272,12 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
                "length distribution and cut at the context, planned by each policy and run on the modelled "
                "cluster by `bytescale simulate` (model, assumptions and limits: [docs/simulator.md](../simulator.md)). "
                "Throughput is in millions of tokens per second of the whole cluster; the speedups are over "
-               "`static` on the same batch%s. The last two columns are `balance`'s planned makespan over the "
-               "two bounds of [docs/planner.md](../planner.md): the policy-independent lower bound and the "
-               "HDP-aware bound, in which no sequence uses more than ceil(s/C) ranks (the 5%% target is against "
-               "the latter). The case study of the paper (`--scenario case-study`) is the row "
-               "llama-7b / byted / 2M.\n\n",
+               "`static` on the same batch%s. The last three columns are planned makespans over the bounds of "
+               "[docs/planner.md](../planner.md): `balance`'s over the policy-independent lower bound and over "
+               "the HDP-aware bound, in which no sequence uses more than ceil(s/C) ranks (the 5%% target for "
+               "`balance` is against the latter), and `elastic`'s over the lower bound (it widens rings past "
+               "what the HDP-aware bound assumes). The case study of the paper (`--scenario case-study`) is the "
+               "row llama-7b / byted / 2M.\n\n",
             n_seeds > 1 ? " (the mean of the per-seed ratios)" : "");
     fprintf(f, "Policies:");
     for (int j = 0; j < n_v; j++) fprintf(f, "%s `%s` (%s)", j ? ";" : "", v[j].label, v[j].summary);
@@ -306,9 +308,9 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
                     row->sc.hardware);
             fprintf(f, "| dataset | context |");
             for (int j = 0; j < n_v; j++) fprintf(f, " %s |", v[j].label);
-            fprintf(f, " naive vs static | balance vs static | balance makespan / lower bound | balance makespan / "
-                       "HDP bound |\n|---|---|");
-            for (int j = 0; j < n_v + 4; j++) fprintf(f, "---:|");
+            fprintf(f, " naive vs static | balance vs static | elastic vs static | balance makespan / lower bound | "
+                       "balance makespan / HDP bound | elastic makespan / lower bound |\n|---|---|");
+            for (int j = 0; j < n_v + 6; j++) fprintf(f, "---:|");
             fprintf(f, "\n");
         }
         prev = &row->sc;
@@ -321,8 +323,10 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
         SimStat none = {NAN, NAN, NAN};
         md_cell(f, jn >= 0 ? row->speedup[jn] : none, 1, "%.2f", "x", n_seeds);
         md_cell(f, jb >= 0 ? row->speedup[jb] : none, 1, "%.2f", "x", n_seeds);
+        md_cell(f, je >= 0 ? row->speedup[je] : none, 1, "%.2f", "x", n_seeds);
         md_cell(f, jb >= 0 ? row->over_lb[jb] : none, 1, "%.3f", "", n_seeds);
         md_cell(f, jb >= 0 ? row->over_hdp[jb] : none, 1, "%.3f", "", n_seeds);
+        md_cell(f, je >= 0 ? row->over_lb[je] : none, 1, "%.3f", "", n_seeds);
         fprintf(f, "\n");
     }
     int n_fail = 0;
@@ -335,21 +339,33 @@ static int write_grid_md(const char *path, const GridRow *rows, int n_rows, cons
                 if (isnan(rows[i].tps[j].mean))
                     fprintf(f, "- %s, %s: %s\n", rows[i].sc.name, v[j].label, rows[i].why[j]);
     }
-    fprintf(f, "\n![speedup of balance over static](paper-grid.png)\n");
+    fprintf(f, "\n![speedup of balance%s over static](paper-grid.png)\n", je >= 0 ? " and elastic" : "");
     return atomic_close(&af);
 }
 
+// One datablock of a model's speedups over the contexts (context mean min max).
+static void grid_block(FILE *f, const char *name, int b, const GridRow *rows, int first, int n_rows, int j) {
+    fprintf(f, "$%s%d << EOD\n", name, b);
+    for (int k = first; k < n_rows && !strcmp(rows[k].sc.model, rows[first].sc.model) &&
+                     !strcmp(rows[k].sc.dataset, rows[first].sc.dataset);
+         k++) {
+        SimStat x = rows[k].speedup[j];
+        if (!isnan(x.mean)) fprintf(f, "%lld %.4f %.4f %.4f\n", (long long)(rows[k].sc.context >> 10), x.mean, x.min, x.max);
+    }
+    fprintf(f, "EOD\n");
+}
+
 static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, const SimVariant *v, int n_v) {
-    int js = find_label(v, n_v, "static"), jb = find_label(v, n_v, "balance");
+    int js = find_label(v, n_v, "static"), jb = find_label(v, n_v, "balance"), je = find_label(v, n_v, "elastic");
     if (js < 0 || jb < 0) return 0;  // nothing to plot without both
     char gp[4096];
     snprintf(gp, sizeof gp, "%s/paper-grid.gp", dir);
     AtomicFile af;
     if (atomic_open(&af, gp) != 0) return -1;
     FILE *f = af.f;
-    fprintf(f, "# speedup of balance over static per model, one panel per dataset, mean over the seeds with min-max "
-               "bars (bytescale simulate --grid)\n");
-    // one datablock per (dataset, model): the rows come model-major, dataset, context
+    fprintf(f, "# speedup of balance (solid) and elastic (dashed, when simulated) over static per model, one panel per "
+               "dataset, mean over the seeds with min-max bars (bytescale simulate --grid)\n");
+    // one datablock per (dataset, model) and policy: the rows come model-major, dataset, context
     int block = 0;
     char titles[64][48];
     int ds_of[64];
@@ -357,15 +373,8 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
         int same = i > 0 && !strcmp(rows[i - 1].sc.model, rows[i].sc.model) &&
                    !strcmp(rows[i - 1].sc.dataset, rows[i].sc.dataset);
         if (same) continue;
-        fprintf(f, "$d%d << EOD\n", block);  // context mean min max
-        for (int k = i; k < n_rows && !strcmp(rows[k].sc.model, rows[i].sc.model) &&
-                        !strcmp(rows[k].sc.dataset, rows[i].sc.dataset);
-             k++) {
-            SimStat x = rows[k].speedup[jb];
-            if (!isnan(x.mean))
-                fprintf(f, "%lld %.4f %.4f %.4f\n", (long long)(rows[k].sc.context >> 10), x.mean, x.min, x.max);
-        }
-        fprintf(f, "EOD\n");
+        grid_block(f, "d", block, rows, i, n_rows, jb);
+        if (je >= 0) grid_block(f, "e", block, rows, i, n_rows, je);
         snprintf(titles[block], sizeof titles[block], "%s", rows[i].sc.model);
         ds_of[block] = !strcmp(rows[i].sc.dataset, "github");
         block++;
@@ -377,14 +386,17 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
         fprintf(f, "set yrange [0:*]\n");
         fprintf(f, "set offsets graph 0.05, graph 0.05, 0, 0\n");
         fprintf(f, "set xtics (\"256K\" 256, \"512K\" 512, \"1M\" 1024, \"2M\" 2048)\n");
-        fprintf(f, "set xlabel \"context\"\nset ylabel \"tokens/s, balance / static\"\n");
+        fprintf(f, "set xlabel \"context\"\nset ylabel \"tokens/s over static: %s\"\n",
+                je >= 0 ? "balance (solid), elastic (dashed)" : "balance");
         for (int ds = 0; ds < 2; ds++) {
             fprintf(f, "set title \"%s\"\nplot ", ds ? "GitHub" : "Byted");
-            int first = 1;
+            int first = 1, color = 0;
             for (int b = 0; b < block; b++) {
                 if (ds_of[b] != ds) continue;
-                fprintf(f, "%s$d%d using 1:2:3:4 with yerrorlines lw 2 title \"%s\"", first ? "" : ", ", b,
+                color++;
+                fprintf(f, "%s$d%d using 1:2:3:4 with yerrorlines lw 2 lc %d title \"%s\"", first ? "" : ", ", b, color,
                         titles[b]);
+                if (je >= 0) fprintf(f, ", $e%d using 1:2:3:4 with yerrorlines lw 2 dt 2 lc %d notitle", b, color);
                 first = 0;
             }
             if (first) fprintf(f, "1 notitle");

@@ -81,9 +81,9 @@ static void test_all_policies_json(void **state) {
     cJSON *root = cJSON_Parse(out);
     if (!root) fail_msg("not JSON:\n%s", out);
     const cJSON *plans = cJSON_GetObjectItem(root, "plans");
-    const char *names[] = {"static", "naive", "naive-eq3min", "balance"};
-    assert_int_equal(cJSON_GetArraySize(plans), 4);
-    for (int i = 0; i < 4; i++) {
+    const char *names[] = {"static", "naive", "naive-eq3min", "balance", "elastic"};
+    assert_int_equal(cJSON_GetArraySize(plans), 5);
+    for (int i = 0; i < 5; i++) {
         const cJSON *p = cJSON_GetArrayItem(plans, i);
         assert_string_equal(cJSON_GetObjectItem(p, "policy")->valuestring, names[i]);
         double ratio = cJSON_GetObjectItem(p, "ratio")->valuedouble;

@@ -1,5 +1,5 @@
 // test_policies.c: the policies static / naive / balance.
-//   - helpers against brute force: best-fit packing, the rank heap;
+//   - helpers against brute force: best-fit packing, the rank heap, the radix order by time;
 //   - property tests over random batches x policies x rank counts (1 .. 16,384) x offload x pp: every
 //     plan validates, makespan >= lower bound, and each policy's own structure (static's mesh,
 //     naive's and balance's sharding, naive's token-balanced assignment replayed by brute force);
@@ -82,6 +82,40 @@ static void test_rankheap_matches_brute_force(void **state) {
             }
         }
         rankheap_free(&h);
+    }
+}
+
+// The radix order of planned starts (balance's global order) against a comparison sort by (time, index).
+static const double *order_keys;
+static int by_key_then_index(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (order_keys[x] != order_keys[y]) return order_keys[x] < order_keys[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+static void test_order_by_time_matches_sort(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 13);
+    for (int trial = 0; trial < 200; trial++) {
+        int32_t n = (int32_t)rng_below(&rng, 3000);
+        double *key = malloc((size_t)(n + 1) * sizeof(double));
+        int32_t *got = malloc((size_t)(n + 1) * sizeof(int32_t)), *want = malloc((size_t)(n + 1) * sizeof(int32_t));
+        for (int32_t i = 0; i < n; i++) {  // many ties, zeros (and a negative zero), wide magnitudes
+            double k = trial % 3 == 0 ? (double)rng_below(&rng, 8) : rng_uniform(&rng) * pow(10, (double)rng_below(&rng, 12) - 6);
+            key[i] = rng_below(&rng, 50) == 0 ? -0.0 : k;
+            want[i] = i;
+        }
+        order_keys = key;
+        qsort(want, (size_t)n, sizeof(int32_t), by_key_then_index);
+        assert_int_equal(policy_order_by_time(key, n, got), 0);
+        for (int32_t i = 0; i < n; i++)
+            if (got[i] != want[i])
+                fail_msg("trial %d, position %d: %d (key %g), expected %d (key %g)", trial, i, got[i], key[got[i]],
+                         want[i], key[want[i]]);
+        free(key);
+        free(got);
+        free(want);
     }
 }
 
@@ -446,10 +480,12 @@ static void test_errors(void **state) {
     cfg.context = 5000;
     expect_plan_error("static", &b, &cfg, &tiny, "sequence 1 (id 1) has 100000 tokens, more than the context of 5000");
     cfg.context = 0;
-    expect_plan_error("fancy", &b, &cfg, &tiny, "unknown policy 'fancy' (policies: static, naive, naive-eq3min, balance)");
+    expect_plan_error("fancy", &b, &cfg, &tiny,
+                      "unknown policy 'fancy' (policies: static, naive, naive-eq3min, balance, elastic)");
     assert_null(policy_find("fancy"));
     assert_non_null(policy_find("balance"));
-    assert_int_equal(policy_count(), N_POLICIES);
+    assert_non_null(policy_find("elastic"));
+    assert_int_equal(policy_count(), N_POLICIES + 1);  // + elastic, tested in test_policy_elastic.c
     PlanConfig bad = cfg;
     bad.capacity = 0;
     expect_plan_error("naive", &b, &bad, &tiny, "capacity must be in [1,");
@@ -477,6 +513,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bestfit_matches_brute_force),
         cmocka_unit_test(test_rankheap_matches_brute_force),
+        cmocka_unit_test(test_order_by_time_matches_sort),
         cmocka_unit_test(test_random_batches_all_policies),
         cmocka_unit_test(test_balance_beats_naive),
         cmocka_unit_test(test_balance_near_bound_at_paper_settings),

@@ -1,5 +1,6 @@
 // mpi_train.c: the distributed trainer equals the one-process trainer. For random global batches,
-// every policy and capacities that make rings of every size beside packs, on N ranks:
+// every policy (elastic with batches too small for the ranks too, so that it widens rings past
+// ceil(s/C)) and capacities that make rings of every size beside packs, on N ranks:
 //   - the loss and every gradient (each rank's ZeRO-1 shard) equal a one-process run of the same
 //     batch with every sequence in one pack (relative error <= 1e-5);
 //   - the parameters after 3 optimizer steps match the one-process run's;
@@ -10,10 +11,12 @@
 #include "test_corpus.h"
 
 #include "bytescale/fileio.h"
+#include "bytescale/policy.h"
 #include "bytescale/prepare.h"
 #include "bytescale/rng.h"
 #include "bytescale/sampler.h"
 #include "bytescale/train.h"
+#include "runtime/train_internal.h"
 
 // Rank 0 makes the corpus; every rank reads it.
 static void make_dataset(const char *dir, int n, int lo, int hi, uint64_t seed, char *out, size_t cap) {
@@ -40,6 +43,23 @@ static TrainConfig config(const char *data, const char *policy, int64_t tokens, 
 }
 
 static int n_checks;
+static int n_wide;  // rings wider than ceil(s/C) the checks ran (elastic's)
+
+// Rings wider than ceil(s/C) in the plan trainer t makes of batch b: members holding fewer than C
+// tokens each, what elastic adds to what the runtime runs.
+static int wide_rings(const Trainer *t, const GlobalBatch *b) {
+    PlanConfig pc = {.n_ranks = t->n_ranks, .capacity = t->capacity, .context = t->cfg.context, .pp = 1,
+                     .offload = train_plans_offload(&t->cfg)};
+    Plan p;
+    CHECK_OK(policy_plan(&p, t->cfg.policy, b, &pc, &t->cost));
+    int n = 0;
+    for (int32_t k = 0; k < p.n_items; k++) {
+        const Item *it = &p.items[k];
+        n += it->n_ranks > 1 && it->n_ranks > (it->tokens + p.capacity - 1) / p.capacity;
+    }
+    plan_free(&p);
+    return n;
+}
 
 // One batch: the N-rank gradient shard and loss against one process with everything packed.
 static void check_gradient(const char *data, const char *policy, int64_t tokens, int64_t context, int64_t C,
@@ -61,14 +81,15 @@ static void check_gradient(const char *data, const char *policy, int64_t tokens,
     size_t n = a->zero.end - a->zero.begin;
     double err = rel_error_all(a->zero.grad, ref->llama.grads + a->zero.begin, n);
     double lerr = fabs(sa.loss - sr.loss) / fabs(sr.loss);
-    int32_t rings = sa.n_rings, items = sa.n_items;
+    int32_t rings = sa.n_rings, items = sa.n_items, wide = wide_rings(a, &b);
+    if (!strcmp(policy, "elastic")) n_wide += wide;
     CHECK(err <= 1e-5 && lerr <= 1e-5,
           "%s, C %lld, context %lld, seed %llu (%d items, %d rings): gradient error %.3g, loss %.9g vs %.9g", policy,
           (long long)C, (long long)context, (unsigned long long)seed, items, rings, err, sa.loss, sr.loss);
     if (mpi_comm->rank == 0)
-        printf("  %-8s C %4lld context %5lld: %3d items, %2d rings, longest %5lld: gradient error %.2e, loss error "
-               "%.2e\n",
-               policy, (long long)C, (long long)context, items, rings, (long long)sa.longest, err, lerr);
+        printf("  %-8s C %4lld context %5lld: %3d items, %2d rings (%d wider than ceil(s/C)), longest %5lld: gradient "
+               "error %.2e, loss error %.2e\n",
+               policy, (long long)C, (long long)context, items, rings, wide, (long long)sa.longest, err, lerr);
     n_checks++;
     sampler_free(&s);
     batch_free(&b);
@@ -162,7 +183,9 @@ int main(int argc, char **argv) {
     char data[600];
     make_dataset(dir, 40, 10, 900, 3, data, sizeof data);
 
-    static const char *policies[] = {"static", "naive", "balance"};
+    // elastic: rings wider than ceil(s/C), whose members hold fewer than C tokens each
+    static const char *policies[] = {"static", "naive", "balance", "elastic"};
+    enum { N_POL = sizeof policies / sizeof policies[0] };
     Rng rng;
     rng_seed(&rng, 99);
     static const int64_t caps[] = {64, 96, 128, 200};
@@ -171,9 +194,13 @@ int main(int argc, char **argv) {
         // the longest sequence needs up to N ranks: rings of every size up to N
         int64_t context = C * (1 + (int64_t)rng_below(&rng, (uint64_t)N));
         if (trial == 0) context = C * N;
-        for (int p = 0; p < 3; p++) check_gradient(data, policies[p], 1024 + 256 * trial, context, C, 100 + trial);
+        for (int p = 0; p < N_POL; p++) check_gradient(data, policies[p], 1024 + 256 * trial, context, C, 100 + trial);
     }
-    for (int p = 0; p < 3; p++) check_steps(data, policies[p], 96 * N, 96);
+    for (int p = 0; p < N_POL; p++) check_steps(data, policies[p], 96 * N, 96);
+    // half a micro-batch of work per rank: elastic runs the sequences of C tokens as rings of 2 ranks or
+    // more (a ring wider than ceil(s/C) = 1), and the runtime must run them as such
+    for (int trial = 0; N > 1 && trial < 3; trial++) check_gradient(data, "elastic", 64 * N, 128, 128, 300 + trial);
+    CHECK(N == 1 || n_wide > 0, "elastic widened no ring on %d ranks", N);
     check_resume(dir, data, 128, 128);
     return mpi_test_done("distributed training", n_checks);
 }

@@ -217,7 +217,9 @@ static void test_runner_runs_every_variant_on_a_small_scenario(void **state) {
     assert_non_null(strstr(text, "balance"));
     assert_non_null(strstr(text, "1.00x"));  // static against itself
     free(text);
-    assert_string_equal(o[n_v - 1].variant.label, "balance");
+    assert_string_equal(o[n_v - 2].variant.label, "balance");
+    assert_string_equal(o[n_v - 1].variant.label, "elastic");
+    assert_true(o[n_v - 1].planner_makespan <= o[n_v - 2].planner_makespan);  // never longer than balance
     cJSON *j = sim_outcome_json(&o[n_v - 1]);
     assert_non_null(j);
     double tps;

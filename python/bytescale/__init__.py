@@ -1,0 +1,24 @@
+"""bytescale: Hybrid Data Parallelism (ByteScale): the planner, the policies and the cluster simulator,
+from Python, over the C library libbytescale.so (docs/python.md).
+
+    import bytescale
+    p = bytescale.plan(lengths, ranks=16, capacity=8192, policy="balance")
+    for c in p.chunks(rank):          # what rank `rank` trains this step, in the global order
+        ...                           # c.id, c.id_start, c.len: tokens of the caller's sequence c.id
+    s = bytescale.simulate(p)         # one step on a modelled cluster
+    p.write("plan.json")              # the plan file `bytescale simulate --plan` reads
+
+Every failure the library reports raises bytescale.Error with the library's message.
+"""
+
+from ._lib import Error, path as library_path, lib as _clib
+from ._cost import CostModel, hardware_profiles, models, policies, sample_lengths
+from ._plan import Chunk, Chunks, Item, Plan, Segment, Sequence, plan, read_plan
+from ._sim import Simulation, simulate
+
+# the loaded library's version (the C project's, CMakeLists.txt); pip records the same one
+__version__ = _clib.bs_version().decode()
+
+__all__ = ["Error", "CostModel", "Plan", "Simulation", "Item", "Segment", "Sequence", "Chunk", "Chunks", "plan",
+           "read_plan", "simulate", "sample_lengths", "policies", "models", "hardware_profiles", "library_path",
+           "__version__"]

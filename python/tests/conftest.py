@@ -1,0 +1,54 @@
+"""What the Python tests share: the `bytescale` command (the C plans to compare with), random
+batches, and a runner for the command.
+
+BS_BINARY names the command (ctest sets it); without it, the build/ of this checkout.
+"""
+
+import os
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def cli():
+    path = os.environ.get("BS_BINARY") or str(ROOT / "build" / "bytescale")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"the bytescale command is not at {path}: build it (make) or set BS_BINARY")
+    return path
+
+
+@pytest.fixture
+def run_cli(cli):
+    """Run `bytescale ARGS...`; return stdout, failing the test with stderr on a non-zero exit."""
+    def run(*args):
+        r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            pytest.fail(f"bytescale {' '.join(map(str, args))}: exit {r.returncode}: {r.stderr.strip()}")
+        return r.stdout
+    return run
+
+
+def random_lengths(seed, n=200, capacity=4096, long_every=12):
+    """A long-tailed batch: log-normal lengths around a few hundred tokens, and every long_every-th
+    sequence between 1 and 6 capacities long (rings, offloading)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(1, rng.lognormal(5.5, 1.2, n)).astype(np.int64)
+    lengths = np.minimum(lengths, capacity)
+    longs = rng.integers(capacity, 6 * capacity, n // long_every + 1)
+    lengths[::long_every] = longs[:len(lengths[::long_every])]
+    return lengths
+
+
+@pytest.fixture
+def lengths_file(tmp_path):
+    """Write lengths one per line, as `bytescale plan --lengths` reads them; returns the path."""
+    def write(lengths, name="lengths.txt"):
+        path = tmp_path / name
+        path.write_text("".join(f"{int(x)}\n" for x in lengths))
+        return path
+    return write

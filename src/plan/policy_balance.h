@@ -1,0 +1,54 @@
+// policy_balance.h: balance's list scheduler, shared with elastic (internal to src/plan, not installed).
+//
+// The batch is prepared once (Eq. 3 sharding, the short sequences sorted longest first) and can then
+// be scheduled any number of times: with balance's ring sizes (HDP's rule, D <= ceil(s/C)), or with
+// wider rings where elastic asks for them (BalanceWidths). docs/planner.md has the whole story.
+#ifndef BYTESCALE_POLICY_BALANCE_H
+#define BYTESCALE_POLICY_BALANCE_H
+
+#include <stdint.h>
+
+#include "bytescale/policy.h"
+
+typedef struct {
+    const GlobalBatch *b;
+    const PlanConfig *cfg;
+    const CostModel *cm;
+    double open_cost;   // what opening a micro-batch adds: one layer_const per layer
+    int32_t *d_min;     // (n,) Eq. 3's fewest ranks for each sequence (policy_shard; 1 when s <= C)
+    double *r_min;      // (n,) the offload ratio at d_min
+    int32_t n_long;     // sequences longer than C: each one a ring of its own
+    int32_t *long_seq;  // (n_long,) their indices, in batch order
+    int32_t n_short;    // sequences of at most C tokens, longest first (ties: lower index first)
+    int32_t *sidx;      // (n_short,) sequence index
+    int64_t *slen;      // (n_short,) length, non-increasing
+    double *scost;      // (n_short,) time it adds to a micro-batch (its item time less open_cost)
+} BalanceBatch;
+
+// Shard (policy_shard) and sort. -1 + error for a sequence that fits on no ring of cfg->n_ranks.
+int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+void balance_batch_free(BalanceBatch *bb);
+
+// Rings wider than HDP's rule allows (elastic's). With none (NULL) a sequence of s > C tokens runs
+// on D in [d_min, ceil(s/C)] ranks, as ByteScale's Algorithm 2 has it.
+typedef struct {
+    const int32_t *d_max;  // (n,) the widest ring each sequence may take; values below ceil(s/C) mean
+                           // ceil(s/C), so 0 is "balance's rule"
+    int32_t n_promoted;    // the first n_promoted short sequences (the longest) are not packed: each
+                           // runs alone on 1 .. d_max ranks, scheduled with the rings
+    const CostModel *wide; // times a ring wider than ceil(s/C) (NULL: the batch's cost model)
+} BalanceWidths;
+
+// One run of the list scheduler into out (named `name`, not finalized). pipeline: time the ranks as
+// pipelines (pp > 1), else by their per-stage busy time alone.
+int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, int pipeline, const char *name);
+
+// The latest end of a ring in balance's own plan (no widths) when pp = 1, without scheduling it: the
+// ring phase replayed on anonymous ranks. balance's makespan is never below it.
+int balance_rings_end(const BalanceBatch *bb, double *end);
+
+// balance's plan for these widths: one run when pp = 1; with pp > 1 both pipeline models, keeping
+// the plan whose replayed makespan is shorter. out is finalized (plan_finalize) either way.
+int balance_best(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, const char *name);
+
+#endif

@@ -1,0 +1,506 @@
+// policy_elastic.c: elastic, bytescale's own policy: balance, with rings widened where ranks would
+// idle (docs/planner.md, "elastic").
+//
+// balance caps a ring at ceil(s/C) ranks, HDP's rule and the paper's. When the cluster has more ranks
+// than the batch has work, that cap sets the step: the longest sequences run on ceil(s/C) ranks while
+// the others wait. And when each of a few rings is a large part of the step, a last wave of them can
+// be left over at the end. Nothing forces the cap: on more ranks every member holds fewer than C
+// tokens (no offloading needed), and the cost model says what a wider ring costs. Each member's share
+// of the quadratic attention falls as 1/D, the K/V traffic per member stays about the same (a block
+// of s/D tokens, D - 1 times) and the per-step latency grows with D: a ring's time falls with D down
+// to a fastest width and rises after it, and its work, D x its time, grows with D.
+//
+// elastic:
+//   1. a target step T. For each T a sequence slower than T gets the fewest ranks that bring it to T
+//      (any count from ceil(s/C) up to all ranks, or s/2 so that every chunk of the 2D-chunk layout
+//      keeps a token; rounded up to whole nodes where that still meets T; a short sequence, s <= C,
+//      slower than T alone becomes a ring too), and the step is predicted (predict, below) from the
+//      rings, the batch's work with the wider rings' traffic and per-step costs, and the longest
+//      piece left to fill gaps. T is the target with the least predicted step over a geometric grid
+//      from the slowest sequence's time (nothing widened: balance) down to the least T every
+//      sequence can reach; of the targets within a hair of the least, the largest (the fewest ranks
+//      added). None better than balance's prediction: the step is the batch's work, and the plan is
+//      balance's.
+//   2. the batch scheduled by balance's list scheduler with those widths (it may still take any width
+//      from Eq. 3's fewest up to the one allowed, whichever finishes first on the ranks as they are).
+//      A widened ring is timed as crossing nodes, here and in the scheduler: members are picked by
+//      load, not by node. Rebalancing: where the schedule misses the prediction by more than
+//      ELASTIC_MISS, the targets one grid step either side are scheduled too, and the search goes on
+//      in the direction that won while the step shortens.
+//   3. never longer than balance, even with the odds against it: elastic's plan timed as if every
+//      ring crossed nodes must not be longer than balance's plan as the planner times it (which
+//      makes the simulated step no longer either, see "never longer than balance" below). balance
+//      follows HDP's rule, so its makespan is at least the HDP-aware bound, and with pp = 1 at least
+//      the end of its latest ring (balance_rings_end: its ring phase replayed without the scheduler);
+//      below both, balance's plan need not be made. Otherwise it is made, and the better kept (ties:
+//      balance's).
+//
+// Cost: one scheduling run (two when the comparison is needed), O(n) to set up the model, and per
+// target tried O(k log k) for the k rings longer than an eighth of the step plus O(log R) per
+// sequence widened.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "plan/policy_balance.h"
+#include "plan/policy_util.h"
+
+#define ELASTIC_GRID_STEP 0.9  // targets tried: the slowest sequence's time x 0.9^k, down to the least reachable
+#define ELASTIC_GRID_MAX 256
+#define ELASTIC_GAIN 1e-3      // a predicted step this much shorter counts; within it the fewer ranks win
+#define ELASTIC_FILL 8         // rings shorter than step / 8 are left to fill gaps, like short sequences
+#define ELASTIC_MISS 0.02      // a schedule this much longer than predicted missed it: try the targets next to it
+#define ELASTIC_ROUNDS 4       // at most this many rounds of that
+
+// A sequence as the width model sees it.
+typedef struct {
+    int32_t seq;
+    int64_t len;
+    int32_t d0;      // its width under HDP's rule: ceil(s/C) ranks (all ranks when fewer; 1: a short sequence)
+    int32_t d_top;   // the widest ring it may be: min(R, s/2), at least d0
+    double t0;       // its time on d0 ranks (alone in a pack, for a short one)
+    double w0;       // the work it adds there: d0 x t0 (a short one: its time in a pack + its share of the pack's constant)
+    int32_t d_fast;  // the fastest width in [d0, d_top] (0: not yet known)
+    double t_fast;   // the time there
+} Seq;
+
+// A group of ranks free at the same time, and a ring as predict places it.
+typedef struct {
+    double t;
+    int64_t n;
+} Group;
+
+typedef struct {
+    double t;
+    int32_t d;
+} Rigid;
+
+typedef struct {
+    const BalanceBatch *bb;
+    const CostModel *cm;
+    CostModel wide;   // cm costing every ring on the link between nodes: the scheduler picks a ring's
+                      // members by load, not by node, so a widened ring is timed as crossing nodes
+    int32_t R;
+    Seq *lng;         // (n_lng,) the long sequences, t0 non-increasing
+    int32_t n_lng;
+    Seq *sht;         // (n_sht,) the short sequences that might become rings (those slower than floor_t), t0 non-increasing
+    int32_t n_sht;
+    double work;      // the batch's work with no ring widened
+    double floor_t;   // no target below this: the slowest sequence at its fastest width
+    double hi;        // the slowest sequence's time under HDP's rule: no target above this
+    double lift;      // pp - 1: the stages an item's forward fills and its backward drains
+    Rigid *rigid;     // (n_lng + n_sht,) predict's rings
+    Group *groups;    // (n_lng + n_sht + 1,) predict's heap of rank groups
+} Model;
+
+static double ring_time(const CostModel *cm, int64_t s, int D) { return cost_item_time(cm, &s, 1, D, 0.0); }
+
+// ---- widths ----------------------------------------------------------------------------------------------
+
+// The fastest width in [lo, hi] of a time that falls and then rises, as a ring's does on one link
+// (ternary search on the integers, then the last few by hand; ties: the fewer ranks).
+static int fastest_in(const CostModel *cm, int64_t s, int lo, int hi, double *t_out) {
+    while (hi - lo > 2) {
+        int m1 = lo + (hi - lo) / 3, m2 = hi - (hi - lo) / 3;
+        if (ring_time(cm, s, m1) <= ring_time(cm, s, m2)) hi = m2;
+        else lo = m1;
+    }
+    int best = lo;
+    double tb = ring_time(cm, s, lo);
+    for (int d = lo + 1; d <= hi; d++) {
+        double t = ring_time(cm, s, d);
+        if (t < tb) tb = t, best = d;
+    }
+    *t_out = tb;
+    return best;
+}
+
+// The fastest width of a sequence past its own, found once (crossing nodes: one link level).
+static void find_fastest(const Model *m, Seq *q) {
+    if (q->d_fast > 0) return;
+    q->d_fast = q->d0;
+    q->t_fast = q->t0;
+    if (q->d0 >= q->d_top) return;
+    double t;
+    int d = fastest_in(&m->wide, q->len, q->d0 + 1, q->d_top, &t);
+    if (t < q->t_fast) q->d_fast = d, q->t_fast = t;
+}
+
+// A width that keeps node boundaries: a divisor of ranks_per_node below it, a multiple above. The
+// scheduler gives rings that start together consecutive ranks (ties go to the lower rank), so rings
+// of such widths stay inside nodes where they fit, and do not push the rings after them across
+// node boundaries.
+static int node_width(const CostModel *cm, int d) {
+    int64_t rpn = cm->ranks_per_node;
+    if (rpn <= 1 || d <= 1) return d;
+    if (d < rpn) {
+        while (rpn % d != 0) d++;
+        return d;
+    }
+    int64_t up = (d + rpn - 1) / rpn * rpn;
+    return up <= INT32_MAX ? (int)up : d;
+}
+
+// The fewest ranks in [d0, d_fast] on which the sequence takes at most T (t_fast <= T): bisection,
+// the time falling over that range; then rounded up to keep node boundaries (node_width) where that
+// is still within reach and within T.
+static int width_for(const Model *m, const Seq *q, double T) {
+    if (q->t0 <= T) return q->d0;
+    int lo = q->d0, hi = q->d_fast;  // t(lo) > T >= t(hi)
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if (ring_time(&m->wide, q->len, mid) <= T) hi = mid;
+        else lo = mid;
+    }
+    int d = node_width(m->cm, hi);
+    return d <= q->d_top && ring_time(&m->wide, q->len, d) <= T ? d : hi;
+}
+
+// How many of q[0 .. n) (t0 non-increasing) take longer than T.
+static int32_t slower_than(const Seq *q, int32_t n, double T) {
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (q[mid].t0 > T) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// The batch's work when every sequence slower than T is brought to T (T >= floor_t). Short sequences
+// of one length share one answer.
+static double work_at(const Model *m, double T) {
+    int32_t nl = slower_than(m->lng, m->n_lng, T), ns = slower_than(m->sht, m->n_sht, T);
+    double w = m->work, extra = 0;
+    for (int32_t i = 0; i < nl; i++) {
+        int d = width_for(m, &m->lng[i], T);
+        w += d * ring_time(&m->wide, m->lng[i].len, d) - m->lng[i].w0;
+    }
+    for (int32_t i = 0; i < ns; i++) {
+        const Seq *q = &m->sht[i];
+        if (i == 0 || q->len != m->sht[i - 1].len) {
+            int d = width_for(m, q, T);
+            extra = d * ring_time(&m->wide, q->len, d) - q->w0;
+        }
+        w += extra;
+    }
+    return w;
+}
+
+// ---- the model -------------------------------------------------------------------------------------------
+
+static int by_t0_desc(const void *a, const void *b) {
+    const Seq *x = a, *y = b;
+    if (x->t0 != y->t0) return x->t0 > y->t0 ? -1 : 1;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static void model_free(Model *m) {
+    free(m->lng);
+    free(m->sht);
+    free(m->rigid);
+    free(m->groups);
+    memset(m, 0, sizeof *m);
+}
+
+// Every long sequence; the short ones only as far as one of them could be slower than floor_t.
+static int model_init(Model *m, const BalanceBatch *bb) {
+    memset(m, 0, sizeof *m);
+    const CostModel *cm = bb->cm;
+    const GlobalBatch *b = bb->b;
+    int64_t C = bb->cfg->capacity;
+    m->bb = bb;
+    m->cm = cm;
+    m->wide = *cm;
+    m->wide.ranks_per_node = 0;
+    m->R = bb->cfg->n_ranks;
+    m->lift = bb->cfg->pp - 1;
+    m->lng = bs_malloc((size_t)(bb->n_long > 0 ? bb->n_long : 1) * sizeof(Seq));
+    if (!m->lng) return bs_fail_ctx("elastic: %d long sequences", bb->n_long);
+    for (int32_t k = 0; k < bb->n_long; k++) {
+        int32_t i = bb->long_seq[k];
+        int64_t s = b->seqs[i].len, plain = s / C + (s % C != 0), top = s / 2 < m->R ? s / 2 : m->R;
+        // with fewer ranks than ceil(s/C) it runs on all of them, offloading (or else on Eq. 3's fewest)
+        int d = plain < m->R ? (int)plain : m->R;
+        double r = 0;
+        if (d < plain && !policy_offload_for(cm, s, C, d, &r)) d = bb->d_min[i], r = bb->r_min[i];
+        double t = cost_item_time(cm, &s, 1, d, r);
+        m->lng[m->n_lng++] = (Seq){i, s, d, (int32_t)(top > d ? top : d), t, t * d, 0, 0};
+        m->work += t * d;
+    }
+    qsort(m->lng, (size_t)m->n_lng, sizeof(Seq), by_t0_desc);
+    for (int32_t k = 0; k < bb->n_short; k++) m->work += bb->scost[k] + bb->open_cost * (double)bb->slen[k] / (double)C;
+    // the floor: sequences in t0 order, stopping where t0 falls below what is already known (t_fast <= t0)
+    for (int32_t i = 0; i < m->n_lng && m->lng[i].t0 > m->floor_t; i++) {
+        find_fastest(m, &m->lng[i]);
+        m->floor_t = fmax(m->floor_t, m->lng[i].t_fast);
+    }
+    m->hi = m->n_lng > 0 ? m->lng[0].t0 : 0;
+    if (bb->n_short > 0) m->hi = fmax(m->hi, bb->scost[0] + bb->open_cost);
+    // the short sequences slower alone than that floor: a prefix of the length order
+    int32_t n = 0;
+    while (n < bb->n_short && bb->scost[n] + bb->open_cost > m->floor_t) n++;
+    m->sht = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(Seq));
+    m->rigid = bs_malloc(((size_t)m->n_lng + n + 1) * sizeof(Rigid));
+    m->groups = bs_malloc(((size_t)m->n_lng + n + 2) * sizeof(Group));
+    if (!m->sht || !m->rigid || !m->groups) {
+        model_free(m);
+        return bs_fail_ctx("elastic: the width model");
+    }
+    for (int32_t k = 0; k < n; k++) {
+        int64_t s = bb->slen[k], top = s / 2 < m->R ? s / 2 : m->R;
+        double t = bb->scost[k] + bb->open_cost;
+        double w = bb->scost[k] + bb->open_cost * (double)s / (double)C;
+        m->sht[m->n_sht++] = (Seq){bb->sidx[k], s, 1, (int32_t)(top > 1 ? top : 1), t, w, 0, 0};
+    }
+    for (int32_t i = 0; i < m->n_sht && m->sht[i].t0 > m->floor_t; i++) {
+        if (i > 0 && m->sht[i].len == m->sht[i - 1].len) {
+            m->sht[i].d_fast = m->sht[i - 1].d_fast;
+            m->sht[i].t_fast = m->sht[i - 1].t_fast;
+            continue;
+        }
+        find_fastest(m, &m->sht[i]);
+        m->floor_t = fmax(m->floor_t, m->sht[i].t_fast);
+    }
+    // every sequence a target can touch (t0 > floor_t) knows its fastest width from here on
+    for (int32_t i = 0; i < m->n_lng && m->lng[i].t0 > m->floor_t; i++) find_fastest(m, &m->lng[i]);
+    for (int32_t i = 0; i < m->n_sht && m->sht[i].t0 > m->floor_t; i++)
+        if (m->sht[i].d_fast == 0) find_fastest(m, &m->sht[i]);
+    return 0;
+}
+
+// ---- the predicted step for a target -------------------------------------------------------------------
+//
+// The scheduler puts the rings first, longest first, each on the ranks free earliest, and then fills
+// every gap with short work. Ranks are alike, so for the rings only their free times matter: a
+// multiset of (time, count) groups in a min-heap. A ring of D ranks pops groups until it has D ranks,
+// starts at the last one's time and pushes (start + t, D) back, with what it did not need of the
+// last group: the ring phase without naming ranks. Rings shorter than step / ELASTIC_FILL are left to
+// the fill, as the short sequences are. The predicted step: the latest of the last ring's end, the
+// batch's work spread evenly over the ranks, and the longest piece of the fill (it runs whole).
+
+static void group_push(Group *h, int32_t *n, Group g) {
+    int32_t i = (*n)++;
+    while (i > 0 && h[(i - 1) / 2].t > g.t) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = g;
+}
+
+static Group group_pop(Group *h, int32_t *n) {
+    Group top = h[0], last = h[--*n];
+    int32_t i = 0;
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && h[c + 1].t < h[c].t) c++;
+        if (!(h[c].t < last.t)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0) h[i] = last;
+    return top;
+}
+
+static int by_rigid_desc(const void *a, const void *b) {
+    const Rigid *x = a, *y = b;
+    return (x->t < y->t) - (x->t > y->t);
+}
+
+static double predict(Model *m, double T) {
+    double even = work_at(m, T) / m->R, fill = fmax(T, even) / ELASTIC_FILL;
+    int32_t k = 0, i = 0;
+    for (; i < m->n_lng && m->lng[i].t0 > fill; i++) {
+        const Seq *q = &m->lng[i];
+        int d = width_for(m, q, T);
+        m->rigid[k++] = (Rigid){d == q->d0 ? q->t0 : ring_time(&m->wide, q->len, d), d};
+    }
+    // the fill is as long as its longest piece: the first long sequence left to it, the first short
+    // one not made a ring (short ones in the prepared order, not only those in m->sht)
+    double piece = i < m->n_lng ? m->lng[i].t0 : 0;
+    const BalanceBatch *bb = m->bb;
+    for (i = 0; i < m->n_sht && m->sht[i].t0 > T; i++) {  // short sequences made rings
+        int d = width_for(m, &m->sht[i], T);
+        m->rigid[k++] = (Rigid){ring_time(&m->wide, m->sht[i].len, d), d};
+    }
+    if (i < bb->n_short) piece = fmax(piece, bb->scost[i] + bb->open_cost);
+    qsort(m->rigid, (size_t)k, sizeof(Rigid), by_rigid_desc);
+    int32_t n = 0;
+    double last_end = 0;
+    group_push(m->groups, &n, (Group){0, m->R});
+    for (int32_t j = 0; j < k; j++) {
+        int64_t need = m->rigid[j].d;
+        double start = 0;
+        while (need > 0) {
+            Group g = group_pop(m->groups, &n);
+            int64_t take = g.n < need ? g.n : need;
+            need -= take;
+            start = g.t;
+            if (g.n > take) group_push(m->groups, &n, (Group){g.t, g.n - take});
+        }
+        group_push(m->groups, &n, (Group){start + m->rigid[j].t, m->rigid[j].d});
+        // with pp stages a ring's forward first crosses the other stages and its backward drains
+        // through them: (pp - 1) x its per-stage time on top (docs/planner.md, PP-Balance)
+        last_end = fmax(last_end, start + m->rigid[j].t + m->lift * m->rigid[j].t);
+    }
+    return fmax(last_end, fmax(even, piece) + m->lift * piece);
+}
+
+// The target, or 0 when none predicts a step shorter than balance's.
+static double find_target(Model *m) {
+    if (!(m->floor_t < m->hi)) return 0;
+    double grid[ELASTIC_GRID_MAX], pred[ELASTIC_GRID_MAX];
+    int n = 0;
+    for (double T = m->hi * ELASTIC_GRID_STEP; T > m->floor_t && n < ELASTIC_GRID_MAX - 1; T *= ELASTIC_GRID_STEP)
+        grid[n++] = T;
+    grid[n++] = m->floor_t;
+    double base = predict(m, m->hi), best = base;
+    for (int i = 0; i < n; i++) {
+        pred[i] = predict(m, grid[i]);
+        best = fmin(best, pred[i]);
+    }
+    if (!(best < base * (1 - ELASTIC_GAIN))) return 0;
+    for (int i = 0; i < n; i++)
+        if (pred[i] <= best * (1 + ELASTIC_GAIN)) return grid[i];
+    return 0;
+}
+
+// The widths for target T: every sequence slower than T gets the fewest ranks that bring it to T
+// (d_max); the short ones among them (a prefix of the length order) become rings.
+static void widths_at(const Model *m, double T, int32_t *d_max, BalanceWidths *w) {
+    int32_t nl = slower_than(m->lng, m->n_lng, T), ns = slower_than(m->sht, m->n_sht, T);
+    memset(d_max, 0, (size_t)(m->bb->b->n > 0 ? m->bb->b->n : 1) * sizeof(int32_t));
+    for (int32_t i = 0; i < nl; i++) d_max[m->lng[i].seq] = width_for(m, &m->lng[i], T);
+    for (int32_t i = 0; i < ns; i++) d_max[m->sht[i].seq] = width_for(m, &m->sht[i], T);
+    w->d_max = d_max;
+    w->n_promoted = ns;
+    w->wide = &m->wide;
+}
+
+// The batch scheduled with every sequence slower than T widened to it (balance_best, finalized).
+static int widen_to(Plan *out, const BalanceBatch *bb, const Model *m, double T, int32_t *d_max) {
+    BalanceWidths w;
+    widths_at(m, T, d_max, &w);
+    return balance_best(out, bb, &w, "elastic");
+}
+
+// ---- never longer than balance ---------------------------------------------------------------------------
+//
+// The planner times a ring of D <= ranks_per_node ranks on the link inside a node (cost_item_time),
+// but the scheduler picks members by load, not by node, and a ring whose members sit on two nodes
+// runs on the slower link (the simulator charges it so). Both plans share that optimism, but not
+// equally: widened rings move every ring after them to other ranks. So elastic keeps its plan only
+// where it wins with the odds against it: its plan timed as if every ring crossed nodes (m->wide)
+// against balance's as the planner times it. With pp = 1 the simulator runs each rank's items in the
+// plan's order, each as soon as all its members are free, and times a ring between those two links,
+// so the simulated step of elastic's plan is then no longer than balance's either.
+
+// The makespan of plan p if every ring crossed nodes: pp = 1, plan_finalize's replay with the rings
+// retimed; pp > 1, plan_finalize itself with the other cost model, then back.
+static int makespan_across_nodes(Plan *p, const Model *m, double *out) {
+    if (p->pp > 1) {
+        if (plan_finalize(p, &m->wide) != 0) return -1;
+        *out = p->makespan;
+        return plan_finalize(p, m->cm);
+    }
+    double *free_at = bs_calloc((size_t)p->n_ranks, sizeof(double));
+    int64_t *lens = bs_malloc((size_t)(p->n_segs > 0 ? p->n_segs : 1) * sizeof(int64_t));
+    if (!free_at || !lens) {
+        free(free_at);
+        free(lens);
+        return bs_fail_ctx("elastic: replaying the plan");
+    }
+    *out = 0;
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        const int32_t *rk = p->ranks + it->rank_begin;
+        double t = it->est_time, start = 0;
+        if (it->n_ranks > 1) {
+            for (int32_t j = 0; j < it->n_segs; j++) lens[j] = p->segs[it->seg_begin + j].len;
+            t = cost_item_time(&m->wide, lens, it->n_segs, it->n_ranks, it->offload);
+        }
+        for (int32_t j = 0; j < it->n_ranks; j++) start = fmax(start, free_at[rk[j]]);
+        for (int32_t j = 0; j < it->n_ranks; j++) free_at[rk[j]] = start + t;
+        *out = fmax(*out, start + t);
+    }
+    free(free_at);
+    free(lens);
+    return 0;
+}
+
+// ---- the policy ------------------------------------------------------------------------------------------
+
+int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    BalanceBatch bb;
+    Model m;
+    Plan bal, cand;
+    int32_t *d_max = NULL;
+    memset(out, 0, sizeof *out);
+    memset(&bal, 0, sizeof bal);
+    memset(&cand, 0, sizeof cand);
+    memset(&m, 0, sizeof m);
+    if (balance_prepare(&bb, b, cfg, cm) != 0) return -1;
+    int rc = -1;
+    if (model_init(&m, &bb) != 0) goto out;
+    // 1. the target; none: the step is the batch's work, not a ring's, and the plan is balance's
+    double T = find_target(&m);
+    if (T <= 0) {
+        rc = balance_best(out, &bb, NULL, "elastic");
+        goto out;
+    }
+    // 2. the batch with rings widened to it; where the schedule misses the prediction, the targets
+    // next to it, one step of the grid further each round while that shortens the step
+    d_max = bs_malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(int32_t));
+    if (!d_max) {
+        bs_fail_ctx("elastic");
+        goto out;
+    }
+    if (widen_to(out, &bb, &m, T, d_max) != 0) goto out;
+    int missed = out->makespan > predict(&m, T) * (1 + ELASTIC_MISS);
+    int dir = 0;  // the side that won: +1 a larger target (fewer ranks), -1 a smaller one, 0 none yet
+    for (int round = 0; missed && round < ELASTIC_ROUNDS; round++) {
+        int sides[2] = {dir ? dir : 1, dir ? 0 : -1}, won = 0;  // first both sides, then the winner's
+        for (int k = 0; k < 2 && sides[k] != 0 && !won; k++) {
+            double next = sides[k] > 0 ? T / ELASTIC_GRID_STEP : T * ELASTIC_GRID_STEP;
+            if (next > m.hi || next < m.floor_t) continue;
+            if (widen_to(&cand, &bb, &m, next, d_max) != 0) goto out;
+            if (cand.makespan < out->makespan) {
+                Plan t = *out;
+                *out = cand;
+                cand = t;
+                T = next;
+                dir = sides[k];
+                won = 1;
+            }
+            plan_free(&cand);
+        }
+        if (!won) break;
+    }
+    // 3. never longer than balance, even with every ring of elastic's plan across nodes: below what
+    // balance's plan is known to take it need not be made
+    double across = 0, balance_at_least = out->hdp_bound, rings_end = 0;
+    if (makespan_across_nodes(out, &m, &across) != 0) goto out;
+    if (cfg->pp == 1 && across > balance_at_least) {  // the bound did not settle it: balance's rings
+        if (balance_rings_end(&bb, &rings_end) != 0) goto out;
+        balance_at_least = fmax(balance_at_least, rings_end);
+    }
+    if (across > balance_at_least) {
+        if (balance_best(&bal, &bb, NULL, "elastic") != 0) goto out;
+        if (bal.makespan <= across) {  // ties: balance's, the fewer ranks
+            Plan t = *out;
+            *out = bal;
+            bal = t;
+        }
+    }
+    rc = 0;
+out:
+    if (rc != 0) plan_free(out);
+    plan_free(&bal);
+    plan_free(&cand);
+    free(d_max);
+    model_free(&m);
+    balance_batch_free(&bb);
+    return rc;
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# install.sh: the installed library as its users get it (ctest pkg/install; README.md, "Using the library").
+#
+#   tests/pkg/install.sh SOURCE_DIR BUILD_DIR PYTHON
+#
+# 1. `make install PREFIX=<temporary prefix>` from the build: the shared library with its SONAME, the
+#    static library, the public headers (and none of the internal ones), bytescale.pc, the CMake package
+# 2. every installed header compiles on its own; the shared library exports exactly the functions
+#    the installed headers declare (nothing internal: no make_dirs, no now_seconds)
+# 3. examples/plan_example.c built with pkg-config and with CMake (find_package, shared and static)
+#    against the prefix, and run
+# 4. the Python package installed offline into a fresh virtual environment (Debian's pip, setuptools,
+#    numpy, pytest, torch through --system-site-packages), found there, and its tests run on it
+set -euo pipefail
+src=$(cd "$1" && pwd)
+build=$(cd "$2" && pwd)
+python=${3:-/usr/bin/python3}
+work=$(mktemp -d "${TMPDIR:-/tmp}/bytescale-pkg.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+step() { printf '\n== %s\n' "$*"; }
+fail() { echo "install.sh: FAIL: $*" >&2; exit 1; }
+
+step "make install PREFIX=$prefix"
+# (a make of its own: not the jobserver of a `make test` that may have started ctest)
+env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -C "$src" install BUILD="$build" PREFIX="$prefix" JOBS=2 >"$work/install.log" 2>&1 ||
+  { cat "$work/install.log"; fail "make install"; }
+pc=$(find "$prefix" -name bytescale.pc)
+[ -n "$pc" ] || fail "no bytescale.pc under $prefix"
+libdir=$(cd "$(dirname "$pc")/.." && pwd)
+for f in "$libdir/libbytescale.so.0" "$libdir/libbytescale.so" "$libdir/libbytescale.a" "$prefix/bin/bytescale" \
+         "$prefix/include/bytescale/bytescale.h" "$libdir/cmake/bytescale/bytescaleConfig.cmake" \
+         "$libdir/cmake/bytescale/bytescaleConfigVersion.cmake"; do
+  [ -e "$f" ] || fail "$f was not installed"
+done
+soname=$(objdump -p "$libdir/libbytescale.so" | awk '$1 == "SONAME" {print $2}')
+[ "$soname" = libbytescale.so.0 ] || fail "SONAME is '$soname', not libbytescale.so.0"
+for internal in fileio json timer arena progress seeds train comm sampler llama executor; do
+  [ ! -e "$prefix/include/bytescale/$internal.h" ] || fail "internal header $internal.h was installed"
+done
+echo "installed: $(cd "$prefix" && find . -type f | sort | tr '\n' ' ')"
+
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+step "pkg-config"
+pkg-config --modversion bytescale
+pkg-config --cflags --libs bytescale
+pkg-config --static --libs bytescale >/dev/null || fail "pkg-config --static: a private requirement is missing"
+
+step "every installed header compiles on its own"
+for h in "$prefix"/include/bytescale/*.h; do
+  echo "#include <bytescale/$(basename "$h")>" |
+    cc -std=c17 -Wall -Wextra -Werror -fsyntax-only $(pkg-config --cflags bytescale) -x c - ||
+    fail "$(basename "$h") does not compile on its own"
+done
+
+step "exported symbols = the functions the installed headers declare"
+nm -D --defined-only "$libdir/libbytescale.so" | awk '$2 == "T" {print $3}' | sort >"$work/exported"
+# gcc -aux-info writes every prototype it sees with the file that declares it
+echo '#include <bytescale/bytescale.h>' >"$work/all.c"
+cc -std=c17 -fsyntax-only -aux-info "$work/aux" $(pkg-config --cflags bytescale) "$work/all.c"
+# (lines "/* <path>/include/bytescale/plan.h:66:NC */ extern int plan_init (Plan *, ...);")
+grep "^/\* [^ ]*/include/bytescale/[a-z_]*\.h:" "$work/aux" | sed -E 's/^.*\*\/ *//; s/ *\(.*$//; s/.*[ *]//' |
+  sort -u >"$work/declared"
+if ! diff "$work/declared" "$work/exported" >"$work/diff"; then
+  cat "$work/diff"
+  fail "the exported functions differ from the declared ones ('<' declared, not exported; '>' exported, not declared)"
+fi
+nm -D --defined-only "$libdir/libbytescale.so" | awk '$2 != "T"' | grep . && fail "exported data or other symbols"
+echo "$(wc -l <"$work/exported") functions exported, all declared in the installed headers"
+
+step "examples/plan_example.c with pkg-config"
+cc -std=c17 -Wall -Werror -o "$work/plan_example_pc" "$src/examples/plan_example.c" \
+  $(pkg-config --cflags --libs bytescale) -Wl,-rpath,"$(pkg-config --variable=libdir bytescale)"
+"$work/plan_example_pc" balance | tee "$work/pc.out"
+ldd "$work/plan_example_pc" | grep -q "libbytescale.so.0 => $libdir" || fail "the example did not load the installed library"
+
+step "examples/ with CMake: find_package(bytescale), shared and static"
+cmake -S "$src/examples" -B "$work/example-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+  >"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; fail "configuring examples/"; }
+cmake --build "$work/example-build" -j 2 >>"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; fail "building examples/"; }
+[ -x "$work/example-build/plan_example_static" ] || fail "bytescale::bytescale_static was not defined"
+"$work/example-build/plan_example" balance >"$work/cmake.out"
+"$work/example-build/plan_example_static" balance >"$work/static.out"
+cat "$work/cmake.out"
+cmp "$work/pc.out" "$work/cmake.out" && cmp "$work/pc.out" "$work/static.out" || fail "the examples print different plans"
+ldd "$work/example-build/plan_example_static" | grep -q libbytescale && fail "the static example loads libbytescale.so"
+out=$("$work/example-build/plan_example" bogus 2>&1) && fail "the example accepted an unknown policy"
+grep -q "unknown policy 'bogus'" <<<"$out" || fail "the example's error: $out"
+
+step "the Python package in a fresh virtual environment"
+"$python" -m venv --system-site-packages "$work/venv"
+cp -r "$src/python" "$work/python"  # pip builds in the source tree: a copy keeps the checkout clean
+(cd "$work" && "$work/venv/bin/pip" install --no-index --no-build-isolation --no-cache-dir --quiet ./python) ||
+  fail "pip install --no-build-isolation ./python"
+# from the copy pip made into the environment, not this checkout, and with no help from the environment
+cd "$work"
+env -u BYTESCALE_LIB -u PYTHONPATH "$work/venv/bin/python" - "$work/venv" <<'EOF'
+import sys, bytescale
+venv = sys.argv[1]
+assert bytescale.__file__.startswith(venv), bytescale.__file__
+assert bytescale.library_path.startswith(venv), bytescale.library_path
+p = bytescale.plan([30000, 12000] + [500] * 60, ranks=8, capacity=8192)
+print(f"bytescale {bytescale.__version__} from {bytescale.library_path}: {p}")
+EOF
+env -u BYTESCALE_LIB -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 \
+  "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$src/python/tests" || fail "the Python tests in the venv"
+echo "pkg/install: ok"
