@@ -583,12 +583,7 @@ out:
 // min-heap, from which a ring takes the ranks free earliest. This replays phase 1 with the very
 // arithmetic of place_ring, in O(rings log rings + the widths costed), without the rank heap.
 
-typedef struct {
-    double t;
-    int64_t n;
-} Free;
-
-static void free_push(Free *h, int32_t *n, Free g) {
+void rank_groups_push(RankGroup *h, int32_t *n, RankGroup g) {
     int32_t i = (*n)++;
     while (i > 0 && h[(i - 1) / 2].t > g.t) {
         h[i] = h[(i - 1) / 2];
@@ -597,8 +592,8 @@ static void free_push(Free *h, int32_t *n, Free g) {
     h[i] = g;
 }
 
-static Free free_pop(Free *h, int32_t *n) {
-    Free top = h[0], last = h[--*n];
+RankGroup rank_groups_pop(RankGroup *h, int32_t *n) {
+    RankGroup top = h[0], last = h[--*n];
     int32_t i = 0;
     for (;;) {
         int32_t c = 2 * i + 1;
@@ -618,7 +613,7 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
     int32_t R = bb->cfg->n_ranks, n = bb->n_long, n_heap = 0, n_took;
     size_t nn = (size_t)(n > 0 ? n : 1);
     Ring *rings = bs_malloc(nn * sizeof(Ring));
-    Free *heap = bs_malloc((nn + 2) * sizeof(Free)), *took = bs_malloc((nn + 2) * sizeof(Free));
+    RankGroup *heap = bs_malloc((nn + 2) * sizeof(RankGroup)), *took = bs_malloc((nn + 2) * sizeof(RankGroup));
     int rc = -1;
     *end = 0;
     if (!rings || !heap || !took) {
@@ -627,7 +622,7 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
     }
     for (int32_t k = 0; k < n; k++) rings[k] = ring_key(bb, NULL, bb->long_seq[k]);
     qsort(rings, (size_t)n, sizeof(Ring), by_time_desc);
-    free_push(heap, &n_heap, (Free){0, R});
+    rank_groups_push(heap, &n_heap, (RankGroup){0, R});
     for (int32_t k = 0; k < n; k++) {
         int64_t len = bb->b->seqs[rings[k].seq].len;
         int d_hi = rings[k].d_max, d_lo = bb->d_min[rings[k].seq];
@@ -635,7 +630,7 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
         // the d_hi ranks free earliest, as groups in time order
         n_took = 0;
         for (int64_t have = 0; have < d_hi;) {
-            took[n_took] = free_pop(heap, &n_heap);
+            took[n_took] = rank_groups_pop(heap, &n_heap);
             have += took[n_took++].n;
         }
         double best = INFINITY, t = 0;
@@ -664,9 +659,9 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
             int64_t take = took[j].n < left ? took[j].n : left;
             if (take > 0) start = took[j].t;
             left -= take;
-            if (took[j].n > take) free_push(heap, &n_heap, (Free){took[j].t, took[j].n - take});
+            if (took[j].n > take) rank_groups_push(heap, &n_heap, (RankGroup){took[j].t, took[j].n - take});
         }
-        free_push(heap, &n_heap, (Free){start + t, d});
+        rank_groups_push(heap, &n_heap, (RankGroup){start + t, d});
         *end = fmax(*end, start + t);
     }
     rc = 0;

@@ -47,6 +47,15 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
 // ring phase replayed on anonymous ranks. balance's makespan is never below it.
 int balance_rings_end(const BalanceBatch *bb, double *end);
 
+// A min-heap (by t) of groups of interchangeable ranks: n ranks free from time t. The ring phase
+// without naming ranks, as balance_rings_end and elastic's prediction replay it.
+typedef struct {
+    double t;
+    int64_t n;
+} RankGroup;
+void rank_groups_push(RankGroup *h, int32_t *n, RankGroup g);
+RankGroup rank_groups_pop(RankGroup *h, int32_t *n);
+
 // balance's plan for these widths: one run when pp = 1; with pp > 1 both pipeline models, keeping
 // the plan whose replayed makespan is shorter. out is finalized (plan_finalize) either way.
 int balance_best(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, const char *name);

@@ -65,12 +65,7 @@ typedef struct {
     double t_fast;   // the time there
 } Seq;
 
-// A group of ranks free at the same time, and a ring as predict places it.
-typedef struct {
-    double t;
-    int64_t n;
-} Group;
-
+// A ring as predict places it.
 typedef struct {
     double t;
     int32_t d;
@@ -91,7 +86,7 @@ typedef struct {
     double hi;        // the slowest sequence's time under HDP's rule: no target above this
     double lift;      // pp - 1: the stages an item's forward fills and its backward drains
     Rigid *rigid;     // (n_lng + n_sht,) predict's rings
-    Group *groups;    // (n_lng + n_sht + 1,) predict's heap of rank groups
+    RankGroup *groups;    // (n_lng + n_sht + 1,) predict's heap of rank groups
 } Model;
 
 static double ring_time(const CostModel *cm, int64_t s, int D) { return cost_item_time(cm, &s, 1, D, 0.0); }
@@ -243,7 +238,7 @@ static int model_init(Model *m, const BalanceBatch *bb) {
     while (n < bb->n_short && bb->scost[n] + bb->open_cost > m->floor_t) n++;
     m->sht = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(Seq));
     m->rigid = bs_malloc(((size_t)m->n_lng + n + 1) * sizeof(Rigid));
-    m->groups = bs_malloc(((size_t)m->n_lng + n + 2) * sizeof(Group));
+    m->groups = bs_malloc(((size_t)m->n_lng + n + 2) * sizeof(RankGroup));
     if (!m->sht || !m->rigid || !m->groups) {
         model_free(m);
         return bs_fail_ctx("elastic: the width model");
@@ -280,29 +275,6 @@ static int model_init(Model *m, const BalanceBatch *bb) {
 // the fill, as the short sequences are. The predicted step: the latest of the last ring's end, the
 // batch's work spread evenly over the ranks, and the longest piece of the fill (it runs whole).
 
-static void group_push(Group *h, int32_t *n, Group g) {
-    int32_t i = (*n)++;
-    while (i > 0 && h[(i - 1) / 2].t > g.t) {
-        h[i] = h[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h[i] = g;
-}
-
-static Group group_pop(Group *h, int32_t *n) {
-    Group top = h[0], last = h[--*n];
-    int32_t i = 0;
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= *n) break;
-        if (c + 1 < *n && h[c + 1].t < h[c].t) c++;
-        if (!(h[c].t < last.t)) break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n > 0) h[i] = last;
-    return top;
-}
 
 static int by_rigid_desc(const void *a, const void *b) {
     const Rigid *x = a, *y = b;
@@ -329,18 +301,18 @@ static double predict(Model *m, double T) {
     qsort(m->rigid, (size_t)k, sizeof(Rigid), by_rigid_desc);
     int32_t n = 0;
     double last_end = 0;
-    group_push(m->groups, &n, (Group){0, m->R});
+    rank_groups_push(m->groups, &n, (RankGroup){0, m->R});
     for (int32_t j = 0; j < k; j++) {
         int64_t need = m->rigid[j].d;
         double start = 0;
         while (need > 0) {
-            Group g = group_pop(m->groups, &n);
+            RankGroup g = rank_groups_pop(m->groups, &n);
             int64_t take = g.n < need ? g.n : need;
             need -= take;
             start = g.t;
-            if (g.n > take) group_push(m->groups, &n, (Group){g.t, g.n - take});
+            if (g.n > take) rank_groups_push(m->groups, &n, (RankGroup){g.t, g.n - take});
         }
-        group_push(m->groups, &n, (Group){start + m->rigid[j].t, m->rigid[j].d});
+        rank_groups_push(m->groups, &n, (RankGroup){start + m->rigid[j].t, m->rigid[j].d});
         // with pp stages a ring's forward first crosses the other stages and its backward drains
         // through them: (pp - 1) x its per-stage time on top (docs/planner.md, PP-Balance)
         last_end = fmax(last_end, start + m->rigid[j].t + m->lift * m->rigid[j].t);
