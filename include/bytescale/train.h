@@ -162,6 +162,7 @@ struct Trainer {
     RemoteSource remote;        // the TokenSource's state
     int64_t targets[2];         // slot s % 2: labelled tokens of step s's whole batch (from rank 0)
     double load_seconds[2];     // slot s % 2: time this rank spent reading step s's rows
+    double load_start[2];       // slot s % 2: when that reading began (now_seconds)
     double load_bytes[2];       // slot s % 2: token bytes it read for them
     int64_t capacity;           // C, resolved (cfg.capacity, else what cfg.mem_budget holds, else cfg.context)
     int64_t step;               // steps done

@@ -171,6 +171,7 @@ static int counted_read(void *ctx, int64_t doc, int64_t src, int64_t n, uint32_t
 int train_read_rows(Trainer *t, int64_t step, int slot) {
     if (injected_fault(t, step) != 0) return -1;
     double t0 = now_seconds();
+    t->load_start[slot] = t0;
     int rc = 0;
     TokenSource inner = t->tokens;
     if (t->roles) {  // note the ranges, fetch them from the servers in one request each, then read
@@ -262,6 +263,11 @@ int train_prefetch_ready(Trainer *t, int64_t s) {
         if (train_read_rows(t, s, (int)(s % 2)) != 0) return -1;
         t->rows_of[s % 2] = s;
     }
+    // the reading of this step's rows (in the background thread, during the step before: the trace
+    // is the main thread's, so it is recorded now, with the times it had)
+    if (t->trace)
+        rtrace_add(t->trace, "load rows", "data", t->load_start[s % 2], t->load_start[s % 2] + t->load_seconds[s % 2],
+                   s);
     // the next step: already prepared when this step is being retried (a refused update)
     if (s + 1 > t->cfg.steps || t->plan_of[(s + 1) % 2] == s + 1) return 0;
     if (plan_step(t, s + 1) != 0) return -1;

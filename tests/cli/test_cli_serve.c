@@ -128,6 +128,15 @@ static void test_servers_give_the_same_training(void **state) {
             if (c > 1) assert_true(b.load_bytes[st] < 0.8 * 4096 * 4);
         }
     }
+    // the trace shows every rank's reading of its rows
+    if (run_job(2, 1, 0, "", "--steps 2 --trace " SDIR "/trace.json", "traced") != 0) fail_msg("traced: %s", cli_err);
+    char *text;
+    size_t n;
+    if (file_read_all(SDIR "/trace.json", &text, &n) != 0) fail_msg("%s", bs_errmsg());
+    int spans = 0;
+    for (const char *at = text; (at = strstr(at, "\"load rows\"")); at++) spans++;
+    free(text);
+    assert_true(spans >= 2 * 2);  // both ranks, both steps
 }
 
 // Servers of a directory of text files tokenize it themselves (2 servers, a cache of 1 KiB, so
