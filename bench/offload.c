@@ -59,6 +59,7 @@
 #include "bytescale/llama.h"
 #include "bytescale/model.h"
 #include "bytescale/offload.h"
+#include "bytescale/procmem.h"
 #include "bytescale/profile.h"
 #include "bytescale/progress.h"
 #include "bytescale/rng.h"
@@ -80,26 +81,6 @@ typedef struct {
     uint64_t moved;
     double waited;
 } Row;
-
-static long status_kb(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long v = -1;
-    size_t n = strlen(key);
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, key, n)) v = atol(line + n + 1);
-    fclose(f);
-    return v;
-}
-
-// Reset VmHWM to the current RSS. 0 when the kernel does not let us (then RSS figures are n/a).
-static int reset_hwm(void) {
-    FILE *f = fopen("/proc/self/clear_refs", "w");
-    if (!f) return 0;
-    int ok = fputs("5", f) >= 0;
-    return fclose(f) == 0 && ok;
-}
 
 static Progress progress;
 static int64_t done;
@@ -124,11 +105,11 @@ static void start_row(Row *row, const ModelConfig *cfg, const MicroBatch *mb, co
     if (offloader_init(&row->o, tier) != 0) bs_die_errmsg();
     row->m.offload = row->o;
     row->m.offload_ratio = (float)row->r;
-    long before = status_kb("VmRSS:");
-    int rss_ok = before >= 0 && reset_hwm();
+    long before = procmem_status_kb("VmRSS:");
+    int rss_ok = before >= 0 && procmem_reset_peak();
     double wall, cpu;
     step(row, mb, &wall, &cpu);
-    row->rss = rss_ok ? (double)(status_kb("VmHWM:") - before) * 1024 : -1;
+    row->rss = rss_ok ? (double)(procmem_status_kb("VmHWM:") - before) * 1024 : -1;
     row->accounted = (double)row->m.act.peak;
     row->moved = row->m.act.offloaded;
     row->waited = row->m.act.wait;

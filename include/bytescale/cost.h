@@ -60,6 +60,11 @@ int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, 
 // Load / save the coefficients as JSON (a measured profile: `bytescale profile`, docs/profile.md).
 int cost_load(CostModel *cm, const char *path);
 int cost_save(const CostModel *cm, const char *path);
+// The file's numbers (all but n_layers and ranks_per_node) by name, in the order cost_save writes
+// them: i in [0, cost_field_count()); outside it NULL / 0.
+int cost_field_count(void);
+const char *cost_field_name(int i);
+double cost_field_value(const CostModel *cm, int i);
 
 // FLOPs of one layer's forward pass (backward is counted as 2x forward where FLOPs are reported).
 double cost_linear_flops_per_token(const ModelConfig *m);      // projections + MLP (active experts)

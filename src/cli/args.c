@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytescale/comm.h"
 #include "bytescale/error.h"
 #include "cli/cli.h"
 
@@ -80,4 +81,13 @@ int cli_read_flags(int argc, char **argv, const struct option *options, int firs
     }
     if (optind < argc) return bs_fail("unexpected argument '%s'", argv[optind]);
     return 0;
+}
+
+void cli_rank_die(Comm *comm, const char *command, const char *msg) {
+    char copy[2048];
+    snprintf(copy, sizeof copy, "%s", msg);  // msg may be bs_errmsg()'s buffer, which bs_die reuses
+    if (comm->size == 1) bs_die("%s", copy);
+    fprintf(stderr, "bytescale %s: rank %d of %d: error: %s\n", command, comm->rank, comm->size, copy);
+    comm_abort(comm, 1);
+    exit(1);
 }

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bytescale/comm.h"
 #include "bytescale/loader.h"
 
 struct option;  // getopt.h
@@ -34,6 +35,10 @@ int cli_read_flags(int argc, char **argv, const struct option *options, int firs
 // FILE, --ranks N, --gpus N, --hardware NAME|FILE, --cost FILE). For an unknown flag arg ("--x" or
 // "--x=value"): the message saying what replaced it, or NULL when it never was one of ours.
 const char *cli_retired_flag(const char *arg);
+
+// A rank of `bytescale <command>` that cannot go on says who it is and why, then ends the whole job:
+// under MPI the other ranks would otherwise wait for it forever. One process: bs_die.
+_Noreturn void cli_rank_die(Comm *comm, const char *command, const char *msg);
 
 // file_find_source (fileio.h) is how the commands find files of the source tree.
 

@@ -128,16 +128,6 @@ static int is_trainer_model(const char *name) {
     return !strcmp(name, "tiny") || !strcmp(name, "small") || !strcmp(name, "base");
 }
 
-// A rank that cannot go on says who it is and why, then ends the whole job (the others would wait).
-static _Noreturn void rank_die(Comm *comm, const char *msg) {
-    char copy[2048];
-    snprintf(copy, sizeof copy, "%s", msg);
-    if (comm->size == 1) bs_die("%s", copy);
-    fprintf(stderr, "bytescale profile: rank %d of %d: error: %s\n", comm->rank, comm->size, copy);
-    comm_abort(comm, 1);
-    exit(1);
-}
-
 int cmd_profile(int argc, char **argv) {
     const char *given[OPT_PLOT - OPT_MODEL + 1] = {0};
     int got = cli_read_flags(argc, argv, options, OPT_MODEL, given, OPT_PLOT - OPT_MODEL + 1);
@@ -206,12 +196,12 @@ int cmd_profile(int argc, char **argv) {
     int lead = comm->rank == 0;
     if (!GIVEN(OPT_RANKS) && comm->size > 1) cfg.hdp_ranks = comm->size;  // the job's ranks
     Profile *p = malloc(sizeof *p);
-    if (!p) rank_die(comm, "out of memory");
-    if (profile_run(p, &cfg, comm) != 0) rank_die(comm, bs_errmsg());
+    if (!p) cli_rank_die(comm, "profile", "out of memory");
+    if (profile_run(p, &cfg, comm) != 0) cli_rank_die(comm, "profile", bs_errmsg());
     if (lead) {
         profile_print(stdout, p);
         fflush(stdout);
-        if (profile_write(p, out) != 0) rank_die(comm, bs_errmsg());
+        if (profile_write(p, out) != 0) cli_rank_die(comm, "profile", bs_errmsg());
         printf("wrote %s (bytescale plan --cost %s, bytescale simulate --cost %s)\n", out, out, out);
         if (plot && profile_plot(p, plot) != 0) {
             fprintf(stderr, "bytescale profile: error: %s\n", bs_errmsg());

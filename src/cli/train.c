@@ -233,17 +233,6 @@ static void fmt_time(char *buf, size_t cap, double s) {
     else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-// A rank that cannot go on says who it is and why, then ends the whole job: under MPI the other
-// ranks would otherwise wait for it forever.
-static _Noreturn void rank_die(Comm *comm, const char *msg) {
-    char copy[2048];
-    snprintf(copy, sizeof copy, "%s", msg);
-    if (comm->size == 1) bs_die("%s", copy);
-    fprintf(stderr, "bytescale train: rank %d of %d: error: %s\n", comm->rank, comm->size, copy);
-    comm_abort(comm, 1);
-    exit(1);
-}
-
 int cmd_train(int argc, char **argv) {
     // a file-size limit (ulimit -f) then fails a write with EFBIG, which the offload tier and the
     // checkpoint writer report with the file named, instead of killing the process with SIGXFSZ
@@ -322,9 +311,9 @@ int cmd_train(int argc, char **argv) {
     if (comm_launched_by_mpi()) {
         if (comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
         if (n_servers >= comm->size)
-            rank_die(comm, "--servers leaves no training rank: run more ranks than data servers");
+            cli_rank_die(comm, "train", "--servers leaves no training rank: run more ranks than data servers");
         int role = comm->rank >= comm->size - n_servers ? COMM_ROLE_SERVER : COMM_ROLE_CLIENT;
-        if (comm_mpi_split_roles(comm, role, &roles) != 0) rank_die(comm, bs_errmsg());
+        if (comm_mpi_split_roles(comm, role, &roles) != 0) cli_rank_die(comm, "train", bs_errmsg());
         if (role == COMM_ROLE_SERVER) {
             LoaderServeConfig sc;
             serve_defaults(&sc, cfg.data);
@@ -334,12 +323,12 @@ int cmd_train(int argc, char **argv) {
     int lead = comm->rank == 0;
 
     Trainer *t = malloc(sizeof *t);  // large, and it must not move: not on the stack
-    if (!t) rank_die(comm, "out of memory");
-    if (trainer_init_roles(t, &cfg, comm, &roles) != 0) rank_die(comm, bs_errmsg());
+    if (!t) cli_rank_die(comm, "train", "out of memory");
+    if (trainer_init_roles(t, &cfg, comm, &roles) != 0) cli_rank_die(comm, "train", bs_errmsg());
     if (resume && trainer_load(t, resume) != 0) {
         char msg[2048];
         snprintf(msg, sizeof msg, "cannot resume: %s", bs_errmsg());
-        rank_die(comm, msg);
+        cli_rank_die(comm, "train", msg);
     }
     const DocIndex *ix = &t->data.index;
     if (lead) printf("train: model %s (%.2fM parameters), data %s (%lld documents, %lld tokens)\n", t->model.name,
@@ -370,7 +359,7 @@ int cmd_train(int argc, char **argv) {
     int64_t done = sum.last_step - sum.first_step;
     if (rc != 0) {
         if (sum.last_ckpt[0] && lead) fprintf(stderr, "bytescale train: the newest checkpoint is %s\n", sum.last_ckpt);
-        rank_die(comm, bs_errmsg());
+        cli_rank_die(comm, "train", bs_errmsg());
     }
     if (!lead) {  // rank 0 reports and plots
         trainer_free(t);

@@ -373,6 +373,12 @@ static double field_val(const CostModel *cm, const CostField *f) {
     return *(const double *)((const char *)cm + f->offset);
 }
 
+int cost_field_count(void) { return N_COST_FIELDS; }
+const char *cost_field_name(int i) { return i >= 0 && i < N_COST_FIELDS ? cost_fields[i].key : NULL; }
+double cost_field_value(const CostModel *cm, int i) {
+    return i >= 0 && i < N_COST_FIELDS ? field_val(cm, &cost_fields[i]) : 0.0;
+}
+
 // Validate every field; `where` names the file or object in the message.
 static int check_fields(const CostModel *cm, const char *where) {
     for (int i = 0; i < N_COST_FIELDS; i++) {

@@ -814,23 +814,6 @@ void profile_print(FILE *f, const Profile *p) {
 
 // ---- the file ------------------------------------------------------------------------------------------------
 
-typedef struct {
-    const char *key;
-    size_t off;
-} Field;
-
-// The CostModel's numbers by the names cost_save gives them (docs/cost-model.md section 6).
-#define F(name) {#name, offsetof(CostModel, name)}
-static const Field FIELDS[] = {
-    F(attn_pair), F(lin_token), F(layer_const), F(act_token), F(act_const), F(kv_token), F(ring_bw),
-    F(ring_lat), F(offload_bw), F(grad_sync), F(optimizer), F(capacity_bytes), F(ring_bw_intra), F(ring_lat_intra),
-    F(act_shared_token), F(act_shared_const), F(head_token), F(head_const),
-};
-#undef F
-enum { N_FIELDS = (int)(sizeof FIELDS / sizeof FIELDS[0]) };
-
-static double field(const CostModel *cm, int i) { return *(const double *)((const char *)cm + FIELDS[i].off); }
-
 // Where each field of the file came from.
 static const char *field_source(const Profile *p, const char *key, int *measured) {
     *measured = 1;
@@ -891,8 +874,8 @@ static cJSON *profile_json(const Profile *p) {
 
     cJSON *fields = cJSON_AddObjectToObject(o, "fields");
     const char *extra[] = {"n_layers", "ranks_per_node"};
-    for (int i = 0; i < N_FIELDS + 2; i++) {
-        const char *key = i < N_FIELDS ? FIELDS[i].key : extra[i - N_FIELDS];
+    for (int i = 0; i < cost_field_count() + 2; i++) {
+        const char *key = i < cost_field_count() ? cost_field_name(i) : extra[i - cost_field_count()];
         int measured;
         const char *src = field_source(p, key, &measured);
         cJSON *fo = cJSON_AddObjectToObject(fields, key);
@@ -994,7 +977,7 @@ static cJSON *profile_json(const Profile *p) {
     cJSON_AddItemToObject(off, "read_samples", number_array(p->tier_read, p->n_tier));
 
     cJSON *der = cJSON_AddObjectToObject(o, "cpu_profile");  // for comparison: what the analytic model says
-    for (int i = 0; i < N_FIELDS; i++) cJSON_AddNumberToObject(der, FIELDS[i].key, field(&p->derived, i));
+    for (int i = 0; i < cost_field_count(); i++) cJSON_AddNumberToObject(der, cost_field_name(i), cost_field_value(&p->derived, i));
     return o;
 }
 
@@ -1006,7 +989,7 @@ int profile_write(const Profile *p, const char *path) {
     int ok = cJSON_AddNumberToObject(root, "version", 1) != NULL;
     ok = ok && cJSON_AddNumberToObject(root, "n_layers", cm->n_layers);
     ok = ok && cJSON_AddNumberToObject(root, "ranks_per_node", cm->ranks_per_node);
-    for (int i = 0; ok && i < N_FIELDS; i++) ok = json_add_exact(root, FIELDS[i].key, field(cm, i));
+    for (int i = 0; ok && i < cost_field_count(); i++) ok = json_add_exact(root, cost_field_name(i), cost_field_value(cm, i));
     cJSON *prof = ok ? profile_json(p) : NULL;
     ok = prof && cJSON_AddItemToObject(root, "profile", prof);
     int rc = ok ? json_write_file(path, root, 1) : bs_fail("%s: out of memory building JSON", path);
@@ -1015,10 +998,10 @@ int profile_write(const Profile *p, const char *path) {
     // what plan and simulate will read: the same numbers, or the file is no use
     CostModel back;
     if (cost_load(&back, path) != 0) return bs_fail_ctx("the profile just written does not load");
-    for (int i = 0; i < N_FIELDS; i++)
-        if (field(&back, i) != field(cm, i))
-            return bs_fail("%s: \"%s\" reads back as %.17g, not %.17g", path, FIELDS[i].key, field(&back, i),
-                           field(cm, i));
+    for (int i = 0; i < cost_field_count(); i++)
+        if (cost_field_value(&back, i) != cost_field_value(cm, i))
+            return bs_fail("%s: \"%s\" reads back as %.17g, not %.17g", path, cost_field_name(i), cost_field_value(&back, i),
+                           cost_field_value(cm, i));
     return 0;
 }
 

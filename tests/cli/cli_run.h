@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bytescale/fileio.h"
 #include "test_util.h"
 
 static char cli_out[1 << 18], cli_err[1 << 16];  // the last run's stdout and stderr
@@ -42,6 +43,25 @@ static inline int cli_run_np(const char *dir, int np, const char *env, const cha
 }
 
 static inline int cli_run(const char *dir, const char *env, const char *args) { return cli_run_np(dir, 0, env, args); }
+
+// A small Go-like corpus in <dir>/in, prepared into <dir>/data: n files f<i>.go of lines0 + step * i
+// lines "if err != nil { return err }", each file at most cap - 1 bytes (the longer ones cut).
+static inline void cli_make_corpus(const char *dir, int n, int lines0, int step, size_t cap) {
+    char in[600], path[700], args[2048];
+    snprintf(in, sizeof in, "%s/in", dir);
+    assert_int_equal(make_dirs(in), 0);
+    char *text = malloc(cap);
+    assert_non_null(text);
+    for (int f = 0; f < n; f++) {
+        text[0] = '\0';
+        for (int r = 0; r < lines0 + step * f; r++) strncat(text, "if err != nil { return err }\n", cap - strlen(text) - 1);
+        snprintf(path, sizeof path, "%s/f%d.go", in, f);
+        assert_int_equal(file_write_atomic(path, text, strlen(text)), 0);
+    }
+    free(text);
+    snprintf(args, sizeof args, "prepare --input %s --out %s/data", in, dir);
+    if (cli_run(dir, "", args) != 0) fail_msg("prepare: %s", cli_err);
+}
 
 // Run and require exit code `code` and the text in_stderr in what it printed to stderr.
 static inline void cli_expect(const char *dir, const char *args, int code, const char *in_stderr) {

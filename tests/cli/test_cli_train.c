@@ -19,15 +19,7 @@ static void expect(const char *args, int code, const char *in_stderr) { cli_expe
 // A small byte-level dataset in DIR/data from a few generated files.
 static void make_data(void) {
     test_tmpdir("cli_train");
-    assert_int_equal(make_dirs(DIR "/in"), 0);
-    for (int f = 0; f < 6; f++) {
-        char path[256], text[1024] = "";
-        for (int r = 0; r < 8 + 4 * f; r++) strncat(text, "if err != nil { return err }\n", sizeof text - strlen(text) - 1);
-        snprintf(path, sizeof path, DIR "/in/f%d.go", f);
-        assert_int_equal(file_write_atomic(path, text, strlen(text)), 0);
-    }
-    int rc = run("", "prepare --input " DIR "/in --out " DIR "/data");
-    if (rc != 0) fail_msg("prepare: exit %d: %s", rc, cli_err);
+    cli_make_corpus(DIR, 6, 8, 4, 1024);
 }
 
 // Parse every line of a metrics file; returns the number of lines. Each must be a step object.

@@ -24,14 +24,7 @@ static int mpi_run(int np, const char *env, const char *args) { return cli_run_n
 // Files up to 2,000 bytes: with context 512 and capacity 256 the long ones train as 2-rank rings.
 static void make_data(void) {
     test_tmpdir("cli_train_mpi");
-    assert_int_equal(make_dirs(DIR "/in"), 0);
-    for (int f = 0; f < 12; f++) {
-        char path[256], text[2100] = "";
-        for (int r = 0; r < 3 + 6 * f; r++) strncat(text, "if err != nil { return err }\n", sizeof text - strlen(text) - 1);
-        snprintf(path, sizeof path, DIR "/in/f%d.go", f);
-        assert_int_equal(file_write_atomic(path, text, strlen(text)), 0);
-    }
-    if (cli_run(DIR, "", "prepare --input " DIR "/in --out " DIR "/data") != 0) fail_msg("prepare: %s", cli_err);
+    cli_make_corpus(DIR, 12, 3, 6, 2100);
 }
 
 // The losses of a metrics file, by step (1-based), and how many lines had a 2-entry "ranks" array

@@ -18,6 +18,7 @@
 #include "bytescale/error.h"
 #include "bytescale/llama.h"
 #include "bytescale/offload.h"
+#include "bytescale/procmem.h"
 #include "bytescale/rng.h"
 
 #define TMP "test-tmp/nn_offload"
@@ -197,26 +198,6 @@ static void test_resident_bytes_formula(void **state) {
 
 // ---- the resident set really shrinks --------------------------------------------------------------------
 
-static long status_kb(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long v = -1;
-    size_t n = strlen(key);
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, key, n)) v = atol(line + n + 1);
-    fclose(f);
-    return v;
-}
-
-// Reset the peak RSS (VmHWM) to the current RSS; 0 when the kernel does not allow it.
-static int reset_hwm(void) {
-    FILE *f = fopen("/proc/self/clear_refs", "w");
-    if (!f) return 0;
-    int ok = fputs("5", f) >= 0;
-    return fclose(f) == 0 && ok;
-}
-
 // A model whose activations dwarf everything else a step touches: wide MLP, narrow rest, 6 layers.
 // Fresh model per ratio, the file tier (O_DIRECT: the page cache is not the process's anyway):
 // the step's peak RSS above the RSS before it is the activations it holds.
@@ -248,15 +229,15 @@ static void test_rss_drops(void **state) {
         llama_init_weights(&m, 3);
         llama_zero_grad(&m);  // the gradients' pages are touched before the measurement
         m.offload = offloader(1);
-        long before = status_kb("VmRSS:");
-        if (!reset_hwm()) {
+        long before = procmem_status_kb("VmRSS:");
+        if (!procmem_reset_peak()) {
             offloader_free(m.offload);
             llama_free(&m);
             rows_free(&r);
             skip();  // no /proc/self/clear_refs: nothing to measure with
         }
         step(&m, &r, RATIOS[i], &loss, NULL);
-        peak_kb[i] = (double)(status_kb("VmHWM:") - before);
+        peak_kb[i] = (double)(procmem_status_kb("VmHWM:") - before);
         print_message("r %.2f: peak RSS above the start %.1f MB, accounted %.1f MB\n", RATIOS[i], peak_kb[i] / 1024,
                       (double)llama_resident_bytes(&cfg, T, RATIOS[i]) / 1048576);
         offloader_free(m.offload);
