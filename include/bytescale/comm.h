@@ -47,8 +47,11 @@ struct Comm {
 // One rank: collectives are copies, point-to-point to another rank is an error.
 Comm *comm_local(void);
 
-// MPI: MPI_Init_thread (FUNNELED: a prefetch thread never calls MPI) on first use. -1 + error when
-// MPI cannot start. comm_mpi_finalize ends it (call once, at the end of the program).
+// MPI: MPI_Init_thread on first use (MULTIPLE where the library gives it: the prefetch thread fetches
+// from data servers; FUNNELED is enough without them). -1 + error when MPI cannot start.
+// comm_mpi_finalize ends it, on success only (an error ends the job with comm_abort): every process
+// of the job meets in a barrier first, so that none is inside MPI_Finalize while another can still
+// abort (Open MPI 4.1's mpirun can hang or crash when that happens).
 int comm_mpi_init(Comm **out, int *argc, char ***argv);
 int comm_mpi_finalize(void);
 // Whether this process was started by an MPI launcher (mpirun/mpiexec set these variables).

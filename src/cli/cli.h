@@ -16,9 +16,10 @@ int cmd_prepare(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
-// A data server of this MPI job (roles made by comm_mpi_split_roles): serve until the training
-// ranks are done, then finalize MPI. The exit code. serve_defaults: the text options' defaults.
-int cmd_serve_role(const LoaderServeConfig *cfg, const CommRoles *roles);
+// A data server of this MPI job (roles made by comm_mpi_split_roles on `world`): serve until the
+// training ranks are done, then finalize MPI and return 0; on an error, say it and abort the job.
+// serve_defaults: the text options' defaults.
+int cmd_serve_role(Comm *world, const LoaderServeConfig *cfg, const CommRoles *roles);
 void serve_defaults(LoaderServeConfig *cfg, const char *dir);
 
 // Integers with an optional binary suffix: 8K = 8192, 2M = 2097152, 1G. Names the flag on error.

@@ -36,13 +36,18 @@ static void usage(FILE *f) {
             "  --help             this text\n");
 }
 
-int cmd_serve_role(const LoaderServeConfig *cfg, const CommRoles *roles) {
-    int rc = loader_serve(cfg, roles);
-    if (rc != 0) fprintf(stderr, "bytescale serve: data server %d (world rank %d): error: %s\n", roles->index,
-                         roles->world_rank, bs_errmsg());
-    // the scheduler was told and ends the job; until then this server waits in MPI_Finalize
-    comm_mpi_finalize();
-    return rc == 0 ? 0 : 1;
+int cmd_serve_role(Comm *world, const LoaderServeConfig *cfg, const CommRoles *roles) {
+    if (loader_serve(cfg, roles) == 0) {
+        comm_mpi_finalize();
+        return 0;
+    }
+    fprintf(stderr, "bytescale serve: data server %d (world rank %d): error: %s\n", roles->index, roles->world_rank,
+            bs_errmsg());
+    // A failed server ends the job itself, and never waits in MPI_Finalize: the training ranks abort
+    // on the error it sent them, and Open MPI 4.1's mpirun can hang or crash when one process
+    // aborts while another finalizes (every process aborting is safe).
+    comm_abort(world, 1);
+    return 1;
 }
 
 void serve_defaults(LoaderServeConfig *cfg, const char *dir) {
@@ -100,5 +105,5 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "bytescale serve: error: %s\n", bs_errmsg());
         comm_abort(comm, 1);
     }
-    return cmd_serve_role(&cfg, &roles);
+    return cmd_serve_role(comm, &cfg, &roles);
 }

@@ -317,7 +317,7 @@ int cmd_train(int argc, char **argv) {
         if (role == COMM_ROLE_SERVER) {
             LoaderServeConfig sc;
             serve_defaults(&sc, cfg.data);
-            return cmd_serve_role(&sc, &roles);
+            return cmd_serve_role(comm, &sc, &roles);
         }
     }
     int lead = comm->rank == 0;

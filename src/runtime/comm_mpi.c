@@ -230,7 +230,13 @@ int comm_mpi_finalize(void) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
-    if (inited && !finalized && MPI_Finalize() != MPI_SUCCESS) return bs_fail("MPI_Finalize failed");
+    if (!inited || finalized) return 0;
+    // Past this barrier no process of the job fails any more: an abort before it finds the others
+    // waiting here, never inside MPI_Finalize, which Open MPI 4.1's mpirun does not survive reliably
+    // (under load it hangs or crashes in its own shutdown when one process aborts while another
+    // finalizes: docs/runtime.md, Faults).
+    if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) return bs_fail("the barrier before MPI_Finalize failed");
+    if (MPI_Finalize() != MPI_SUCCESS) return bs_fail("MPI_Finalize failed");
     return 0;
 }
 

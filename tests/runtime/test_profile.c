@@ -240,16 +240,29 @@ static void test_profile_file_round_trip(void **state) {
 }
 
 // The requirement: fitted on measured engine timings (tiny model, medians after a warm-up),
-// T(s) predicts the held-out lengths within 10%, and T(s) with the fitted head the whole 1-layer model. The runs are timed by the default clock, the thread's
-// CPU time, which leaves out the turns of whatever else ctest runs on the core meanwhile; a shared
-// machine can still spoil one measurement (caches, memory bandwidth): up to 3 tries, each printed.
+// T(s) predicts the held-out lengths within 10%, and T(s) with the fitted head the whole 1-layer
+// model. The runs are timed by the default clock, the thread's CPU time, which leaves out the turns of
+// whatever else ctest runs on the core meanwhile; a shared machine can still spoil one measurement
+// (caches, memory bandwidth): up to 3 tries, each printed.
+//
+// Under AddressSanitizer the engine is not the one the cost model describes: instrumentation slows
+// the engine's own C loops (embedding, norms, softmax, loss) and not OpenBLAS, so the head's share
+// of the time is another (in CI the whole-model check was off by 12% on three tries, the held-out
+// lengths within 9%). That build measures and fits once (what it is there for: memory errors) and
+// leaves the accuracy to the Release build.
+#if defined(__SANITIZE_ADDRESS__)
+enum { SANITIZED = 1, ATTEMPTS = 1 };
+#else
+enum { SANITIZED = 0, ATTEMPTS = 3 };
+#endif
+
 static void test_measured_fit_predicts_held_out_lengths(void **state) {
     (void)state;
     static const int64_t lens[] = {256, 384, 512, 768, 1024, 1536, 2048, 3072};
     Profile *p = calloc(1, sizeof *p);
     assert_non_null(p);
     double worst = INFINITY;
-    for (int attempt = 1; attempt <= 3 && worst > 0.10; attempt++) {
+    for (int attempt = 1; attempt <= ATTEMPTS && worst > 0.10; attempt++) {
         profile_free(p);
         profile_defaults(&p->cfg, model("tiny"));
         p->cfg.n_lengths = (int)(sizeof lens / sizeof lens[0]);
@@ -276,12 +289,16 @@ static void test_measured_fit_predicts_held_out_lengths(void **state) {
     }
     int held = 0;
     for (int i = 0; i < p->n_pts; i++) held += p->pts[i].held_out;
-    assert_int_equal(held, 2);  // 512 and 1536
-    if (!(worst <= 0.10)) fail_msg("held-out or whole-model error %.1f%% > 10%% in 3 attempts", 100 * worst);
-    assert_true(p->cm.lin_token > 0 && p->cm.attn_pair > 0);
-    assert_true(p->cm.head_token > 0);  // the head's time grows with the tokens
+    int positive = p->cm.lin_token > 0 && p->cm.attn_pair > 0 && p->cm.head_token > 0;
     profile_free(p);
     free(p);
+    assert_int_equal(held, 2);  // 512 and 1536
+    assert_true(positive);      // the layer grows with tokens and pairs, the head with tokens
+    if (SANITIZED) {
+        printf("sanitizer build: the fit's accuracy is checked in the Release build only\n");
+        return;
+    }
+    if (!(worst <= 0.10)) fail_msg("held-out or whole-model error %.1f%% > 10%% in %d attempts", 100 * worst, ATTEMPTS);
 }
 
 // --clock wall: the same measurement timed by the wall clock; every sample is there and positive, and
