@@ -43,6 +43,7 @@
 #include "bytescale/model.h"
 #include "bytescale/plan.h"
 #include "bytescale/policy.h"
+#include "bytescale/procmem.h"
 #include "bytescale/progress.h"
 #include "bytescale/timer.h"
 
@@ -57,36 +58,21 @@ static void cost_for(CostModel *cm, int ranks) {
     if (cost_derive(cm, model_find("llama-7b"), hw_find("h800-sxm"), 2, 1, ranks, CAPACITY) != 0) bs_die_errmsg();
 }
 
-// kB of a field of /proc/self/status, or -1.
-static long status_kb(const char *field) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long v = -1;
-    size_t n = strlen(field);
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, field, n) && line[n] == ':') v = atol(line + n + 1);
-    fclose(f);
-    return v;
-}
-
 // Start measuring the peak resident set: reset its high-water mark (VmHWM) and return the resident
 // set now; where the reset is not allowed, ru_maxrss (*exact = 0: an underestimate when an earlier
 // peak was higher).
 static long peak_start(int *exact) {
-    FILE *cr = fopen("/proc/self/clear_refs", "w");
-    *exact = cr && fputs("5", cr) >= 0;
-    if (cr && fclose(cr) != 0) *exact = 0;
+    *exact = procmem_reset_peak();
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    return *exact ? status_kb("VmRSS") : ru.ru_maxrss;
+    return *exact ? procmem_status_kb("VmRSS:") : ru.ru_maxrss;
 }
 
 // Growth of the peak resident set since peak_start, kB.
 static long peak_growth_kb(long before, int exact) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    return (exact ? status_kb("VmHWM") : ru.ru_maxrss) - before;
+    return (exact ? procmem_status_kb("VmHWM:") : ru.ru_maxrss) - before;
 }
 
 // What a child measures: seconds and peak resident growth (kB) of one job; exact = 0 for the
