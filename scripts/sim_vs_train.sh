@@ -32,7 +32,9 @@ MPIRUN="mpirun -np 2 --bind-to core"
 mkdir -p "$OUT"
 
 # one number from a flat JSON text: the value after "key":
-json_num() { sed -n "s/.*\"$1\":[[:space:]]*\([-0-9.eE+]*\).*/\1/p" | head -1; }
+# (sed reads all of its input and prints the first match: no `| head -1`, whose early exit can kill the
+# writer with SIGPIPE under pipefail)
+json_num() { sed -n "s/.*\"$1\":[[:space:]]*\([-0-9.eE+]*\).*/\1/p" | sed -n 1p; }
 
 echo "== profile ($MODEL, 2 ranks)" >&2
 $MPIRUN "$BIN" profile --model "$MODEL" --lengths 256,512,1K,2K,4K,8K,12K,16K --out "$OUT/profile.json" >"$OUT/profile.txt"
@@ -52,7 +54,7 @@ for policy in static naive balance; do
               json_num step_time)
         line=$(sed -n "/\"step\":$step,/p" "$OUT/$policy.jsonl")
         meas=$(echo "$line" | sed -n 's/.*"seconds":\([-0-9.eE+]*\).*/\1/p')
-        share=$(echo "$line" | grep -o '"core_share":[-0-9.eE+]*' | cut -d: -f2 | sort -g | head -1)
+        share=$(echo "$line" | grep -o '"core_share":[-0-9.eE+]*' | cut -d: -f2 | sort -g | sed -n 1p)
         echo "$step $meas $sim $share" >>"$OUT/$policy-steps.txt"
     done
     # medians and the largest per-step relative difference (simulated vs measured)

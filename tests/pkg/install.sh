@@ -72,7 +72,10 @@ step "examples/plan_example.c with pkg-config"
 cc -std=c17 -Wall -Werror -o "$work/plan_example_pc" "$src/examples/plan_example.c" \
   $(pkg-config --cflags --libs bytescale) -Wl,-rpath,"$(pkg-config --variable=libdir bytescale)"
 "$work/plan_example_pc" balance | tee "$work/pc.out"
-ldd "$work/plan_example_pc" | grep -q "libbytescale.so.0 => $libdir" || fail "the example did not load the installed library"
+# ldd's output kept whole, then searched: `ldd | grep -q` under pipefail fails at random, since grep -q
+# exits at its first match and ldd may then die of SIGPIPE
+libs=$(ldd "$work/plan_example_pc")
+grep -q "libbytescale.so.0 => $libdir" <<<"$libs" || fail "the example did not load the installed library"
 
 step "examples/ with CMake: find_package(bytescale), shared and static"
 cmake -S "$src/examples" -B "$work/example-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
@@ -83,7 +86,8 @@ cmake --build "$work/example-build" -j 2 >>"$work/cmake.log" 2>&1 || { cat "$wor
 "$work/example-build/plan_example_static" balance >"$work/static.out"
 cat "$work/cmake.out"
 cmp "$work/pc.out" "$work/cmake.out" && cmp "$work/pc.out" "$work/static.out" || fail "the examples print different plans"
-ldd "$work/example-build/plan_example_static" | grep -q libbytescale && fail "the static example loads libbytescale.so"
+libs=$(ldd "$work/example-build/plan_example_static")
+grep -q libbytescale <<<"$libs" && fail "the static example loads libbytescale.so"
 out=$("$work/example-build/plan_example" bogus 2>&1) && fail "the example accepted an unknown policy"
 grep -q "unknown policy 'bogus'" <<<"$out" || fail "the example's error: $out"
 
