@@ -12,7 +12,11 @@
 # the machine's load, not the plan: the last columns repeat the comparison over the steps where every
 # rank had its core, and say how many those were.
 #
-# Usage: scripts/sim_vs_train.sh [BUILD_DIR]   (env: OUT, STEPS, DATA, MODEL, CONTEXT, CAPACITY, TOKENS)
+# With PP=2 the two ranks are one pipeline of 2 stages (train --pp 2, one HDP rank: no rings, so the
+# context defaults to the capacity) and the plans are PP-Balance's; the simulator replays their 1F1B
+# schedule with the same profile, each stage running its half of the layers.
+#
+# Usage: scripts/sim_vs_train.sh [BUILD_DIR]   (env: OUT, STEPS, DATA, MODEL, CONTEXT, CAPACITY, TOKENS, PP)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -21,8 +25,9 @@ OUT=${OUT:-out/sim-vs-train}
 STEPS=${STEPS:-20}
 DATA=${DATA:-data/go-byte}
 MODEL=${MODEL:-tiny}
-CONTEXT=${CONTEXT:-16K}
+PP=${PP:-1}
 CAPACITY=${CAPACITY:-8K}
+if [ "$PP" -gt 1 ]; then CONTEXT=${CONTEXT:-$CAPACITY}; else CONTEXT=${CONTEXT:-16K}; fi
 TOKENS=${TOKENS:-32K}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 BS_QUIET=1
 MPIRUN="mpirun -np 2 --bind-to core"
@@ -45,7 +50,7 @@ for policy in static naive balance; do
     echo "== train: $policy, $((STEPS + 1)) steps" >&2
     rm -rf "${OUT:?}/$policy" "$OUT/$policy.jsonl"
     $MPIRUN "$BIN" train --data "$DATA" --model "$MODEL" --context "$CONTEXT" --capacity "$CAPACITY" \
-        --tokens "$TOKENS" --policy "$policy" --steps $((STEPS + 1)) --cost "$OUT/profile.json" \
+        --tokens "$TOKENS" --policy "$policy" --steps $((STEPS + 1)) --cost "$OUT/profile.json" --pp "$PP" \
         --save-plans "$OUT/$policy" --metrics "$OUT/$policy.jsonl" >/dev/null
     : >"$OUT/$policy-steps.txt"
     for step in $(seq 2 $((STEPS + 1))); do

@@ -33,6 +33,9 @@ typedef struct {
     int (*allgather)(Comm *c, const void *mine, void *all, size_t bytes);
     int (*bcast)(Comm *c, void *buf, size_t bytes, int root);
     int (*allreduce_sum)(Comm *c, double *x, int n);
+    int (*allreduce_f32)(Comm *c, float *x, size_t n, int op);
+    int (*split)(Comm *c, int color, int key, Comm **out);
+    void (*free)(Comm *c);
     int (*barrier)(Comm *c);
     void (*abort)(Comm *c, int code);
 } CommOps;
@@ -42,7 +45,11 @@ struct Comm {
     int tag_ub;             // largest tag the implementation accepts (MPI_TAG_UB; >= 32767)
     const CommOps *ops;
     const char *name;       // "local" or "mpi"
+    uint64_t handle;        // the implementation's communicator (an MPI_Comm of a group); 0 = the job's
 };
+
+// Reductions of comm_allreduce_f32.
+enum { COMM_SUM = 0, COMM_MAX = 1 };
 
 // One rank: collectives are copies, point-to-point to another rank is an error.
 Comm *comm_local(void);
@@ -114,6 +121,16 @@ static inline int comm_allgather(Comm *c, const void *mine, void *all, size_t by
 static inline int comm_bcast(Comm *c, void *buf, size_t bytes, int root) { return c->ops->bcast(c, buf, bytes, root); }
 // x[0..n) summed over all ranks, in place.
 static inline int comm_allreduce_sum(Comm *c, double *x, int n) { return c->ops->allreduce_sum(c, x, n); }
+// x[0..n) reduced over all ranks (COMM_SUM or COMM_MAX), in place: the tensor-parallel collectives.
+static inline int comm_allreduce_f32(Comm *c, float *x, size_t n, int op) { return c->ops->allreduce_f32(c, x, n, op); }
+// Collective over c: a communicator of the ranks that pass the same color, ranked by key (then by
+// rank in c). Made once at start for the fixed groups of a 3D layout (parallel.h), never per ring
+// or per step. One rank: *out is a one-rank Comm. Free with comm_free.
+static inline int comm_split_group(Comm *c, int color, int key, Comm **out) { return c->ops->split(c, color, key, out); }
+// Free a communicator made by comm_split_group (NULL is fine; the job's own is never freed).
+static inline void comm_free(Comm *c) {
+    if (c) c->ops->free(c);
+}
 // Only for start-up and tests: training steps never need one (the plan's global order keeps rings
 // in step, docs/runtime.md).
 static inline int comm_barrier(Comm *c) { return c->ops->barrier(c); }

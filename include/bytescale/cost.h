@@ -66,6 +66,13 @@ int cost_field_count(void);
 const char *cost_field_name(int i);
 double cost_field_value(const CostModel *cm, int i);
 
+// A profile measures one process running every layer of the model; one stage of pp runs the layers
+// of the largest stage (ceil(n_layers / pp)), and one of tp tensor-parallel processes about 1/tp of
+// each layer's and the head's work and K/V (its all-reduces not counted). Applied to a cost model
+// loaded for a whole model (cm->n_layers = model_layers) when it plans or simulates a 3D layout;
+// nothing changes for tp = pp = 1.
+void cost_shard(CostModel *cm, int model_layers, int tp, int pp);
+
 // FLOPs of one layer's forward pass (backward is counted as 2x forward where FLOPs are reported).
 double cost_linear_flops_per_token(const ModelConfig *m);      // projections + MLP (active experts)
 double cost_attn_flops_per_pair(const ModelConfig *m);         // QK^T and PV per visible pair

@@ -105,6 +105,9 @@ void zero1_start(Zero1 *z, Comm *comm, const float *grads, size_t begin, size_t 
 int zero1_reduce(Zero1 *z, Comm *comm, const float *grads);
 // The global gradient norm squared: the shard's sum of squares summed over ranks.
 int zero1_sumsq(Zero1 *z, Comm *comm, double *sumsq);
+// The same over a 3D job: each shard's sum of squares summed over every process of world, each
+// element of the whole model counted once (replicated tensors of m only on tp rank 0).
+int zero1_sumsq_global(Zero1 *z, const Llama *m, Comm *world, double *sumsq);
 int zero1_gather(Zero1 *z, Comm *comm, float *params);
 
 #endif

@@ -54,6 +54,48 @@ typedef struct {
 // The default: attn_forward / attn_backward on the micro-batch itself (queries = keys = local rows).
 AttnOps attn_ops_local(void);
 
+// ---- tensor and pipeline parallelism: which part of the model this process holds -------------------
+// A shard is one pipeline stage's layers [layer_begin, layer_end) (the first stage also holds the
+// embedding, the last the final norm, output head and loss) and, of those, one tensor-parallel rank's
+// share (Megatron-style, docs/model.md "Sharding"): query and K/V heads split over tp ranks (wq, wk,
+// wv by rows: column parallel; wo by columns: row parallel), the MLP likewise (w_gate, w_up by rows;
+// w_down by columns), the embedding and the output head by vocabulary rows (vocabulary parallel,
+// with a vocabulary-parallel fused cross-entropy). Norm gains are replicated on every tp rank.
+typedef struct {
+    int tp, tp_rank;             // tensor-parallel ranks and this one's index (tp = 1: nothing split)
+    int layer_begin, layer_end;  // this stage's layers
+    int first, last;             // holds the embedding / the final norm + head + loss
+} LlamaShard;
+
+// The collectives a tensor-parallel shard needs, over its tp group (the runtime gives them; nn has
+// no communicator of its own). In place over x[0 .. n); every rank of the group calls them in the
+// same order. Unused (may be zero) when tp = 1.
+enum { LLAMA_TP_SUM = 0, LLAMA_TP_MAX = 1 };
+typedef struct {
+    int (*allreduce)(void *ctx, float *x, size_t n, int op);  // op: LLAMA_TP_SUM or LLAMA_TP_MAX
+    void *ctx;
+} TpOps;
+
+// How a tensor is split over tp ranks: LLAMA_SPLIT_ROWS (a contiguous block of rows per rank),
+// LLAMA_SPLIT_COLS (a contiguous block of columns per rank), LLAMA_REPLICATED (norm gains).
+enum { LLAMA_REPLICATED = 0, LLAMA_SPLIT_ROWS = 1, LLAMA_SPLIT_COLS = 2 };
+
+// The whole model on one process: tp 1, every layer, first and last.
+LlamaShard llama_shard_full(const ModelConfig *cfg);
+// Whether cfg can be cut this way: tp divides n_heads, n_kv_heads, d_ff and vocab_size;
+// 0 <= tp_rank < tp; 0 <= layer_begin < layer_end <= n_layers; first iff layer_begin = 0, last iff
+// layer_end = n_layers. -1 + an error naming the numbers.
+int llama_shard_check(const ModelConfig *cfg, const LlamaShard *sh);
+
+// Where a shard's flat buffer lies in the whole model's (llama_shard_full) flat buffer: the shard's
+// floats [local, local + len) are the whole model's [full, full + len). Runs are in local order and
+// tile the shard's buffer. *runs is allocated (free it). A checkpoint, initial weights and the
+// parity tests go through these, so every layout reads and writes the one full layout.
+typedef struct {
+    size_t local, full, len;
+} ParamRun;
+int llama_shard_runs(const ModelConfig *cfg, const LlamaShard *sh, ParamRun **runs, size_t *n_runs);
+
 // ---- parameters -----------------------------------------------------------------------------------
 enum { LLAMA_NAME_MAX = 48 };
 
@@ -64,6 +106,7 @@ typedef struct {
     int ndim;                   // 1 (norm gains) or 2 (matrices)
     int shape[2];               // (rows, cols); a vector has shape[0] = numel, shape[1] = 1
     int decay;                  // AdamW applies weight decay: matrices yes, norm gains no
+    int split;                  // LLAMA_REPLICATED / LLAMA_SPLIT_ROWS / LLAMA_SPLIT_COLS over tp ranks
 } ParamTensor;
 
 typedef struct {
@@ -78,10 +121,13 @@ typedef struct {
     float *w_down;     // (d_model, d_ff)
 } LayerWeights;
 
-// Named views into a flat buffer (params or grads).
+// Named views into a flat buffer (params or grads). A shard's shapes are its local ones (the
+// comments give the whole model's): heads, K/V heads, d_ff and vocab divided by tp. Tensors the
+// shard does not hold are NULL (tok_emb off the first stage, final_norm and lm_head off the last,
+// layers outside [layer_begin, layer_end)).
 typedef struct {
     float *tok_emb;        // (vocab, d_model)
-    LayerWeights *layers;  // (n_layers,)
+    LayerWeights *layers;  // (n_layers,) indexed by the global layer number
     float *final_norm;     // (d_model,)
     float *lm_head;        // (vocab, d_model) untied from tok_emb
 } LlamaWeights;
@@ -157,9 +203,14 @@ struct Offloader;  // offload.h
 // while the layers below still compute (ZeRO-1 overlap, docs/runtime.md).
 typedef void (*GradReadyFn)(void *ctx, size_t begin, size_t end);
 
-typedef struct {
-    ModelConfig cfg;
-    int q_dim, kv_dim;       // n_heads * head_dim, n_kv_heads * head_dim
+typedef struct Llama {
+    ModelConfig cfg;         // the whole model's configuration
+    LlamaShard shard;        // what this process holds (llama_shard_full for the whole model)
+    TpOps tp_ops;            // the tp group's collectives (set by the caller when shard.tp > 1)
+    int n_heads, n_kv_heads, d_ff, vocab;  // this shard's: the config's divided by shard.tp
+    int vocab_begin;         // first vocabulary row this shard holds (tp_rank * vocab)
+    struct Llama *owner;     // a view (llama_init_view): the model whose parameters it shares; else NULL
+    int q_dim, kv_dim;       // n_heads * head_dim, n_kv_heads * head_dim (this shard's)
     size_t n_params;
     float *params;           // (n_params,) every weight, one block
     float *grads;            // (n_params,) same layout; forward_backward adds into it
@@ -187,6 +238,15 @@ typedef struct {
 // Make a model for micro-batches of up to max_T tokens: parameters (zero until llama_init_weights),
 // zero gradients, activations. Refuses MoE and inconsistent configs with a clear error.
 int llama_init(Llama *m, const ModelConfig *cfg, int max_T);
+// The same for one shard of the model (llama_shard_check first). llama_init is this with
+// llama_shard_full. A shard with tp > 1 needs m->tp_ops set before its first forward.
+int llama_init_shard(Llama *m, const ModelConfig *cfg, int max_T, const LlamaShard *sh);
+// A second set of activations for the same parameters: a view shares owner's parameters,
+// gradients, tensor table, shard and tp_ops, and has an arena of its own (max_T rows), so a
+// pipeline stage can hold several micro-batches between their forward and their backward. The
+// owner must outlive it. Offloading is the owner's alone (a view never offloads).
+int llama_init_view(Llama *view, Llama *owner, int max_T);
+// Frees what m owns (a view: its activations only).
 void llama_free(Llama *m);
 // Make room for micro-batches of up to max_T tokens (a ring member can hold a few more tokens than
 // the capacity, docs/runtime.md). Activations are re-carved; parameters and gradients are kept.
@@ -221,10 +281,31 @@ void llama_decay_ranges(const Llama *m, DecayRange *out);
 // is found before the backward starts (the gradients are untouched); a failed copy back stops the
 // backward midway (the gradients are then partly added: the caller must not apply them).
 int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets);
+// ---- one pipeline stage: the forward and the backward of a micro-batch, apart -------------------
+// The stage's forward of mb: the first stage embeds mb->tokens, the others start from x_in (T,
+// d_model), the previous stage's output. A stage that is not the last sets *x_out to its output (T,
+// d_model), inside m's activations, valid until m's next stage_forward. The last stage runs the
+// head and the loss and already computes the loss's gradient with respect to its input (scaled by
+// loss_scale, the lm_head and final_norm gradients added): *loss_sum and *n_targets as
+// llama_forward_backward's, 0 on other stages; *x_out = NULL there. Every tp rank of a stage gets
+// the same loss. mb's pos and seg are needed on every stage, targets only on the last.
+int llama_stage_forward(Llama *m, const MicroBatch *mb, const float *x_in, float loss_scale, double *loss_sum,
+                        int64_t *n_targets, float **x_out);
+// The backward of the micro-batch m's last stage_forward ran: from dy (T, d_model), the gradient of
+// the stage's output (the next stage's *dx_in; ignored on the last stage, NULL allowed), gradients
+// added into m's (its owner's) grads, m->grad_ready called for each finished range. A stage that is
+// not the first sets *dx_in to the gradient of its input (T, d_model), inside m's activations, valid
+// until m's next stage_forward; the first stage ends in the embedding and sets it NULL.
+// llama_forward_backward on a shard = stage_forward + stage_backward, bit for bit.
+int llama_stage_backward(Llama *m, const MicroBatch *mb, const float *dy, float **dx_in);
+
 // Forward only (evaluation): the same loss, no gradients touched.
 int llama_forward(Llama *m, const MicroBatch *mb, double *loss_sum, int64_t *n_targets);
-// The gradient ranges GradReadyFn reports, in its order (i = 0 .. n_layers + 1): 0 = final_norm +
-// lm_head, 1 .. n_layers = layer n_layers-1 .. 0, n_layers + 1 = the embedding. They tile the buffer.
+// The gradient ranges GradReadyFn reports, in its order (i = 0 .. llama_grad_buckets(m) - 1): the
+// final_norm + lm_head (last stage only), then the shard's layers from its last to its first, then
+// the embedding (first stage only). For the whole model: 0 = head, 1 .. n_layers = layer
+// n_layers-1 .. 0, n_layers + 1 = the embedding. They tile the buffer.
+int llama_grad_buckets(const Llama *m);
 void llama_grad_bucket(const Llama *m, int i, size_t *begin, size_t *end);
 
 #endif

@@ -69,6 +69,13 @@ int32_t plan_add_item(Plan *p, const Segment *segs, int n_segs, const int32_t *r
 // (cm = NULL: the items' est_time stand, the bounds are left as they are).
 int plan_finalize(Plan *p, const CostModel *cm);
 
+// The pipeline slot of every item (slot has n_items entries): 1 + the largest slot of the earlier
+// items (global order) that share a rank with it, 0 for an item that shares none. With pp stages,
+// stage s runs the forward of an item of slot q at key 2 (q + s) and its backward at key
+// 2 (q + pp) - 1, in increasing key: the 1F1B schedule the makespan replays and the runtime's
+// pipeline executes (docs/planner.md, "The makespan with pipelines"). -1 + error on no memory.
+int plan_pipeline_slots(const Plan *p, int32_t *slot);
+
 // Check everything the executor relies on: every token of the batch exactly once; segments inside
 // their sequences; rank sets distinct and in range; packs within capacity; every ring member holds
 // at most capacity tokens under the 2D-chunk layout (more only with offload r > 0, then Eq. 3);

@@ -25,6 +25,8 @@
 #include "bytescale/comm.h"
 #include "bytescale/cost.h"
 #include "bytescale/executor.h"
+#include "bytescale/parallel.h"
+#include "bytescale/pipeline.h"
 #include "bytescale/llama.h"
 #include "bytescale/loader.h"
 #include "bytescale/model.h"
@@ -36,7 +38,7 @@
 
 enum { TRAIN_PATH_MAX = 1024 };
 #define TRAIN_MAX_LR 1.0  // the largest peak learning rate train_config_check accepts
-enum { TRAIN_RANK_FIELDS = 14 };  // numbers each rank reports per step (train.c run_plan)
+enum { TRAIN_RANK_FIELDS = 20 };  // numbers each rank reports per step (train.c run_plan)
 enum { TRAIN_TIER_MAX = 16 };
 
 typedef struct {
@@ -71,6 +73,9 @@ typedef struct {
     char cost[TRAIN_PATH_MAX];       // a cost-model or profile file (`bytescale profile`); "" = derived
                                      // from the model and the `cpu` hardware profile
     char save_plans[TRAIN_PATH_MAX]; // write every step's plan there as plan-<step>.json; "" = none
+    // the 3D layout (parallel.h; run options: a checkpoint holds the whole model and resumes on any)
+    int tp;                          // tensor-parallel processes per HDP rank and stage; 0 or 1 = none
+    int pp;                          // pipeline stages; 0 or 1 = none
 } TrainConfig;
 
 // data/go-byte, model small, 300 steps of 32K tokens, context 4K, capacity = context, balance,
@@ -98,6 +103,11 @@ typedef struct {
     double core_share;      // CPU seconds of the rank's process / wall seconds of its items and sync:
                             // ~1 (or more, with copier threads) when it had its core, below ~0.9 when
                             // other processes took turns on it and its times are not to be trusted
+    int stage, tp_rank, hdp_rank;  // where the process sits in the 3D layout (parallel.h)
+    double p2p_wait;        // pp > 1: seconds blocked receiving activations / gradients from a neighbouring
+                            // stage (part of wait): the pipeline's bubbles and hand-off waits
+    double p2p_bytes;       // pp > 1: bytes sent to the neighbouring stages
+    double tp_seconds;      // tp > 1: seconds in the tp group's all-reduces (part of compute)
 } RankTimes;
 
 // What one step did; also one line of the metrics file.
@@ -142,8 +152,12 @@ struct Trainer {
     ModelConfig model;
     Dataset data;
     uint32_t data_fingerprint;  // identifies the dataset in checkpoints (train_data_fingerprint)
-    Comm *comm;                 // the HDP ranks: comm_local() on one process, MPI under mpirun
-    int rank, n_ranks;          // comm->rank, comm->size
+    Comm *comm;                 // every training process: comm_local() on one process, MPI under mpirun
+    int rank, n_ranks;          // comm->rank, comm->size (processes: tp x pp x hdp)
+    Parallel par;               // the 3D layout: this process's stage, HDP rank, TP rank and groups
+    int hdp, hdp_rank;          // the plan's ranks (par.hdp) and this process's one among them
+    Pipeline pipe;              // pp > 1: this stage's 1F1B executor
+    double tp_seconds;          // this step's seconds in tp all-reduces so far
     Sampler sampler;            // rank 0 only: samples every global batch
     Llama llama;
     struct Offloader *offloader;  // the copiers and tier of --offload-tier file|memory; NULL = none

@@ -194,6 +194,8 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
     if (fl->cost ? cost_load(&s.cm, fl->cost) != 0
                  : cost_derive(&s.cm, &s.model, &s.hw, tp, pp, s.cluster.n_ranks, p.capacity) != 0)
         goto done;
+    // a profile of one process running the whole model (`bytescale profile`), as `train --tp --pp` plans
+    if (fl->cost && s.cm.n_layers == s.model.n_layers) cost_shard(&s.cm, s.model.n_layers, tp, pp);
     if (plan_finalize(&p, &s.cm) != 0 || plan_validate(&p, &s.cm) != 0) {
         bs_fail_ctx("%s", fl->plan);
         goto done;

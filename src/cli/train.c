@@ -67,13 +67,19 @@ static void usage(FILE *f) {
             "  --servers N          the last N ranks of the mpirun job are data servers of --data: the\n"
             "                       training ranks fetch only their own token ranges from them (docs/loader.md;\n"
             "                       also `mpirun ... bytescale train ... : -np N bytescale serve --data DIR`)\n"
+            "  --tp T               tensor parallelism: every HDP rank is T processes, each with 1/T of the\n"
+            "                       heads, the MLP and the vocabulary (Megatron-style; default 1)\n"
+            "  --pp P               pipeline stages: the layers split over P stages that run each HDP rank's\n"
+            "                       micro-batches 1F1B as the planner schedules them (PP-Balance; default 1).\n"
+            "                       mpirun -np N with N = T x P x H runs H HDP ranks (docs/runtime.md)\n"
             "  --resume PATH        continue from a checkpoint: its settings, weights, optimizer and data\n"
             "                       position; its run's data, steps, checkpoint and metrics paths unless\n"
             "                       given again. The metrics file drops lines past the checkpoint's step.\n"
             "  --help               this text\n"
             "\n"
             "One process runs packs only: a context above the capacity needs ring attention over >= 2 ranks\n"
-            "(mpirun). Checkpoints hold whole optimizer state: a run resumes on any number of ranks. Set\n"
+            "(mpirun). Checkpoints hold the whole model and optimizer state: a run resumes on any number of\n"
+            "ranks and any --tp / --pp. Set\n"
             "OPENBLAS_NUM_THREADS=1 for bit-exact resumes, BS_QUIET=1 to hide the progress line.\n",
             d.model, (long long)d.tokens, (long long)d.context, d.policy, d.lr, (long long)d.warmup, d.weight_decay,
             d.clip, (unsigned long long)d.seed, d.data, (long long)d.steps, d.ckpt_keep);
@@ -90,7 +96,8 @@ enum {
     OPT_MODEL = 1000, OPT_TOKENS, OPT_CONTEXT, OPT_CAPACITY, OPT_POLICY, OPT_LR, OPT_MIN_LR, OPT_WARMUP, OPT_WD,
     OPT_CLIP, OPT_SEED,  // the settings, up to here
     OPT_DATA, OPT_STEPS, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_CKPT_KEEP, OPT_METRICS, OPT_TRACE, OPT_OFFLOAD_TIER,
-    OPT_OFFLOAD_DIR, OPT_MEM_BUDGET, OPT_COST, OPT_SAVE_PLANS, OPT_SERVERS, OPT_PLOT, OPT_RESUME, OPT_END
+    OPT_OFFLOAD_DIR, OPT_MEM_BUDGET, OPT_COST, OPT_SAVE_PLANS, OPT_SERVERS, OPT_TP, OPT_PP, OPT_PLOT, OPT_RESUME,
+    OPT_END
 };
 
 static const struct option options[] = {
@@ -118,6 +125,8 @@ static const struct option options[] = {
     {"cost", required_argument, NULL, OPT_COST},
     {"save-plans", required_argument, NULL, OPT_SAVE_PLANS},
     {"servers", required_argument, NULL, OPT_SERVERS},
+    {"tp", required_argument, NULL, OPT_TP},
+    {"pp", required_argument, NULL, OPT_PP},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"help", no_argument, NULL, 'h'},
@@ -170,6 +179,12 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_COST: return copy_text(c->cost, sizeof c->cost, flag, v);
     case OPT_SAVE_PLANS: return copy_text(c->save_plans, sizeof c->save_plans, flag, v);
     case OPT_SERVERS: return 0;  // the job's layout, read in cmd_train
+    case OPT_TP:
+    case OPT_PP: {
+        int *x = opt == OPT_TP ? &c->tp : &c->pp, most = opt == OPT_TP ? 4096 : 256;
+        if (arg_int(flag, v, x) != 0) return -1;
+        return *x >= 1 && *x <= most ? 0 : bs_fail("%s must be in [1, %d] (got %s)", flag, most, v);
+    }
     default: return bs_fail("%s: not a setting", flag);
     }
 }
@@ -231,6 +246,17 @@ static void fmt_time(char *buf, size_t cap, double s) {
     if (s < 60) snprintf(buf, cap, "%.1fs", s);
     else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
     else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+// End the job with msg; with tp or pp > 1 it names the process's stage, HDP rank and tp rank too.
+_Noreturn static void die_at(const Trainer *t, Comm *comm, const char *msg) {
+    char buf[2300];
+    if (t->par.tp * t->par.pp > 1)
+        snprintf(buf, sizeof buf, "stage %d of %d, HDP rank %d, tp rank %d: %s", t->par.stage, t->par.pp,
+                 t->hdp_rank, t->par.tp_rank, msg);
+    else
+        snprintf(buf, sizeof buf, "%s", msg);
+    cli_rank_die(comm, "train", buf);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -328,7 +354,7 @@ int cmd_train(int argc, char **argv) {
     if (resume && trainer_load(t, resume) != 0) {
         char msg[2048];
         snprintf(msg, sizeof msg, "cannot resume: %s", bs_errmsg());
-        cli_rank_die(comm, "train", msg);
+        die_at(t, comm, msg);
     }
     const DocIndex *ix = &t->data.index;
     if (lead) printf("train: model %s (%.2fM parameters), data %s (%lld documents, %lld tokens)\n", t->model.name,
@@ -338,6 +364,14 @@ int cmd_train(int argc, char **argv) {
                roles.n_servers > 1 ? "s" : "");
         for (int i = 0; i < roles.n_servers && i < COMM_MAX_SERVERS; i++) printf("%s %d", i ? "," : "", roles.servers[i]);
         printf("); this rank schedules, every rank fetches its own token ranges\n");
+    }
+    if (lead && t->n_ranks > 1) {
+        char line[512];
+        parallel_describe(&t->par, line, sizeof line);
+        printf("train: %s\n", line);
+        for (int s = 0; s < t->par.pp && t->par.pp > 1; s++)
+            printf("train: stage %d: layers %d..%d%s%s\n", s, t->par.stage_begin[s], t->par.stage_begin[s + 1] - 1,
+                   s == 0 ? " + embedding" : "", s == t->par.pp - 1 ? " + head + loss" : "");
     }
     if (lead)
         printf("train: %d rank%s, %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, "
@@ -359,7 +393,7 @@ int cmd_train(int argc, char **argv) {
     int64_t done = sum.last_step - sum.first_step;
     if (rc != 0) {
         if (sum.last_ckpt[0] && lead) fprintf(stderr, "bytescale train: the newest checkpoint is %s\n", sum.last_ckpt);
-        cli_rank_die(comm, "train", bs_errmsg());
+        die_at(t, comm, bs_errmsg());
     }
     if (!lead) {  // rank 0 reports and plots
         trainer_free(t);

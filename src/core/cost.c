@@ -436,3 +436,10 @@ int cost_save(const CostModel *cm, const char *path) {
     cJSON_Delete(root);
     return rc;
 }
+
+void cost_shard(CostModel *cm, int model_layers, int tp, int pp) {
+    if (tp < 1) tp = 1;
+    if (pp < 1) pp = 1;
+    cm->n_layers = (model_layers + pp - 1) / pp;
+    cm->attn_pair /= tp, cm->lin_token /= tp, cm->kv_token /= tp, cm->head_token /= tp;
+}

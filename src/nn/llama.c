@@ -32,7 +32,7 @@ static int local_backward(void *ctx, int layer, float *dq, float *dk, float *dv,
 
 AttnOps attn_ops_local(void) { return (AttnOps){.forward = local_forward, .backward = local_backward, .ctx = NULL}; }
 
-// ---- configuration and parameter layout ------------------------------------------------------------
+// ---- configuration, shards and the parameter layout ---------------------------------------------
 
 // The catalogue's own consistency check (core), after refusing what this CPU model cannot run.
 static int check_config(const ModelConfig *c) {
@@ -43,57 +43,164 @@ static int check_config(const ModelConfig *c) {
     return model_check(c);
 }
 
-// Append one tensor to the table (or only count it while m->tensors is NULL).
-static void add_tensor(Llama *m, const char *name, int rows, int cols, int ndim) {
+LlamaShard llama_shard_full(const ModelConfig *cfg) {
+    return (LlamaShard){.tp = 1, .tp_rank = 0, .layer_begin = 0, .layer_end = cfg->n_layers, .first = 1, .last = 1};
+}
+
+int llama_shard_check(const ModelConfig *c, const LlamaShard *sh) {
+    const char *n = c->name;
+    int tp = sh->tp;
+    if (tp < 1) return bs_fail("model %s: tensor parallelism %d: must be at least 1", n, tp);
+    if (sh->tp_rank < 0 || sh->tp_rank >= tp)
+        return bs_fail("model %s: tensor-parallel rank %d outside [0, %d)", n, sh->tp_rank, tp);
+    // whole heads, whole GQA groups (tp divides n_kv_heads, so a rank's query heads use only its
+    // own K/V heads), whole rows of the MLP and of the vocabulary on every rank
+    struct {
+        const char *field;
+        int value;
+    } divided[] = {{"n_heads", c->n_heads}, {"n_kv_heads", c->n_kv_heads}, {"d_ff", c->d_ff},
+                   {"vocab_size", c->vocab_size}};
+    for (size_t i = 0; i < sizeof divided / sizeof divided[0]; i++)
+        if (divided[i].value % tp != 0)
+            return bs_fail("tensor parallelism %d does not divide %s %d of model %s", tp, divided[i].field,
+                           divided[i].value, n);
+    if (sh->layer_begin < 0 || sh->layer_end > c->n_layers || sh->layer_begin >= sh->layer_end)
+        return bs_fail("model %s: a stage's layers [%d, %d) must be a non-empty range within the model's %d layers", n,
+                       sh->layer_begin, sh->layer_end, c->n_layers);
+    if (!sh->first != !(sh->layer_begin == 0))
+        return bs_fail("model %s: the stage of layers [%d, %d) %s the first (it holds the embedding iff it starts "
+                       "at layer 0; first = %d)",
+                       n, sh->layer_begin, sh->layer_end, sh->layer_begin == 0 ? "is" : "is not", sh->first);
+    if (!sh->last != !(sh->layer_end == c->n_layers))
+        return bs_fail("model %s: the stage of layers [%d, %d) %s the last (it holds the head iff it ends at layer "
+                       "%d; last = %d)",
+                       n, sh->layer_begin, sh->layer_end, sh->layer_end == c->n_layers ? "is" : "is not",
+                       c->n_layers, sh->last);
+    return 0;
+}
+
+// A tensor table being built: counts while t is NULL, fills it otherwise.
+typedef struct {
+    ParamTensor *t;
+    int n;
+    size_t n_params;
+} Table;
+
+static void add_tensor(Table *tb, const char *name, int rows, int cols, int ndim, int split) {
     size_t numel = (size_t)rows * (size_t)cols;
-    if (m->tensors) {
-        ParamTensor *t = &m->tensors[m->n_tensors];
+    if (tb->t) {
+        ParamTensor *t = &tb->t[tb->n];
         snprintf(t->name, sizeof t->name, "%s", name);
-        t->offset = m->n_params;
+        t->offset = tb->n_params;
         t->numel = numel;
         t->ndim = ndim;
         t->shape[0] = rows;
         t->shape[1] = cols;
         t->decay = ndim == 2;  // matrices decay; norm gains keep their scale free
+        t->split = split;
     }
-    m->n_tensors++;
-    m->n_params += numel;
+    tb->n++;
+    tb->n_params += numel;
 }
 
-static void add_layer_tensor(Llama *m, int layer, const char *what, int rows, int cols, int ndim) {
+static void add_layer_tensor(Table *tb, int layer, const char *what, int rows, int cols, int ndim, int split) {
     char name[LLAMA_NAME_MAX];
     snprintf(name, sizeof name, "layers.%d.%s", layer, what);
-    add_tensor(m, name, rows, cols, ndim);
+    add_tensor(tb, name, rows, cols, ndim, split);
 }
 
-// The tensors in buffer order. Called twice: to count (m->tensors NULL) and to fill the table.
-static void layout_tensors(Llama *m) {
-    const ModelConfig *c = &m->cfg;
-    int D = c->d_model, V = c->vocab_size, F = c->d_ff;
-    m->n_tensors = 0;
-    m->n_params = 0;
-    add_tensor(m, "tok_emb", V, D, 2);
-    for (int l = 0; l < c->n_layers; l++) {
-        add_layer_tensor(m, l, "attn_norm", D, 1, 1);
-        add_layer_tensor(m, l, "wq", m->q_dim, D, 2);
-        add_layer_tensor(m, l, "wk", m->kv_dim, D, 2);
-        add_layer_tensor(m, l, "wv", m->kv_dim, D, 2);
-        add_layer_tensor(m, l, "wo", D, m->q_dim, 2);
-        add_layer_tensor(m, l, "mlp_norm", D, 1, 1);
-        add_layer_tensor(m, l, "w_gate", F, D, 2);
-        add_layer_tensor(m, l, "w_up", F, D, 2);
-        add_layer_tensor(m, l, "w_down", D, F, 2);
+// A shard's tensors in buffer order, with its local shapes: the whole model's order (tok_emb, the
+// layers, final_norm, lm_head) less what the stage does not hold. Column-parallel matrices (wq, wk,
+// wv, w_gate, w_up) and the vocabulary-parallel ones (tok_emb, lm_head) keep a block of rows; the
+// row-parallel ones (wo, w_down) a block of columns; norm gains are whole.
+static void layout_tensors(Table *tb, const ModelConfig *c, const LlamaShard *sh) {
+    int tp = sh->tp, D = c->d_model, V = c->vocab_size / tp, F = c->d_ff / tp;
+    int Q = c->n_heads / tp * c->head_dim, KV = c->n_kv_heads / tp * c->head_dim;
+    tb->n = 0;
+    tb->n_params = 0;
+    if (sh->first) add_tensor(tb, "tok_emb", V, D, 2, LLAMA_SPLIT_ROWS);
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
+        add_layer_tensor(tb, l, "attn_norm", D, 1, 1, LLAMA_REPLICATED);
+        add_layer_tensor(tb, l, "wq", Q, D, 2, LLAMA_SPLIT_ROWS);
+        add_layer_tensor(tb, l, "wk", KV, D, 2, LLAMA_SPLIT_ROWS);
+        add_layer_tensor(tb, l, "wv", KV, D, 2, LLAMA_SPLIT_ROWS);
+        add_layer_tensor(tb, l, "wo", D, Q, 2, LLAMA_SPLIT_COLS);
+        add_layer_tensor(tb, l, "mlp_norm", D, 1, 1, LLAMA_REPLICATED);
+        add_layer_tensor(tb, l, "w_gate", F, D, 2, LLAMA_SPLIT_ROWS);
+        add_layer_tensor(tb, l, "w_up", F, D, 2, LLAMA_SPLIT_ROWS);
+        add_layer_tensor(tb, l, "w_down", D, F, 2, LLAMA_SPLIT_COLS);
     }
-    add_tensor(m, "final_norm", D, 1, 1);
-    add_tensor(m, "lm_head", V, D, 2);
+    if (sh->last) {
+        add_tensor(tb, "final_norm", D, 1, 1, LLAMA_REPLICATED);
+        add_tensor(tb, "lm_head", V, D, 2, LLAMA_SPLIT_ROWS);
+    }
 }
 
-// Named views into a flat buffer with the layout of m->tensors.
+// The table of a shard, allocated (NULL + error when out of memory).
+static ParamTensor *make_table(const ModelConfig *c, const LlamaShard *sh, int *n, size_t *n_params) {
+    Table tb = {0};
+    layout_tensors(&tb, c, sh);  // count
+    tb.t = bs_calloc((size_t)tb.n, sizeof *tb.t);
+    if (!tb.t) return NULL;
+    layout_tensors(&tb, c, sh);  // fill
+    *n = tb.n;
+    *n_params = tb.n_params;
+    return tb.t;
+}
+
+int llama_shard_runs(const ModelConfig *cfg, const LlamaShard *sh, ParamRun **runs, size_t *n_runs) {
+    *runs = NULL;
+    *n_runs = 0;
+    if (check_config(cfg) != 0 || llama_shard_check(cfg, sh) != 0) return -1;
+    LlamaShard whole = llama_shard_full(cfg);
+    int n_loc = 0, n_full = 0;
+    size_t np_loc = 0, np_full = 0;
+    ParamTensor *loc = make_table(cfg, sh, &n_loc, &np_loc), *full = make_table(cfg, &whole, &n_full, &np_full);
+    size_t cap = 0;
+    for (int i = 0; loc && i < n_loc; i++) cap += loc[i].split == LLAMA_SPLIT_COLS ? (size_t)loc[i].shape[0] : 1;
+    ParamRun *r = loc && full ? bs_calloc(cap, sizeof *r) : NULL;
+    if (!r) {
+        free(loc), free(full);
+        return bs_fail_ctx("model %s: the parameter runs of a shard", cfg->name);
+    }
+    size_t n = 0;
+    int j = 0;  // the shard's tensors are a subsequence of the whole model's, in the same order
+    for (int i = 0; i < n_loc; i++) {
+        const ParamTensor *t = &loc[i];
+        while (strcmp(full[j].name, t->name) != 0) j++;
+        const ParamTensor *f = &full[j];
+        // one run per block of floats that is contiguous in both layouts: a row block is, a
+        // column block is one piece per row (rank r's columns sit in the middle of every full row)
+        size_t pieces = 1, len = t->numel, step_loc = 0, step_full = 0, at = f->offset;
+        if (t->split == LLAMA_SPLIT_ROWS) at += (size_t)sh->tp_rank * t->numel;
+        if (t->split == LLAMA_SPLIT_COLS) {
+            pieces = (size_t)t->shape[0], len = (size_t)t->shape[1];
+            step_loc = len, step_full = (size_t)f->shape[1];
+            at += (size_t)sh->tp_rank * len;
+        }
+        for (size_t p = 0; p < pieces; p++) {
+            ParamRun run = {t->offset + p * step_loc, at + p * step_full, len};
+            ParamRun *last = n ? &r[n - 1] : NULL;
+            if (last && last->local + last->len == run.local && last->full + last->len == run.full)
+                last->len += run.len;  // contiguous on both sides: one copy does
+            else
+                r[n++] = run;
+        }
+    }
+    free(loc), free(full);
+    *runs = r;
+    *n_runs = n;
+    return 0;
+}
+
+// Named views into a flat buffer with the layout of m->tensors. Tensors the shard does not hold
+// stay NULL (w->layers comes zeroed).
 static void bind_weights(const Llama *m, LlamaWeights *w, float *base) {
     const ParamTensor *t = m->tensors;
+    const LlamaShard *sh = &m->shard;
     int i = 0;
-    w->tok_emb = base + t[i++].offset;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
+    w->tok_emb = sh->first ? base + t[i++].offset : NULL;
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
         LayerWeights *lw = &w->layers[l];
         lw->attn_norm = base + t[i++].offset;
         lw->wq = base + t[i++].offset;
@@ -105,8 +212,18 @@ static void bind_weights(const Llama *m, LlamaWeights *w, float *base) {
         lw->w_up = base + t[i++].offset;
         lw->w_down = base + t[i++].offset;
     }
-    w->final_norm = base + t[i++].offset;
-    w->lm_head = base + t[i++].offset;
+    w->final_norm = sh->last ? base + t[i++].offset : NULL;
+    w->lm_head = sh->last ? base + t[i++].offset : NULL;
+}
+
+// The tp group's collectives: a view uses its owner's, so the caller sets them in one place.
+static const TpOps *tp_ops_of(const Llama *m) { return m->owner ? &m->owner->tp_ops : &m->tp_ops; }
+
+static int tp_sum(const Llama *m, float *x, size_t n) {
+    const TpOps *ops = tp_ops_of(m);
+    if (ops->allreduce(ops->ctx, x, n, LLAMA_TP_SUM) != 0)
+        return bs_fail_ctx("tensor-parallel allreduce of %zu floats", n);
+    return 0;
 }
 
 // ---- making and freeing -----------------------------------------------------------------------------
@@ -114,24 +231,38 @@ static void bind_weights(const Llama *m, LlamaWeights *w, float *base) {
 int llama_init(Llama *m, const ModelConfig *cfg, int max_T) {
     memset(m, 0, sizeof *m);
     if (check_config(cfg) != 0) return -1;
+    LlamaShard whole = llama_shard_full(cfg);
+    return llama_init_shard(m, cfg, max_T, &whole);
+}
+
+int llama_init_shard(Llama *m, const ModelConfig *cfg, int max_T, const LlamaShard *sh) {
+    memset(m, 0, sizeof *m);
+    if (check_config(cfg) != 0 || llama_shard_check(cfg, sh) != 0) return -1;
     if (max_T < 1) return bs_fail("model %s: max_T must be >= 1 (got %d)", cfg->name, max_T);
     m->cfg = *cfg;
-    m->q_dim = cfg->n_heads * cfg->head_dim;
-    m->kv_dim = cfg->n_kv_heads * cfg->head_dim;
+    m->shard = *sh;
+    m->shard.first = sh->first != 0, m->shard.last = sh->last != 0;
+    int tp = sh->tp;
+    m->n_heads = cfg->n_heads / tp;
+    m->n_kv_heads = cfg->n_kv_heads / tp;
+    m->d_ff = cfg->d_ff / tp;
+    m->vocab = cfg->vocab_size / tp;
+    m->vocab_begin = sh->tp_rank * m->vocab;
+    m->q_dim = m->n_heads * cfg->head_dim;
+    m->kv_dim = m->n_kv_heads * cfg->head_dim;
     m->max_T = max_T;
-    m->chunk = acts_head_chunk(cfg, max_T);
+    ActDims d = acts_dims(cfg, &m->shard);
+    m->chunk = acts_head_chunk(&d, max_T);
     m->attn = attn_ops_local();
 
-    layout_tensors(m);  // count
-    m->tensors = bs_calloc((size_t)m->n_tensors, sizeof *m->tensors);
-    m->params = bs_calloc(m->n_params, sizeof(float));
-    m->grads = bs_calloc(m->n_params, sizeof(float));
+    m->tensors = make_table(cfg, &m->shard, &m->n_tensors, &m->n_params);
+    m->params = m->tensors ? bs_calloc(m->n_params, sizeof(float)) : NULL;
+    m->grads = m->params ? bs_calloc(m->n_params, sizeof(float)) : NULL;
     m->w.layers = bs_calloc((size_t)cfg->n_layers, sizeof(LayerWeights));
     m->g.layers = bs_calloc((size_t)cfg->n_layers, sizeof(LayerWeights));
     m->acts.layers = bs_calloc((size_t)cfg->n_layers, sizeof(LayerActs));
     int ok = m->tensors && m->params && m->grads && m->w.layers && m->g.layers && m->acts.layers;
     if (ok) {
-        layout_tensors(m);  // fill
         bind_weights(m, &m->w, m->params);
         bind_weights(m, &m->g, m->grads);
         ok = acts_reserve(m, max_T) == 0;
@@ -145,45 +276,116 @@ int llama_init(Llama *m, const ModelConfig *cfg, int max_T) {
     return 0;
 }
 
+int llama_init_view(Llama *view, Llama *owner, int max_T) {
+    memset(view, 0, sizeof *view);
+    if (owner->owner) owner = owner->owner;  // a view of a view shares the same parameters
+    if (max_T < 1) return bs_fail("model %s: max_T must be >= 1 (got %d)", owner->cfg.name, max_T);
+    // the parameters, gradients and their table are the owner's (pointers); the activations, their
+    // layout and accounting are the view's own, and it never offloads
+    view->cfg = owner->cfg;
+    view->shard = owner->shard;
+    view->tp_ops = owner->tp_ops;
+    view->n_heads = owner->n_heads, view->n_kv_heads = owner->n_kv_heads;
+    view->d_ff = owner->d_ff, view->vocab = owner->vocab, view->vocab_begin = owner->vocab_begin;
+    view->owner = owner;
+    view->q_dim = owner->q_dim, view->kv_dim = owner->kv_dim;
+    view->n_params = owner->n_params;
+    view->params = owner->params;
+    view->grads = owner->grads;
+    view->tensors = owner->tensors;
+    view->n_tensors = owner->n_tensors;
+    view->w = owner->w;
+    view->g = owner->g;
+    view->attn = owner->attn;
+    view->grad_ready = owner->grad_ready;
+    view->grad_ready_ctx = owner->grad_ready_ctx;
+    view->max_T = max_T;
+    ActDims d = acts_dims(&view->cfg, &view->shard);
+    view->chunk = acts_head_chunk(&d, max_T);
+    view->acts.layers = bs_calloc((size_t)view->cfg.n_layers, sizeof(LayerActs));
+    if (!view->acts.layers || acts_reserve(view, max_T) != 0) {
+        bs_fail_ctx("model %s: a view's activations for %d tokens", owner->cfg.name, max_T);
+        llama_free(view);
+        return -1;
+    }
+    return 0;
+}
+
 int llama_reserve(Llama *m, int max_T) {
     if (max_T <= m->max_T) return 0;
     // activations live only within a call, so the arena is simply made again, larger
     if (acts_reserve(m, max_T) != 0) return bs_fail_ctx("model %s: activations for %d tokens", m->cfg.name, max_T);
     m->max_T = max_T;
-    m->chunk = acts_head_chunk(&m->cfg, max_T);
+    ActDims d = acts_dims(&m->cfg, &m->shard);
+    m->chunk = acts_head_chunk(&d, max_T);
     return 0;
 }
 
 void llama_free(Llama *m) {
-    free(m->tensors);
-    free(m->params);
-    free(m->grads);
-    free(m->w.layers);
-    free(m->g.layers);
+    if (!m->owner) {  // a view's parameters, gradients and table are its owner's
+        free(m->tensors);
+        free(m->params);
+        free(m->grads);
+        free(m->w.layers);
+        free(m->g.layers);
+    }
     free(m->acts.layers);
     arena_free(&m->arena);
     memset(m, 0, sizeof *m);
 }
 
+// GPT-2: the projections that write into the residual stream are scaled down so the stream's
+// variance does not grow with depth (2 per layer: attention and MLP).
+static double init_std(const ParamTensor *t, int n_layers) {
+    size_t len = strlen(t->name);
+    int resid = (len > 3 && strcmp(t->name + len - 3, ".wo") == 0) ||
+                (len > 7 && strcmp(t->name + len - 7, ".w_down") == 0);
+    return resid ? 0.02 / sqrt(2.0 * n_layers) : 0.02;
+}
+
+// A shard gets the whole model's weights for the same seed: the whole model's tensors are drawn in
+// buffer order from one stream, and a shard keeps its runs of it and skips the rest (a normal draw
+// is two uniform draws, rng.h; norm gains draw nothing). Skipping costs a few ns per float of the
+// whole model, far less than drawing it.
 void llama_init_weights(Llama *m, uint64_t seed) {
+    ParamRun *runs;
+    size_t n_runs;
+    LlamaShard whole = llama_shard_full(&m->cfg);
+    int n_full = 0;
+    size_t np_full = 0;
+    ParamTensor *full = make_table(&m->cfg, &whole, &n_full, &np_full);
+    if (!full || llama_shard_runs(&m->cfg, &m->shard, &runs, &n_runs) != 0) {
+        free(full);
+        return;  // out of memory for two small tables: the weights stay as they were, the error is recorded
+    }
     Rng rng;
     rng_seed(&rng, seed);
-    // GPT-2: the projections that write into the residual stream are scaled down so the stream's
-    // variance does not grow with depth (2 per layer: attention and MLP).
-    double resid_std = 0.02 / sqrt(2.0 * m->cfg.n_layers);
-    for (int i = 0; i < m->n_tensors; i++) {
-        const ParamTensor *t = &m->tensors[i];
-        float *p = m->params + t->offset;
-        if (t->ndim == 1) {
-            for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
-            continue;
+    int k = 0;           // the whole model's tensor the cursor is in
+    size_t cursor = 0;   // floats of the whole model's buffer drawn so far
+    for (size_t r = 0; r < n_runs; r++) {
+        float *p = m->params + runs[r].local;
+        size_t want_begin = runs[r].full, want_end = runs[r].full + runs[r].len;
+        while (cursor < want_end) {
+            const ParamTensor *t = &full[k];
+            size_t t_end = t->offset + t->numel;
+            size_t stop = t_end < want_end ? t_end : want_end;
+            if (cursor < want_begin) stop = t_end < want_begin ? t_end : want_begin;
+            int keep = cursor >= want_begin;
+            if (t->ndim == 1) {
+                if (keep)
+                    for (size_t j = cursor; j < stop; j++) *p++ = 1.0f;
+            } else if (keep) {
+                double std = init_std(t, m->cfg.n_layers);
+                for (size_t j = cursor; j < stop; j++) *p++ = (float)(std * rng_normal(&rng));
+            } else {
+                for (size_t j = cursor; j < stop; j++) rng_uniform(&rng), rng_uniform(&rng);
+            }
+            cursor = stop;
+            if (cursor == t_end) k++;
         }
-        size_t len = strlen(t->name);
-        int resid = (len > 3 && strcmp(t->name + len - 3, ".wo") == 0) ||
-                    (len > 7 && strcmp(t->name + len - 7, ".w_down") == 0);
-        double std = resid ? resid_std : 0.02;
-        for (size_t j = 0; j < t->numel; j++) p[j] = (float)(std * rng_normal(&rng));
     }
+    free(runs);
+    free(full);
 }
 
 void llama_zero_grad(Llama *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
@@ -204,122 +406,170 @@ void llama_decay_ranges(const Llama *m, DecayRange *out) {
 
 // ---- forward and backward ---------------------------------------------------------------------------
 
+// Tokens are read by the first stage, targets by the last; positions by every stage (RoPE, mask).
 static int check_batch(const Llama *m, const MicroBatch *mb) {
     const char *n = m->cfg.name;
     if (mb->T < 0 || mb->T > m->max_T)
         return bs_fail("model %s: micro-batch of %d tokens, but the model was made for at most %d", n, mb->T,
                        m->max_T);
-    int V = m->cfg.vocab_size;
+    int V = m->cfg.vocab_size, first = m->shard.first, last = m->shard.last;
     for (int t = 0; t < mb->T; t++) {
-        if (mb->tokens[t] < 0 || mb->tokens[t] >= V)
+        if (first && (mb->tokens[t] < 0 || mb->tokens[t] >= V))
             return bs_fail("model %s: micro-batch row %d: token %d outside the vocabulary [0, %d)", n, t, mb->tokens[t],
                            V);
-        if (mb->targets[t] < -1 || mb->targets[t] >= V)
+        if (last && (mb->targets[t] < -1 || mb->targets[t] >= V))
             return bs_fail("model %s: micro-batch row %d: target %d outside [-1, %d)", n, t, mb->targets[t], V);
         if (mb->pos[t] < 0) return bs_fail("model %s: micro-batch row %d: negative position %d", n, t, mb->pos[t]);
     }
     if (!(m->offload_ratio >= 0 && m->offload_ratio <= 1))
         return bs_fail("model %s: offload ratio %g outside [0, 1]", n, (double)m->offload_ratio);
+    if (m->shard.tp > 1 && !tp_ops_of(m)->allreduce)
+        return bs_fail("model %s: a shard with tensor parallelism %d needs the tp group's collectives (tp_ops)", n,
+                       m->shard.tp);
     return 0;
 }
 
+// This shard's heads: attention runs on the local query heads and their own K/V heads.
 static AttnShape attn_shape(const Llama *m) {
-    return (AttnShape){.n_heads = m->cfg.n_heads, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim};
+    return (AttnShape){.n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->cfg.head_dim};
 }
 
-// Gradient range i in the order the backward finishes them (GradReadyFn): 0 = final_norm + lm_head,
-// 1 .. n_layers = layer n_layers-1 .. 0, n_layers + 1 = the embedding. Each layer's tensors are
-// contiguous in the flat buffer (layout_tensors), so every range is one block.
+int llama_grad_buckets(const Llama *m) {
+    const LlamaShard *sh = &m->shard;
+    return sh->last + (sh->layer_end - sh->layer_begin) + sh->first;
+}
+
+// Gradient range i in the order the backward finishes them (GradReadyFn): the head (final_norm +
+// lm_head, last stage), the held layers from the last to the first, the embedding (first stage).
+// Each layer's tensors are contiguous in the flat buffer (layout_tensors), so every range is one block.
 static void grad_bucket(const Llama *m, int i, size_t *begin, size_t *end) {
-    int L = m->cfg.n_layers;
-    size_t head = (size_t)(m->w.final_norm - m->params);
-    if (i == 0) {
+    const LlamaShard *sh = &m->shard;
+    int lb = sh->layer_begin, le = sh->layer_end;
+    size_t head = sh->last ? (size_t)(m->w.final_norm - m->params) : m->n_params;
+    if (sh->last && i == 0) {
         *begin = head, *end = m->n_params;
-    } else if (i <= L) {
-        int l = L - i;
+        return;
+    }
+    i -= sh->last;
+    if (i < le - lb) {
+        int l = le - 1 - i;
         *begin = (size_t)(m->w.layers[l].attn_norm - m->params);
-        *end = l + 1 < L ? (size_t)(m->w.layers[l + 1].attn_norm - m->params) : head;
+        *end = l + 1 < le ? (size_t)(m->w.layers[l + 1].attn_norm - m->params) : head;
     } else {
-        *begin = 0, *end = (size_t)(m->w.layers[0].attn_norm - m->params);
+        *begin = 0, *end = (size_t)(m->w.layers[lb].attn_norm - m->params);
     }
 }
 
-// Everything up to the final norm; the caller runs the head. Fills the activations (acts_begin laid
-// them out). Around each layer, acts_* account its memory and move its offloaded part out.
-static int forward_layers(Llama *m, const MicroBatch *mb) {
+static void report(Llama *m, int bucket) {
+    if (!m->grad_ready) return;
+    size_t rb, re;
+    grad_bucket(m, bucket, &rb, &re);
+    m->grad_ready(m->grad_ready_ctx, rb, re);
+}
+
+// The stage's layers, up to the final norm on the last stage; the caller runs the head. Fills the
+// activations (acts_begin laid them out). Around each layer, acts_* account its memory and move its
+// offloaded part out. With tp > 1 every rank computes its heads and its share of d_ff, and the
+// row-parallel projections (wo, w_down) end in an allreduce of the residual stream: rank 0 starts
+// the sum from the residual input, the others from 0, so x + sum of the ranks' parts needs no
+// buffer of its own. The residual stream is then the same on every rank.
+static int forward_layers(Llama *m, const MicroBatch *mb, const float *x_in) {
     const ModelConfig *c = &m->cfg;
-    int T = mb->T, D = c->d_model, F = c->d_ff, Q = m->q_dim, KV = m->kv_dim;
+    const LlamaShard *sh = &m->shard;
+    int T = mb->T, D = c->d_model, F = m->d_ff, Q = m->q_dim, KV = m->kv_dim;
+    int split = sh->tp > 1, rank0 = sh->tp_rank == 0, lb = sh->layer_begin, le = sh->layer_end;
+    size_t TD = (size_t)T * D;
     float eps = (float)c->norm_eps;
     LlamaActs *a = &m->acts;
     AttnRows rows = {.pos = mb->pos, .seg = mb->seg, .n = T};
     AttnShape s = attn_shape(m);
 
     rope_tables(a->rope_cos, a->rope_sin, mb->pos, T, c->head_dim, c->rope_theta);
-    embedding_forward(a->layers[0].x, mb->tokens, m->w.tok_emb, T, D);
-    for (int l = 0; l < c->n_layers; l++) {
+    float *x0 = a->layers[lb].x;  // (T, D)
+    if (!sh->first) {
+        if (TD) memcpy(x0, x_in, TD * sizeof(float));  // the previous stage's output
+    } else if (!split) {
+        embedding_forward(x0, mb->tokens, m->w.tok_emb, T, D);
+    } else {
+        embedding_forward_vocab(x0, mb->tokens, m->w.tok_emb, T, D, m->vocab_begin, m->vocab);
+        if (tp_sum(m, x0, TD) != 0) return bs_fail_ctx("model %s: embedding", c->name);
+    }
+    for (int l = lb; l < le; l++) {
         const LayerWeights *w = &m->w.layers[l];
         LayerActs *la = &a->layers[l];
-        float *x_next = l + 1 < c->n_layers ? a->layers[l + 1].x : a->x_out;  // (T, D)
+        float *x_next = l + 1 < le ? a->layers[l + 1].x : a->x_out;  // (T, D)
         acts_forward_layer(m, l);
         // attention block: x_mid = x + Wo attn(q, k, v)
         rmsnorm_forward(a->ln, la->rstd1, la->x, w->attn_norm, T, D, eps);
         matmul_forward(la->q, a->ln, w->wq, T, D, Q, 0);
         matmul_forward(la->k, a->ln, w->wk, T, D, KV, 0);
         matmul_forward(la->v, a->ln, w->wv, T, D, KV, 0);
-        rope_forward(la->q, a->rope_cos, a->rope_sin, T, c->n_heads, c->head_dim);
-        rope_forward(la->k, a->rope_cos, a->rope_sin, T, c->n_kv_heads, c->head_dim);
+        rope_forward(la->q, a->rope_cos, a->rope_sin, T, m->n_heads, c->head_dim);
+        rope_forward(la->k, a->rope_cos, a->rope_sin, T, m->n_kv_heads, c->head_dim);
         if (m->attn.forward(m->attn.ctx, l, la->att, la->lse, la->q, la->k, la->v, rows, s) != 0)
             return bs_fail_ctx("model %s: layer %d: attention forward", c->name, l);
-        memcpy(la->x_mid, la->x, (size_t)T * D * sizeof(float));
+        if (rank0)
+            memcpy(la->x_mid, la->x, TD * sizeof(float));
+        else
+            memset(la->x_mid, 0, TD * sizeof(float));
         matmul_forward(la->x_mid, la->att, w->wo, T, Q, D, 1);
+        if (split && tp_sum(m, la->x_mid, TD) != 0) return bs_fail_ctx("model %s: layer %d: attention", c->name, l);
         // MLP block: x_next = x_mid + Wdown (silu(Wgate n) * Wup n)
         rmsnorm_forward(a->ln, la->rstd2, la->x_mid, w->mlp_norm, T, D, eps);
         matmul_forward(la->gate, a->ln, w->w_gate, T, D, F, 0);
         matmul_forward(la->up, a->ln, w->w_up, T, D, F, 0);
         swiglu_forward(a->h, la->gate, la->up, (int64_t)T * F);
-        memcpy(x_next, la->x_mid, (size_t)T * D * sizeof(float));
+        if (rank0)
+            memcpy(x_next, la->x_mid, TD * sizeof(float));
+        else
+            memset(x_next, 0, TD * sizeof(float));
         matmul_forward(x_next, a->h, w->w_down, T, F, D, 1);
+        if (split && tp_sum(m, x_next, TD) != 0) return bs_fail_ctx("model %s: layer %d: MLP", c->name, l);
         if (acts_forward_done(m, l) != 0) return bs_fail_ctx("model %s", c->name);
     }
-    rmsnorm_forward(a->lnf, a->rstdf, a->x_out, m->w.final_norm, T, D, eps);
+    if (sh->last) rmsnorm_forward(a->lnf, a->rstdf, a->x_out, m->w.final_norm, T, D, eps);
     return 0;
 }
 
-int llama_forward(Llama *m, const MicroBatch *mb, double *loss_sum, int64_t *n_targets) {
-    *loss_sum = 0;
-    if (n_targets) *n_targets = 0;
-    if (check_batch(m, mb) != 0) return -1;
-    if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
-    if (acts_begin(m, mb, 0) != 0) return -1;
-    if (acts_end(m, forward_layers(m, mb)) != 0) return -1;
+// The head, the loss and their backward down to the last layer's output: the lm_head and
+// final_norm gradients are added, a->dx = d loss / d x_out. With tp > 1 the head is
+// vocabulary-parallel and a->dln (hence a->dx) comes out the same on every rank.
+static int head_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets) {
     const ModelConfig *c = &m->cfg;
-    *loss_sum = head_loss(NULL, NULL, m->acts.lnf, m->w.lm_head, mb->targets, mb->T, c->d_model, c->vocab_size, 1.0f,
-                          m->acts.logits, m->chunk, n_targets);
+    int T = mb->T, D = c->d_model;
+    LlamaActs *a = &m->acts;
+    // head + loss, chunk by chunk: dln = d loss / d lnf (T, D), lm_head gradient accumulated
+    if (m->shard.tp == 1)
+        *loss_sum = head_loss(a->dln, m->g.lm_head, a->lnf, m->w.lm_head, mb->targets, T, D, m->vocab, loss_scale,
+                              a->logits, m->chunk, n_targets);
+    else if (head_loss_vocab_parallel(loss_sum, a->dln, m->g.lm_head, a->lnf, m->w.lm_head, mb->targets, T, D,
+                                      m->vocab, m->vocab_begin, loss_scale, a->logits, m->chunk, n_targets,
+                                      tp_ops_of(m)) != 0)
+        return bs_fail_ctx("model %s: output head: tensor-parallel allreduce", c->name);
+    // a->dx is d loss / d (residual stream); rmsnorm_backward adds into it
+    memset(a->dx, 0, (size_t)T * D * sizeof(float));
+    rmsnorm_backward(a->dx, m->g.final_norm, a->dln, a->x_out, a->rstdf, m->w.final_norm, T, D);
     return 0;
 }
 
-static int forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets) {
-    if (forward_layers(m, mb) != 0) return -1;
+// The backward of the stage's layers from a->dx, then the embedding on the first stage. With tp > 1
+// a->dx is the same on every rank: the row-parallel projections' backward (wo, w_down) needs no
+// communication, and the column-parallel ones' input gradient (through wq, wk, wv and w_gate,
+// w_up) is each rank's part, summed over the group before the RMSNorm backward, so the norm gains'
+// gradients are the same on every rank too.
+static int backward_layers(Llama *m, const MicroBatch *mb) {
     const ModelConfig *c = &m->cfg;
-    int T = mb->T, D = c->d_model, F = c->d_ff, Q = m->q_dim, KV = m->kv_dim;
+    const LlamaShard *sh = &m->shard;
+    int T = mb->T, D = c->d_model, F = m->d_ff, Q = m->q_dim, KV = m->kv_dim;
+    int split = sh->tp > 1, lb = sh->layer_begin, le = sh->layer_end;
+    size_t TD = (size_t)T * D;
     LlamaActs *a = &m->acts;
     float eps = (float)c->norm_eps;
     AttnRows rows = {.pos = mb->pos, .seg = mb->seg, .n = T};
     AttnShape s = attn_shape(m);
 
-    // head + loss, chunk by chunk: dln = d loss / d lnf (T, D), lm_head gradient accumulated
-    *loss_sum = head_loss(a->dln, m->g.lm_head, a->lnf, m->w.lm_head, mb->targets, T, D, c->vocab_size, loss_scale,
-                          a->logits, m->chunk, n_targets);
-    // a->dx is d loss / d (residual stream); rmsnorm_backward adds into it
-    memset(a->dx, 0, (size_t)T * D * sizeof(float));
-    rmsnorm_backward(a->dx, m->g.final_norm, a->dln, a->x_out, a->rstdf, m->w.final_norm, T, D);
-    size_t rb, re;
-    if (m->grad_ready) {
-        grad_bucket(m, 0, &rb, &re);
-        m->grad_ready(m->grad_ready_ctx, rb, re);
-    }
-
-    for (int l = c->n_layers - 1; l >= 0; l--) {
+    if (sh->last) report(m, 0);  // the head's gradients were final at the end of the forward
+    for (int l = le - 1; l >= lb; l--) {
         const LayerWeights *w = &m->w.layers[l];
         LayerWeights *g = &m->g.layers[l];
         LayerActs *la = &a->layers[l];
@@ -332,6 +582,7 @@ static int forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, do
         swiglu_backward(a->dgate, a->dup, a->dh, la->gate, la->up, (int64_t)T * F);
         matmul_backward(a->dln, g->w_gate, a->dgate, a->ln, w->w_gate, T, D, F, 0);
         matmul_backward(a->dln, g->w_up, a->dup, a->ln, w->w_up, T, D, F, 1);
+        if (split && tp_sum(m, a->dln, TD) != 0) return bs_fail_ctx("model %s: layer %d: MLP backward", c->name, l);
         rmsnorm_backward(a->dx, g->mlp_norm, a->dln, la->x_mid, la->rstd2, w->mlp_norm, T, D);
         // attention block backward
         matmul_backward(a->datt, g->wo, a->dx, la->att, w->wo, T, Q, D, 0);
@@ -342,34 +593,95 @@ static int forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, do
         if (m->attn.backward(m->attn.ctx, l, a->dq, a->dk, a->dv, a->datt, la->lse, a->delta, la->q, la->k, la->v, rows,
                              s) != 0)
             return bs_fail_ctx("model %s: layer %d: attention backward", c->name, l);
-        rope_backward(a->dq, a->rope_cos, a->rope_sin, T, c->n_heads, c->head_dim);
-        rope_backward(a->dk, a->rope_cos, a->rope_sin, T, c->n_kv_heads, c->head_dim);
+        rope_backward(a->dq, a->rope_cos, a->rope_sin, T, m->n_heads, c->head_dim);
+        rope_backward(a->dk, a->rope_cos, a->rope_sin, T, m->n_kv_heads, c->head_dim);
         rmsnorm_forward(a->ln, la->rstd1, la->x, w->attn_norm, T, D, eps);  // recompute n1(x)
         matmul_backward(a->dln, g->wq, a->dq, a->ln, w->wq, T, D, Q, 0);
         matmul_backward(a->dln, g->wk, a->dk, a->ln, w->wk, T, D, KV, 1);
         matmul_backward(a->dln, g->wv, a->dv, a->ln, w->wv, T, D, KV, 1);
+        if (split && tp_sum(m, a->dln, TD) != 0)
+            return bs_fail_ctx("model %s: layer %d: attention backward", c->name, l);
         rmsnorm_backward(a->dx, g->attn_norm, a->dln, la->x, la->rstd1, w->attn_norm, T, D);
         if (acts_backward_done(m, l) != 0) return bs_fail_ctx("model %s: layer %d", c->name, l);
-        if (m->grad_ready) {
-            grad_bucket(m, c->n_layers - l, &rb, &re);
-            m->grad_ready(m->grad_ready_ctx, rb, re);
-        }
+        report(m, sh->last + (le - 1 - l));
     }
-    embedding_backward(m->g.tok_emb, a->dx, mb->tokens, T, D);
-    if (m->grad_ready) {
-        grad_bucket(m, c->n_layers + 1, &rb, &re);
-        m->grad_ready(m->grad_ready_ctx, rb, re);
-    }
+    if (!sh->first) return 0;
+    if (!split)
+        embedding_backward(m->g.tok_emb, a->dx, mb->tokens, T, D);
+    else
+        embedding_backward_vocab(m->g.tok_emb, a->dx, mb->tokens, T, D, m->vocab_begin, m->vocab);
+    report(m, llama_grad_buckets(m) - 1);
     return 0;
+}
+
+// Evaluation runs the whole model's layers: one stage (any tp).
+static int check_whole_stage(const Llama *m, const char *what) {
+    const LlamaShard *sh = &m->shard;
+    if (sh->first && sh->last) return 0;
+    return bs_fail("model %s: %s needs every layer, but this shard holds layers [%d, %d) of %d (a pipeline stage): "
+                   "use llama_stage_forward and llama_stage_backward",
+                   m->cfg.name, what, sh->layer_begin, sh->layer_end, m->cfg.n_layers);
+}
+
+int llama_forward(Llama *m, const MicroBatch *mb, double *loss_sum, int64_t *n_targets) {
+    *loss_sum = 0;
+    if (n_targets) *n_targets = 0;
+    if (check_whole_stage(m, "llama_forward") != 0 || check_batch(m, mb) != 0) return -1;
+    if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
+    if (acts_begin(m, mb, 0) != 0) return -1;
+    if (acts_end(m, forward_layers(m, mb, NULL)) != 0) return -1;
+    const ModelConfig *c = &m->cfg;
+    if (m->shard.tp == 1) {
+        *loss_sum = head_loss(NULL, NULL, m->acts.lnf, m->w.lm_head, mb->targets, mb->T, c->d_model, m->vocab, 1.0f,
+                              m->acts.logits, m->chunk, n_targets);
+        return 0;
+    }
+    if (head_loss_vocab_parallel(loss_sum, NULL, NULL, m->acts.lnf, m->w.lm_head, mb->targets, mb->T, c->d_model,
+                                 m->vocab, m->vocab_begin, 1.0f, m->acts.logits, m->chunk, n_targets,
+                                 tp_ops_of(m)) != 0)
+        return bs_fail_ctx("model %s: output head: tensor-parallel allreduce", c->name);
+    return 0;
+}
+
+int llama_stage_forward(Llama *m, const MicroBatch *mb, const float *x_in, float loss_scale, double *loss_sum,
+                        int64_t *n_targets, float **x_out) {
+    *loss_sum = 0;
+    if (n_targets) *n_targets = 0;
+    if (x_out) *x_out = NULL;
+    if (check_batch(m, mb) != 0) return -1;
+    if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
+    if (!m->shard.first && !x_in && mb->T > 0)
+        return bs_fail("model %s: the stage of layers [%d, %d) needs the previous stage's output (x_in)", m->cfg.name,
+                       m->shard.layer_begin, m->shard.layer_end);
+    if (acts_begin(m, mb, 1) != 0) return -1;
+    int rc = forward_layers(m, mb, x_in);
+    if (rc == 0 && m->shard.last) rc = head_backward(m, mb, loss_scale, loss_sum, n_targets);
+    if (rc != 0) return acts_end(m, rc);  // the backward will not run: the micro-batch ends here
+    if (!m->shard.last && x_out) *x_out = m->acts.x_out;
+    return 0;
+}
+
+int llama_stage_backward(Llama *m, const MicroBatch *mb, const float *dy, float **dx_in) {
+    if (dx_in) *dx_in = NULL;
+    if (mb->T == 0 && !m->attn.collective) return 0;  // its forward did nothing either
+    if (!m->shard.last && mb->T > 0) {
+        if (!dy)
+            return acts_end(m, bs_fail("model %s: the stage of layers [%d, %d) needs the next stage's input gradient "
+                                       "(dy)",
+                                       m->cfg.name, m->shard.layer_begin, m->shard.layer_end));
+        memcpy(m->acts.dx, dy, (size_t)mb->T * m->cfg.d_model * sizeof(float));  // the gradient of x_out
+    }
+    int rc = acts_end(m, backward_layers(m, mb));
+    if (rc == 0 && !m->shard.first && dx_in) *dx_in = m->acts.dx;
+    return rc;
 }
 
 int llama_forward_backward(Llama *m, const MicroBatch *mb, float loss_scale, double *loss_sum, int64_t *n_targets) {
     *loss_sum = 0;
     if (n_targets) *n_targets = 0;
-    if (check_batch(m, mb) != 0) return -1;
-    if (mb->T == 0 && !m->attn.collective) return 0;  // a ring member with no rows still passes K/V on
-    if (acts_begin(m, mb, 1) != 0) return -1;
-    return acts_end(m, forward_backward(m, mb, loss_scale, loss_sum, n_targets));
+    if (check_whole_stage(m, "llama_forward_backward") != 0) return -1;
+    if (llama_stage_forward(m, mb, NULL, loss_scale, loss_sum, n_targets, NULL) != 0) return -1;
+    return llama_stage_backward(m, mb, NULL, NULL);
 }
 
 void llama_grad_bucket(const Llama *m, int i, size_t *begin, size_t *end) { grad_bucket(m, i, begin, end); }

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bytescale/llama.h"  // TpOps: the vocabulary-parallel variants reduce over the tp group
+
 // ---- matmul.c: linear layers through cblas_sgemm -------------------------------------------------
 // out (T, OC) = x (T, C) @ w (OC, C)^T, or += when accumulate (a residual connection)
 void matmul_forward(float *out, const float *x, const float *w, int T, int C, int OC, int accumulate);
@@ -23,6 +25,14 @@ void matmul_backward(float *dx, float *dw, const float *dout, const float *x, co
 void embedding_forward(float *out, const int32_t *tokens, const float *table, int T, int C);
 // dtable (V, C) += dout (T, C) scattered to the rows of tokens
 void embedding_backward(float *dtable, const float *dout, const int32_t *tokens, int T, int C);
+// Vocabulary-parallel: this tp rank holds rows [v_begin, v_begin + V) of the table, (V, C) here.
+// out (T, C) = the row of every token in that range, 0 for the others: the tp group's SUM of out
+// is the whole lookup (each token's row lives on exactly one rank).
+void embedding_forward_vocab(float *out, const int32_t *tokens, const float *table, int T, int C, int v_begin, int V);
+// dtable (V, C) += dout (T, C) scattered to the rows of the tokens in this rank's range; dout is
+// the whole (replicated) gradient, and the other tokens' rows are other ranks'.
+void embedding_backward_vocab(float *dtable, const float *dout, const int32_t *tokens, int T, int C, int v_begin,
+                              int V);
 
 // ---- rmsnorm.c: y = x / rms(x) * w ----------------------------------------------------------------
 // out (T, C), rstd (T,) = 1 / sqrt(mean(x^2) + eps), kept for the backward
@@ -59,5 +69,18 @@ double crossentropy_rows(float *logits, const int32_t *targets, int n, int V, fl
 // scratch (chunk, V). Returns the summed loss; *n_targets (may be NULL) += rows with a target.
 double head_loss(float *dx, float *dw, const float *x, const float *w, const int32_t *targets, int T, int C, int V,
                  float scale, float *scratch, int chunk, int64_t *n_targets);
+// The same with the head split by vocabulary rows over the tp group (Megatron's vocabulary-parallel
+// cross-entropy): w (V, C) is rows [v_begin, v_begin + V) of the whole head, x (T, C) is replicated.
+// Per chunk the local logits (n, V), the row max over the group (allreduce MAX of n floats), then
+// the exp-sum and the target's logit (0 on the ranks that do not hold it) summed over the group (one
+// allreduce SUM of 2n floats): loss = log(sum) + max - target logit, the same on every rank, and
+// dlogits = scale * (softmax - onehot) on the local columns. dw (V, C) += dlogits^T @ x is local;
+// dx (T, C) = dlogits @ w is this rank's part, summed over the group once after the last chunk (one
+// allreduce SUM of T*C floats), so dx ends up replicated. scratch: (rows, V) + 3 * rows floats,
+// rows = min(chunk, T).
+// *loss = the summed loss; *n_targets (may be NULL) += rows with a target. -1 when a collective fails.
+int head_loss_vocab_parallel(double *loss, float *dx, float *dw, const float *x, const float *w,
+                             const int32_t *targets, int T, int C, int V, int v_begin, float scale, float *scratch,
+                             int chunk, int64_t *n_targets, const TpOps *tp);
 
 #endif

@@ -118,6 +118,28 @@ static int finalize_times(Plan *p, const CostModel *cm) {
 // first). Two operations with one key never share a resource (equal slots never share a rank), so
 // within a key any order gives the same times. O(pp (slots + pp) + pp x refs) time, O(items + pp x
 // ranks in use) memory.
+// slot[k] for every item; last[r] = the slot of rank r's latest item (-1: the rank runs nothing).
+static void slots_fill(const Plan *p, int32_t *slot, int32_t *last) {
+    for (int32_t r = 0; r < p->n_ranks; r++) last[r] = -1;
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        const int32_t *rk = p->ranks + it->rank_begin;
+        int32_t s = 0;
+        for (int32_t j = 0; j < it->n_ranks; j++)
+            if (last[rk[j]] + 1 > s) s = last[rk[j]] + 1;
+        for (int32_t j = 0; j < it->n_ranks; j++) last[rk[j]] = s;
+        slot[k] = s;
+    }
+}
+
+int plan_pipeline_slots(const Plan *p, int32_t *slot) {
+    int32_t *last = bs_malloc((size_t)(p->n_ranks > 0 ? p->n_ranks : 1) * sizeof(int32_t));
+    if (!last) return bs_fail_ctx("plan_pipeline_slots");
+    slots_fill(p, slot, last);
+    free(last);
+    return 0;
+}
+
 static int pipeline_makespan(Plan *p, double *out) {
     int32_t n = p->n_items, R = p->n_ranks, pp = p->pp;
     int32_t *slot = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
@@ -133,17 +155,10 @@ static int pipeline_makespan(Plan *p, double *out) {
     if (!slot || !by_slot || !slot_begin || !fill || !last || !dense || !f_end || !b_end) goto out;
     // slots, and the ranks that run anything (only those get a row of pp free times)
     int32_t max_slot = -1, used = 0;
-    for (int32_t r = 0; r < R; r++) last[r] = -1;
+    slots_fill(p, slot, last);
     for (int32_t k = 0; k < n; k++) {
-        const Item *it = &p->items[k];
-        const int32_t *rk = p->ranks + it->rank_begin;
-        int32_t s = 0;
-        for (int32_t j = 0; j < it->n_ranks; j++)
-            if (last[rk[j]] + 1 > s) s = last[rk[j]] + 1;
-        for (int32_t j = 0; j < it->n_ranks; j++) last[rk[j]] = s;
-        slot[k] = s;
-        slot_begin[s + 1]++;
-        if (s > max_slot) max_slot = s;
+        slot_begin[slot[k] + 1]++;
+        if (slot[k] > max_slot) max_slot = slot[k];
     }
     for (int32_t r = 0; r < R; r++) dense[r] = last[r] >= 0 ? used++ : -1;
     free_at = bs_calloc((size_t)(used > 0 ? used : 1) * (size_t)pp, sizeof(double));

@@ -14,6 +14,7 @@
 #include "bytescale/error.h"
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "an MPI_Request must fit CommReq.handle");
+_Static_assert(sizeof(MPI_Comm) <= sizeof(uint64_t), "an MPI_Comm must fit Comm.handle");
 
 static MPI_Request req_get(const CommReq *r) {
     MPI_Request q;
@@ -38,24 +39,30 @@ static int check_bytes(size_t bytes, const char *what) {
     return bytes > INT_MAX ? bs_fail("%s: %zu bytes is more than one MPI message holds", what, bytes) : 0;
 }
 
-// The communicator the Comm's operations use: the world, or the training ranks' after a split.
+// The job's communicator: the world, or the training ranks' after a split.
 static MPI_Comm g_comm = MPI_COMM_WORLD;
 
+// The communicator a Comm's operations use: a group's own (comm_split_group), or the job's.
+static MPI_Comm comm_of(const Comm *c) {
+    if (!c->handle) return g_comm;
+    MPI_Comm m;
+    memcpy(&m, &c->handle, sizeof m);
+    return m;
+}
+
 static int m_isend(Comm *c, const void *buf, size_t bytes, int dst, int tag, CommReq *req) {
-    (void)c;
     if (check_bytes(bytes, "send") != 0) return -1;
     MPI_Request q;
-    int err = MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, tag, g_comm, &q);
+    int err = MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, tag, comm_of(c), &q);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Isend");
     req_put(req, q);
     return 0;
 }
 
 static int m_irecv(Comm *c, void *buf, size_t bytes, int src, int tag, CommReq *req) {
-    (void)c;
     if (check_bytes(bytes, "receive") != 0) return -1;
     MPI_Request q;
-    int err = MPI_Irecv(buf, (int)bytes, MPI_BYTE, src, tag, g_comm, &q);
+    int err = MPI_Irecv(buf, (int)bytes, MPI_BYTE, src, tag, comm_of(c), &q);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Irecv");
     req_put(req, q);
     return 0;
@@ -85,49 +92,78 @@ static int m_wait(Comm *c, CommReq *req) {
 }
 
 static int m_reduce_scatter(Comm *c, const float *send, float *recv, const int *counts) {
-    (void)c;
-    int err = MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g_comm);
+    int err = MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, comm_of(c));
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Reduce_scatter (gradients)");
 }
 
 static int m_ireduce_scatter(Comm *c, const float *send, float *recv, const int *counts, CommReq *req) {
-    (void)c;
     MPI_Request q;
-    int err = MPI_Ireduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g_comm, &q);
+    int err = MPI_Ireduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, comm_of(c), &q);
     if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Ireduce_scatter (gradients)");
     req_put(req, q);
     return 0;
 }
 
 static int m_allgatherv(Comm *c, float *buf, const int *counts, const int *displs) {
-    (void)c;
-    int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, g_comm);
+    int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, comm_of(c));
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allgatherv (parameters)");
 }
 
 static int m_allgather(Comm *c, const void *mine, void *all, size_t bytes) {
-    (void)c;
     if (check_bytes(bytes, "allgather") != 0) return -1;
-    int err = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, g_comm);
+    int err = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm_of(c));
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allgather");
 }
 
 static int m_bcast(Comm *c, void *buf, size_t bytes, int root) {
-    (void)c;
     if (check_bytes(bytes, "broadcast") != 0) return -1;
-    int err = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g_comm);
+    int err = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm_of(c));
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Bcast");
 }
 
 static int m_allreduce_sum(Comm *c, double *x, int n) {
-    (void)c;
-    int err = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, g_comm);
+    int err = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, comm_of(c));
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allreduce");
 }
 
+static int m_allreduce_f32(Comm *c, float *x, size_t n, int op) {
+    if (n > INT_MAX) return bs_fail("allreduce: %zu floats is more than one MPI call holds", n);
+    int err = MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, op == COMM_MAX ? MPI_MAX : MPI_SUM, comm_of(c));
+    return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allreduce (tensor parallel)");
+}
+
+static const CommOps MPI_OPS;
+
+static int m_split(Comm *c, int color, int key, Comm **out) {
+    *out = NULL;
+    MPI_Comm g;
+    int err = MPI_Comm_split(comm_of(c), color, key, &g);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Comm_split (a group of the 3D layout)");
+    Comm *n = calloc(1, sizeof *n);
+    if (!n) {
+        MPI_Comm_free(&g);
+        return bs_fail("out of memory");
+    }
+    MPI_Comm_set_errhandler(g, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(g, &n->rank);
+    MPI_Comm_size(g, &n->size);
+    n->tag_ub = c->tag_ub;
+    n->ops = &MPI_OPS;
+    n->name = "mpi";
+    memcpy(&n->handle, &g, sizeof g);
+    *out = n;
+    return 0;
+}
+
+static void m_free(Comm *c) {
+    if (!c->handle) return;  // the job's own communicator lives as long as MPI
+    MPI_Comm g = comm_of(c);
+    MPI_Comm_free(&g);
+    free(c);
+}
+
 static int m_barrier(Comm *c) {
-    (void)c;
-    int err = MPI_Barrier(g_comm);
+    int err = MPI_Barrier(comm_of(c));
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Barrier");
 }
 
@@ -150,6 +186,9 @@ static const CommOps MPI_OPS = {
     .allgather = m_allgather,
     .bcast = m_bcast,
     .allreduce_sum = m_allreduce_sum,
+    .allreduce_f32 = m_allreduce_f32,
+    .split = m_split,
+    .free = m_free,
     .barrier = m_barrier,
     .abort = m_abort,
 };

@@ -82,9 +82,9 @@ void executor_init(Executor *e, Comm *comm, Llama *llama) {
     memset(e, 0, sizeof *e);
     e->comm = comm;
     e->llama = llama;
-    const ModelConfig *c = &llama->cfg;
+    // a tp rank's ring carries its own heads only: K/V traffic is 1/tp per process
     ring_attn_init(&e->ring, comm,
-                   (AttnShape){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim});
+                   (AttnShape){.n_heads = llama->n_heads, .n_kv_heads = llama->n_kv_heads, .head_dim = llama->cfg.head_dim});
 }
 
 void executor_free(Executor *e) {
@@ -163,7 +163,7 @@ int zero1_init(Zero1 *z, const Comm *comm, const Llama *m) {
     int N = comm->size;
     if (n_params > (size_t)2147483647 * (size_t)N)
         return bs_fail("ZeRO-1: %zu parameters over %d ranks is more than an MPI count per shard", n_params, N);
-    z->n_buckets = m->cfg.n_layers + 2;
+    z->n_buckets = llama_grad_buckets(m);
     z->counts = bs_malloc((size_t)N * sizeof(int));
     z->displs = bs_malloc((size_t)N * sizeof(int));
     z->bucket = bs_malloc((size_t)z->n_buckets * sizeof *z->bucket);
@@ -246,6 +246,21 @@ int zero1_reduce(Zero1 *z, Comm *comm, const float *grads) {
 int zero1_sumsq(Zero1 *z, Comm *comm, double *sumsq) {
     double s = grad_sumsq(z->grad, z->end - z->begin);
     if (comm_allreduce_sum(comm, &s, 1) != 0) return -1;
+    *sumsq = s;
+    return 0;
+}
+
+int zero1_sumsq_global(Zero1 *z, const Llama *m, Comm *world, double *sumsq) {
+    // this shard's sum of squares, replicated tensors (norm gains) counted on tp rank 0 only
+    double s = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ParamTensor *pt = &m->tensors[i];
+        if (pt->split == LLAMA_REPLICATED && m->shard.tp_rank != 0) continue;
+        size_t a = pt->offset > z->begin ? pt->offset : z->begin, b = pt->offset + pt->numel;
+        if (b > z->end) b = z->end;
+        if (b > a) s += grad_sumsq(z->grad + (a - z->begin), b - a);
+    }
+    if (comm_allreduce_sum(world, &s, 1) != 0) return -1;
     *sumsq = s;
     return 0;
 }

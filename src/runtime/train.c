@@ -74,6 +74,13 @@ int train_config_check(const TrainConfig *c) {
                        c->offload_tier);
     if (c->mem_budget < 0) return bs_fail("memory budget must be >= 0 bytes, 0 for none (got %lld)",
                                           (long long)c->mem_budget);
+    if (c->tp < 0 || c->tp > 4096) return bs_fail("--tp must be in [1, 4096] (got %d)", c->tp);
+    if (c->pp < 0 || c->pp > 256) return bs_fail("--pp must be in [1, 256] (got %d)", c->pp);
+    // a stage holds up to pp micro-batches between forward and backward in separate activation
+    // sets (pipeline.h); the offload tier mirrors one set's arena, so the two do not combine yet
+    if (c->pp > 1 && !tier_is(c, "off"))
+        return bs_fail("--offload-tier %s with --pp %d: offloading runs only without pipeline stages (pp = 1)",
+                       c->offload_tier, c->pp);
     return 0;
 }
 
@@ -118,6 +125,7 @@ static int open_offload(Trainer *t) {
 // the copies hide at the profile's tier bandwidth. The engine enforces the same budget.
 static int plan_cost_model(Trainer *t, const ModelConfig *mc) {
     const TrainConfig *cfg = &t->cfg;
+    int tp = cfg->tp > 1 ? cfg->tp : 1, pp = cfg->pp > 1 ? cfg->pp : 1;
     CostModel acts = {.n_layers = mc->n_layers};
     if (profile_engine_act(mc, &acts, NULL, NULL) != 0) return bs_fail_ctx("cost model");
     t->capacity = cfg->capacity ? cfg->capacity : cfg->context;
@@ -142,9 +150,10 @@ static int plan_cost_model(Trainer *t, const ModelConfig *mc) {
             return bs_fail("--cost %s: the file is for a model of %d layers, model %s has %d (`bytescale profile "
                            "--model %s` makes one)",
                            cfg->cost, cm->n_layers, mc->name, mc->n_layers, mc->name);
+        cost_shard(cm, mc->n_layers, tp, pp);  // one stage's layers, one tp rank's share
     } else {
         const HardwareProfile *hw = hw_find("cpu");
-        if (!hw || cost_derive(cm, mc, hw, 1, 1, t->n_ranks, t->capacity) != 0) return bs_fail_ctx("cost model");
+        if (!hw || cost_derive(cm, mc, hw, tp, pp, t->hdp, t->capacity) != 0) return bs_fail_ctx("cost model");
     }
     cm->act_token = acts.act_token, cm->act_const = acts.act_const;
     cm->act_shared_token = acts.act_shared_token, cm->act_shared_const = acts.act_shared_const;
@@ -227,6 +236,15 @@ int trainer_init(Trainer *t, const TrainConfig *cfg) { return trainer_init_comm(
 
 int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) { return trainer_init_roles(t, cfg, comm, NULL); }
 
+// The tp group's all-reduce for the model's layers (llama.h TpOps), timed for the metrics.
+static int tp_allreduce(void *ctx, float *x, size_t n, int op) {
+    Trainer *t = ctx;
+    double t0 = now_seconds();
+    int rc = comm_allreduce_f32(t->par.tp_comm, x, n, op == LLAMA_TP_MAX ? COMM_MAX : COMM_SUM);
+    t->tp_seconds += now_seconds() - t0;
+    return rc;
+}
+
 int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const CommRoles *roles) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
@@ -238,29 +256,51 @@ int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const Com
         return bs_fail("the remote data loader fetches from a prefetch thread while rings run, which needs an MPI "
                        "library with MPI_THREAD_MULTIPLE; this one does not provide it");
     if (train_config_check(cfg) != 0) return -1;
+    int tp = cfg->tp > 1 ? cfg->tp : 1, pp = cfg->pp > 1 ? cfg->pp : 1;
+    if (t->roles && tp * pp > 1)
+        return bs_fail("data servers (--servers, `bytescale serve`) serve HDP ranks of tp = pp = 1 only: drop --tp "
+                       "%d / --pp %d, or the servers",
+                       tp, pp);
+    if (parallel_layout(&t->par, comm->size, comm->rank, tp, pp) != 0) return -1;
+    t->hdp = t->par.hdp;
+    t->hdp_rank = t->par.hdp_rank;
     const ModelConfig *mc = model_find(cfg->model);
     if (!mc) return -1;
     t->model = *mc;
+    // the layout's limits first, in its own words: the cost model would refuse them too, less clearly
+    LlamaShard whole_tp = {.tp = tp, .tp_rank = 0, .layer_begin = 0, .layer_end = mc->n_layers, .first = 1, .last = 1};
+    if (pipeline_split_layers(mc->n_layers, pp, NULL, 0, NULL) != 0 || llama_shard_check(mc, &whole_tp) != 0)
+        return -1;
     if (plan_cost_model(t, mc) != 0) return -1;
-    if (cfg->context > t->capacity && t->n_ranks < 2)
-        return bs_fail("context %lld > capacity %lld: a sequence that long needs a ring, and a ring needs >= 2 ranks "
-                       "(run under mpirun -np N), or raise the capacity to the context",
+    if (cfg->context > t->capacity && t->hdp < 2)
+        return bs_fail("context %lld > capacity %lld: a sequence that long needs a ring, and a ring needs >= 2 HDP "
+                       "ranks (run under mpirun -np N with N = tp x pp x HDP ranks), or raise the capacity to the "
+                       "context",
                        (long long)cfg->context, (long long)t->capacity);
     if (!policy_find(cfg->policy)) return -1;
-    if (t->roles ? open_remote_dataset(t) != 0 : open_dataset(t) != 0) return -1;
+    // the groups: collective over comm, so every process makes them before anything can fail alone
+    if (parallel_open(&t->par, comm, tp, pp, mc, &t->cost, t->capacity) != 0) return -1;
+    if (t->roles ? open_remote_dataset(t) != 0 : open_dataset(t) != 0) {
+        parallel_close(&t->par);
+        return -1;
+    }
     if (!t->roles) t->tokens = token_source_dataset(&t->data);
 
     // the sampler lives where the documents are: every rank of a local run, the scheduler of a remote one
     int rc = t->data.index.docs ? sampler_init(&t->sampler, &t->data.index, cfg->seed) : 0;
     if (rc == 0) rc = batch_init(&t->batch, 64);
-    if (rc == 0) rc = llama_init(&t->llama, mc, (int)t->capacity);
+    LlamaShard shard = parallel_shard(&t->par);
+    if (rc == 0) rc = llama_init_shard(&t->llama, mc, (int)t->capacity, &shard);
+    if (rc == 0) t->llama.tp_ops = (TpOps){.allreduce = tp_allreduce, .ctx = t};
     if (rc == 0) rc = open_offload(t);
-    if (rc == 0) rc = zero1_init(&t->zero, comm, &t->llama);
+    // ZeRO-1 over the HDP ranks that hold the same parameters: one stage's, one tp rank's
+    if (rc == 0) rc = zero1_init(&t->zero, t->par.hdp_comm, &t->llama);
     if (rc == 0) rc = (t->times = bs_calloc((size_t)t->n_ranks, sizeof *t->times)) ? 0 : -1;
     if (rc == 0)
         rc = (t->gathered = bs_calloc((size_t)t->n_ranks * TRAIN_RANK_FIELDS, sizeof *t->gathered)) ? 0 : -1;
+    // a shard's weights are the whole model's for the seed (llama.h): every layout starts alike
+    if (rc == 0) llama_init_weights(&t->llama, cfg->seed);
     if (rc == 0) {
-        llama_init_weights(&t->llama, cfg->seed);
         DecayRange *ranges = bs_malloc((size_t)t->llama.n_tensors * sizeof *ranges);
         rc = ranges ? 0 : -1;
         if (rc == 0) {
@@ -272,13 +312,14 @@ int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const Com
         }
         free(ranges);
     }
+    executor_init(&t->exec, t->par.hdp_comm, &t->llama);
+    t->exec.zero = &t->zero;
+    if (rc == 0 && pp > 1) rc = pipeline_init(&t->pipe, &t->exec, &t->par);
     if (rc != 0) {
         bs_fail_ctx("trainer for model %s, capacity %lld", mc->name, (long long)t->capacity);
         trainer_free(t);
         return -1;
     }
-    executor_init(&t->exec, comm, &t->llama);
-    t->exec.zero = &t->zero;
     t->sched = (LrSchedule){.max_lr = cfg->lr,
                             .min_lr = cfg->min_lr,
                             .warmup_steps = cfg->warmup,
@@ -294,6 +335,7 @@ void trainer_free(Trainer *t) {
         if (t->plan_of[i]) plan_free(&t->plans[i]);
         step_rows_free(&t->rows[i]);
     }
+    pipeline_free(&t->pipe);
     executor_free(&t->exec);
     llama_free(&t->llama);
     offloader_free(t->offloader);
@@ -310,6 +352,7 @@ void trainer_free(Trainer *t) {
     free(t->wire);
     free(t->times);
     free(t->gathered);
+    parallel_close(&t->par);
     memset(t, 0, sizeof *t);
 }
 
@@ -365,19 +408,25 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
     const StepRows *rows = &t->rows[slot];
     double w0 = now_seconds(), c0 = process_cpu_seconds();
     llama_zero_grad(&t->llama);
+    t->tp_seconds = 0;
     // the loss's denominator comes from the whole batch (rank 0 counted it when it planned)
     int64_t targets = t->targets[slot];
     // a batch with no labels at all (only documents' last tokens) contributes no gradient
     float loss_scale = targets > 0 ? (float)(1.0 / (double)targets) : 0.0f;
     ExecStats ex;
+    PipeStats ps = {0};
     double loss_sum;
-    if (executor_run(&t->exec, p, rows, loss_scale, &loss_sum, &ex) != 0) return -1;
+    int rc = t->par.pp > 1 ? pipeline_run(&t->pipe, p, rows, loss_scale, &loss_sum, &ex, &ps)
+                           : executor_run(&t->exec, p, rows, loss_scale, &loss_sum, &ex);
+    if (rc != 0) return -1;
 
     // the gradient sync: every rank arrives when its last item is done
     double arrive = now_seconds();
-    if (zero1_reduce(&t->zero, t->comm, t->llama.grads) != 0) return bs_fail_ctx("gradient reduce-scatter");
+    if (zero1_reduce(&t->zero, t->par.hdp_comm, t->llama.grads) != 0) return bs_fail_ctx("gradient reduce-scatter");
     double synced = now_seconds();
-    double sums[2] = {loss_sum, (double)rows->n_targets};
+    // the loss lives on the last stage, the same on each of its tp ranks: counted once, by tp rank 0
+    int counts = t->par.stage == t->par.pp - 1 && t->par.tp_rank == 0;
+    double sums[2] = {counts ? loss_sum : 0.0, counts ? (double)rows->n_targets : 0.0};
     if (comm_allreduce_sum(t->comm, sums, 2) != 0) return bs_fail_ctx("summing the loss");
     if ((int64_t)sums[1] != targets)
         return bs_fail("the micro-batches held %lld labelled tokens but the batch has %lld", (long long)sums[1],
@@ -399,7 +448,13 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
                                       ex.offload_wait,
                                       t->load_bytes[slot],
                                       t->load_seconds[slot],
-                                      (process_cpu_seconds() - c0) / fmax(now_seconds() - w0, 1e-9)};
+                                      (process_cpu_seconds() - c0) / fmax(now_seconds() - w0, 1e-9),
+                                      t->par.stage,
+                                      t->par.tp_rank,
+                                      t->hdp_rank,
+                                      ps.p2p_wait,
+                                      ps.p2p_bytes,
+                                      t->tp_seconds};
     double *all = t->gathered;
     if (comm_allgather(t->comm, mine, all, sizeof mine) != 0) return bs_fail_ctx("gathering step times");
     double last = 0;
@@ -423,7 +478,13 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
                                   .offload_wait = a[10],
                                   .load_bytes = a[11],
                                   .load_seconds = a[12],
-                                  .core_share = a[13]};
+                                  .core_share = a[13],
+                                  .stage = (int)a[14],
+                                  .tp_rank = (int)a[15],
+                                  .hdp_rank = (int)a[16],
+                                  .p2p_wait = a[17],
+                                  .p2p_bytes = a[18],
+                                  .tp_seconds = a[19]};
     }
     if (st) {
         int64_t longest = 0;
@@ -489,7 +550,8 @@ int trainer_step(Trainer *t, StepStats *out) {
 
     // clip by the global norm, AdamW on this rank's shard, then every rank gets every parameter
     double ts = now_seconds(), sumsq;
-    if (zero1_sumsq(&t->zero, t->comm, &sumsq) != 0) return bs_fail_ctx("step %lld: gradient norm", (long long)s);
+    if (zero1_sumsq_global(&t->zero, &t->llama, t->comm, &sumsq) != 0)
+        return bs_fail_ctx("step %lld: gradient norm", (long long)s);
     double lr = lr_schedule(&t->sched, t->step);
     st.clip_scale = grad_clip_scale(sumsq, t->cfg.clip, &st.grad_norm);
     // a non-finite loss or gradient would poison every weight and both moments: stop before the
@@ -500,7 +562,7 @@ int trainer_step(Trainer *t, StepStats *out) {
                        "not applied and the model is as it was after step %lld (try a lower --lr)",
                        (long long)s, st.loss, st.grad_norm, (long long)t->step);
     adamw_step(&t->opt, t->llama.params + t->zero.begin, t->zero.grad, (float)lr, (float)st.clip_scale);
-    if (zero1_gather(&t->zero, t->comm, t->llama.params) != 0)
+    if (zero1_gather(&t->zero, t->par.hdp_comm, t->llama.params) != 0)
         return bs_fail_ctx("step %lld: parameter all-gather", (long long)s);
     if (t->trace) rtrace_add(t->trace, "optimizer + all-gather", "comm", ts, now_seconds(), s);
     t->step++;

@@ -211,10 +211,11 @@ static uint64_t get_u64(const uint8_t *p) {
     return x;
 }
 
-static int save_file(const Trainer *t, const char *path, const float *m, const float *v);
+static int save_file(const Trainer *t, const char *path, const float *params, const float *m, const float *v,
+                     size_t n);
 
-// The optimizer's moments of every shard, gathered into whole vectors (m, v: n_params each) on every
-// rank: a checkpoint holds them whole, so it can be resumed on any number of ranks.
+// The optimizer's moments of every ZeRO-1 shard, gathered into this process's whole part (m, v:
+// n_params of its model shard each) on every HDP rank of its (stage, tp).
 static int gather_moments(const Trainer *t, float **m, float **v) {
     size_t n = t->llama.n_params, shard = t->opt.end - t->opt.begin;
     *m = bs_malloc(n * sizeof(float));
@@ -222,8 +223,8 @@ static int gather_moments(const Trainer *t, float **m, float **v) {
     if (!*m || !*v) return -1;
     memcpy(*m + t->opt.begin, t->opt.m, shard * sizeof(float));
     memcpy(*v + t->opt.begin, t->opt.v, shard * sizeof(float));
-    if (comm_allgatherv(t->comm, *m, t->zero.counts, t->zero.displs) != 0 ||
-        comm_allgatherv(t->comm, *v, t->zero.counts, t->zero.displs) != 0)
+    if (comm_allgatherv(t->par.hdp_comm, *m, t->zero.counts, t->zero.displs) != 0 ||
+        comm_allgatherv(t->par.hdp_comm, *v, t->zero.counts, t->zero.displs) != 0)
         return bs_fail_ctx("gathering the optimizer shards");
     return 0;
 }
@@ -242,12 +243,11 @@ static int64_t first_non_finite(const void *x, size_t n) {
 
 // A checkpoint must be a state training can continue from: a NaN or an infinity anywhere is refused
 // before anything is written, so it can never replace (or, with --ckpt-keep, delete) a good one.
-static int check_finite(const Trainer *t, const char *path, const float *m, const float *v) {
-    size_t n = t->llama.n_params;
+static int check_finite(size_t n, const char *path, const float *params, const float *m, const float *v) {
     const struct {
         const char *name;
         const float *x;
-    } arrays[] = {{"parameter", t->llama.params}, {"Adam first moment", m}, {"Adam second moment", v}};
+    } arrays[] = {{"parameter", params}, {"Adam first moment", m}, {"Adam second moment", v}};
     for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
         int64_t i = first_non_finite(arrays[a].x, n);
         if (i >= 0)
@@ -259,13 +259,20 @@ static int check_finite(const Trainer *t, const char *path, const float *m, cons
 }
 
 int trainer_save(const Trainer *t, const char *path) {
-    // every rank takes part in the gather; rank 0 writes; everyone learns whether it worked
-    float *m = NULL, *v = NULL;
+    // every rank takes part in the gathers; rank 0 writes; everyone learns whether it worked. The
+    // file holds the whole model in its one layout, whatever the job's tp x pp x hdp
+    float *m = NULL, *v = NULL, *full[3] = {NULL, NULL, NULL};
+    size_t n = parallel_full_params(&t->model);
     int rc = gather_moments(t, &m, &v);
-    if (rc == 0 && t->rank == 0) rc = check_finite(t, path, m, v);
-    if (rc == 0 && t->rank == 0) rc = save_file(t, path, m, v);
+    for (int i = 0; rc == 0 && t->rank == 0 && i < 3; i++)
+        if (!(full[i] = bs_malloc((n > 0 ? n : 1) * sizeof(float)))) rc = -1;
+    const float *local[3] = {t->llama.params, m, v};
+    for (int i = 0; rc == 0 && i < 3; i++) rc = parallel_gather_full(&t->par, &t->model, local[i], full[i]);
+    if (rc == 0 && t->rank == 0) rc = check_finite(n, path, full[0], full[1], full[2]);
+    if (rc == 0 && t->rank == 0) rc = save_file(t, path, full[0], full[1], full[2], n);
     free(m);
     free(v);
+    for (int i = 0; i < 3; i++) free(full[i]);
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", rc == 0 ? "" : bs_errmsg());
     int64_t ok = rc == 0;
@@ -274,7 +281,8 @@ int trainer_save(const Trainer *t, const char *path) {
     return 0;
 }
 
-static int save_file(const Trainer *t, const char *path, const float *m, const float *v) {
+static int save_file(const Trainer *t, const char *path, const float *params, const float *m, const float *v,
+                     size_t n) {
     char *config = config_json(t);
     if (!config) return bs_fail_ctx("%s", path);
     SamplerState ss = train_sampler_position(t);
@@ -291,11 +299,11 @@ static int save_file(const Trainer *t, const char *path, const float *m, const f
     for (int i = 0; i < ST_WORDS; i++) put_u64(state + 8 * i, w[i]);
 
     // the fp32 arrays are written in memory order: little-endian IEEE on every machine we run on
-    uint64_t whole = (uint64_t)t->llama.n_params * sizeof(float);
+    uint64_t whole = (uint64_t)n * sizeof(float);
     CkptBlob blobs[] = {
         {"config", config, strlen(config)},
         {"state", state, sizeof state},
-        {"params", t->llama.params, whole},
+        {"params", params, whole},
         {"adam.m", m, whole},
         {"adam.v", v, whole},
     };
@@ -390,8 +398,9 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
     if (ckpt_find(ck, "params", &params, &np) != 0 || ckpt_find(ck, "adam.m", &m, &nm) != 0 ||
         ckpt_find(ck, "adam.v", &v, &nv) != 0)
         return -1;
-    // the moments are whole vectors (any rank count); this rank keeps its shard of them
-    uint64_t want_p = (uint64_t)t->llama.n_params * sizeof(float), want_s = want_p;
+    // the arrays are the whole model's (any layout); this process keeps its part of them
+    size_t n_full = parallel_full_params(&t->model);
+    uint64_t want_p = (uint64_t)n_full * sizeof(float), want_s = want_p;
     if (np != want_p || nm != want_s || nv != want_s)
         return bs_fail("%s: sections params / adam.m / adam.v hold %llu / %llu / %llu bytes, the model needs %llu / "
                        "%llu / %llu",
@@ -403,13 +412,13 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
         const void *x;
     } arrays[] = {{"params", params}, {"adam.m", m}, {"adam.v", v}};
     for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
-        int64_t bad = first_non_finite(arrays[a].x, t->llama.n_params);
+        int64_t bad = first_non_finite(arrays[a].x, n_full);
         if (bad >= 0)
             return bs_fail("%s: section %s holds a value that is not finite (element %lld): not a state training can "
                            "continue from",
                            path, arrays[a].name, (long long)bad);
     }
-    for (size_t i = 0; i < t->llama.n_params; i++) {  // a second moment is a mean of squares
+    for (size_t i = 0; i < n_full; i++) {  // a second moment is a mean of squares
         float x;
         memcpy(&x, (const unsigned char *)v + i * sizeof x, sizeof x);
         if (x < 0)
@@ -440,10 +449,31 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
     // the documents are (with data servers: rank 0, the scheduler, alone)
     if (t->sampler.index && sampler_restore(&t->sampler, &ss) != 0) return bs_fail_ctx("%s", path);
 
+    // this process's part, unpacked (the sections may be unaligned: copied out first)
+    size_t n_local = t->llama.n_params;
+    float *whole = bs_malloc((n_full > 0 ? n_full : 1) * sizeof(float));
+    float *lm = bs_malloc((n_local > 0 ? n_local : 1) * sizeof(float));
+    float *lv = bs_malloc((n_local > 0 ? n_local : 1) * sizeof(float));
+    int rc = whole && lm && lv ? 0 : -1;
+    LlamaShard sh = t->llama.shard;
+    if (rc == 0) {
+        memcpy(whole, m, n_full * sizeof(float));
+        rc = parallel_take_local(&t->model, &sh, whole, lm);
+    }
+    if (rc == 0) {
+        memcpy(whole, v, n_full * sizeof(float));
+        rc = parallel_take_local(&t->model, &sh, whole, lv);
+    }
+    if (rc == 0) memcpy(whole, params, n_full * sizeof(float));
+    if (rc != 0) {
+        free(whole), free(lm), free(lv);
+        return bs_fail_ctx("%s: unpacking this process's part", path);
+    }
     // nothing can fail from here on
-    memcpy(t->llama.params, params, np);
-    memcpy(t->opt.m, (const float *)m + t->opt.begin, shard * sizeof(float));
-    memcpy(t->opt.v, (const float *)v + t->opt.begin, shard * sizeof(float));
+    parallel_take_local(&t->model, &sh, whole, t->llama.params);
+    memcpy(t->opt.m, lm + t->opt.begin, shard * sizeof(float));
+    memcpy(t->opt.v, lv + t->opt.begin, shard * sizeof(float));
+    free(whole), free(lm), free(lv);
     t->opt.t = (int64_t)w[ST_ADAM_T];
     t->step = (int64_t)w[ST_STEP];
     llama_zero_grad(&t->llama);

@@ -27,17 +27,17 @@ static int cmp_i64(const void *a, const void *b) {
 }
 
 int train_plan_batch(Trainer *t, const GlobalBatch *b) {
-    PlanConfig pc = {.n_ranks = t->n_ranks,
+    PlanConfig pc = {.n_ranks = t->hdp,
                      .capacity = t->capacity,
                      .context = t->cfg.context,
-                     .pp = 1,
+                     .pp = t->par.pp,
                      .offload = train_plans_offload(&t->cfg)};
     WireHead h = {.targets = train_count_targets(&t->data.index, b)};
     if (h.targets < 0) return -1;
     Plan p;
     if (policy_plan(&p, t->cfg.policy, b, &pc, &t->cost) != 0)
         return bs_fail_ctx("planning a batch of %lld tokens for %d ranks (capacity %lld, policy %s)",
-                           (long long)b->n_tokens, t->n_ranks, (long long)t->capacity, t->cfg.policy);
+                           (long long)b->n_tokens, t->hdp, (long long)t->capacity, t->cfg.policy);
     uint8_t *packed = NULL;
     size_t size = 0;
     int rc = plan_validate(&p, &t->cost);
@@ -121,10 +121,11 @@ int train_bcast_plan(Trainer *t, int64_t step, int slot) {
     if (t->rank != 0) free(buf);
     if (rc != 0) return bs_fail_ctx("rank %d: the plan of step %lld", t->rank, (long long)step);
     Plan *out = &t->plans[slot];
-    if (out->n_ranks != t->n_ranks) {
+    if (out->n_ranks != t->hdp || out->pp != t->par.pp) {
+        int32_t n = out->n_ranks, pp = out->pp;
         plan_free(out);
-        return bs_fail("the plan of step %lld is for %d ranks, the job has %d", (long long)step, out->n_ranks,
-                       t->n_ranks);
+        return bs_fail("the plan of step %lld is for %d HDP ranks with pp %d, the job has %d with pp %d", (long long)step,
+                       n, pp, t->hdp, t->par.pp);
     }
     return 0;
 }
@@ -177,13 +178,13 @@ int train_read_rows(Trainer *t, int64_t step, int slot) {
     if (t->roles) {  // note the ranges, fetch them from the servers in one request each, then read
         t->remote.plan = &t->load[slot];
         TokenSource rec = loader_recorder(&t->remote);
-        rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->rank, &rec);
+        rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->hdp_rank, &rec);
         if (rc == 0) rc = loader_fetch(&t->remote);
         inner = loader_replayer(&t->remote);
     }
     Counted c = {&inner, 0};
     TokenSource src = {.read = counted_read, .ctx = &c};
-    if (rc == 0) rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->rank, &src);
+    if (rc == 0) rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->hdp_rank, &src);
     t->load_seconds[slot] = now_seconds() - t0;
     t->load_bytes[slot] = c.bytes;
     return rc;
@@ -284,7 +285,8 @@ int train_prefetch_ready(Trainer *t, int64_t s) {
 // ---- the trace hooks --------------------------------------------------------------------------------
 
 static void trace_item(void *ctx, const char *name, int32_t item, double t0, double t1) {
-    rtrace_add(ctx, name, "compute", t0, t1, item);
+    // a stage's waits for its neighbours ("wait activations", "wait gradients") are the bubbles
+    rtrace_add(ctx, name, strncmp(name, "wait", 4) == 0 ? "wait" : "compute", t0, t1, item);
 }
 
 static void trace_ring(void *ctx, const char *name, double t0, double t1) {

@@ -1,5 +1,6 @@
 // test_ops.c: the model's kernels (matmul wrapper, embedding, RMSNorm, RoPE, SwiGLU, fused
-// cross-entropy and the chunked head) against naive double references and central finite differences.
+// cross-entropy and the chunked head) against naive double references and central finite differences,
+// and the vocabulary-parallel embedding and head against the plain ones.
 //
 // Finite differences: every op is checked through a scalar L = sum(out * R) with a fixed random R
 // (or the op's own loss), evaluated in double from the fp32 outputs. With eps = 1e-3 the truncation
@@ -356,6 +357,72 @@ static void test_head_loss_chunks_reference_and_gradients(void **state) {
     for (int c = 0; c < C; c++) assert_true(dx1[2 * C + c] == 0.0f && dx1[7 * C + c] == 0.0f);
 }
 
+// ---- the vocabulary-parallel variants -----------------------------------------------------------------
+
+// A tp group of one: the allreduce leaves its operand as it is and counts the calls.
+static int alone_allreduce(void *ctx, float *x, size_t n, int op) {
+    (void)x, (void)n, (void)op;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+// The embedding cut into vocabulary ranges: the ranks' outputs add up to the lookup, and their
+// gradients are the plain backward's rows, each on the rank that holds it. The head and loss with a
+// group of one are the plain head_loss (the exp-sum goes through float once: 1e-6 relative), with
+// 2 collectives per chunk and one for dx, and the scratch is exactly min(chunk, T) rows of V + 3
+// floats (malloc'd to size, so the sanitizer build sees any overrun).
+static void test_vocab_parallel_variants(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 9);
+    int V = 9, C = 4, T = 8;
+    const int32_t tok[8] = {3, 1, 3, 8, 0, 3, 1, 5};
+    static float table[MAXN], out[MAXN], part[MAXN], R[MAXN], dtable[MAXN], dpart[MAXN];
+    fill_normal(table, V * C, &rng, 1), fill_normal(R, T * C, &rng, 1);
+    embedding_forward(out, tok, table, T, C);
+    memset(dtable, 0, sizeof dtable);
+    embedding_backward(dtable, R, tok, T, C);
+    const int cut[4] = {0, 2, 6, 9};  // three ranks of unequal ranges: the kernels do not care
+    static float sum[MAXN];
+    memset(sum, 0, sizeof sum);
+    for (int r = 0; r < 3; r++) {
+        int vb = cut[r], vn = cut[r + 1] - cut[r];
+        embedding_forward_vocab(part, tok, table + vb * C, T, C, vb, vn);
+        for (int i = 0; i < T * C; i++) sum[i] += part[i];
+        memset(dpart, 0, sizeof dpart);
+        embedding_backward_vocab(dpart, R, tok, T, C, vb, vn);
+        assert_memory_equal(dpart, dtable + vb * C, sizeof(float) * (size_t)(vn * C));
+    }
+    assert_memory_equal(sum, out, sizeof(float) * (size_t)(T * C));
+
+    int HT = 11, HV = 30;
+    int32_t tgt[11] = {1, 5, -1, 29, 0, 7, 7, -1, 12, 3, 22};
+    static float x[MAXN], w[MAXN], scratch[MAXN], dx[MAXN], dw[MAXN], dx1[MAXN], dw1[MAXN];
+    fill_normal(x, HT * C, &rng, 1), fill_normal(w, HV * C, &rng, 0.7);
+    int chunks[] = {1, 4, 11, 64};
+    for (int ci = 0; ci < 4; ci++) {
+        int chunk = chunks[ci], rows = chunk < HT ? chunk : HT, calls = 0;
+        memset(dw, 0, sizeof dw), memset(dw1, 0, sizeof dw1);
+        int64_t nt = 0, nt1 = 0;
+        double ref = head_loss(dx1, dw1, x, w, tgt, HT, C, HV, 0.5f, scratch, chunk, &nt1), loss;
+        float *scr = malloc(sizeof(float) * (size_t)(rows * (HV + 3)));
+        TpOps one = {.allreduce = alone_allreduce, .ctx = &calls};
+        int rc = head_loss_vocab_parallel(&loss, dx, dw, x, w, tgt, HT, C, HV, 0, 0.5f, scr, chunk, &nt, &one);
+        assert_int_equal(rc, 0);
+        assert_int_equal(calls, 2 * ((HT + chunk - 1) / chunk) + 1);
+        assert_int_equal(nt, nt1);
+        assert_close(loss, ref, 1e-6, 0);
+        for (int i = 0; i < HT * C; i++) assert_close(dx[i], dx1[i], 1e-5, 1e-6);
+        for (int i = 0; i < HV * C; i++) assert_close(dw[i], dw1[i], 1e-5, 1e-6);
+        // forward only: the same loss, dx untouched
+        double l2;
+        rc = head_loss_vocab_parallel(&l2, NULL, NULL, x, w, tgt, HT, C, HV, 0, 1.0f, scr, chunk, NULL, &one);
+        assert_int_equal(rc, 0);
+        assert_close(l2, ref, 1e-6, 0);
+        free(scr);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_reference_and_gradients),
@@ -366,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu_reference_and_gradients),
         cmocka_unit_test(test_crossentropy_rows_reference),
         cmocka_unit_test(test_head_loss_chunks_reference_and_gradients),
+        cmocka_unit_test(test_vocab_parallel_variants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,8 +7,7 @@
 //   - a run checkpointed and resumed on the same N reproduces the uninterrupted run bit for bit,
 //     and the same checkpoint resumed on one process continues it (loss within fp32 rounding).
 // ranks: 1 2 3 4 5 8
-#include "mpi_util.h"
-#include "test_corpus.h"
+#include "mpi_train_util.h"
 
 #include "bytescale/fileio.h"
 #include "bytescale/policy.h"
@@ -17,30 +16,6 @@
 #include "bytescale/sampler.h"
 #include "bytescale/train.h"
 #include "runtime/train_internal.h"
-
-// Rank 0 makes the corpus; every rank reads it.
-static void make_dataset(const char *dir, int n, int lo, int hi, uint64_t seed, char *out, size_t cap) {
-    if (mpi_comm->rank == 0) CHECK_OK(test_corpus_make(dir, n, lo, hi, seed, out, cap));
-    else snprintf(out, cap, "%s/data", dir);
-    CHECK_OK(comm_barrier(mpi_comm));
-}
-
-static TrainConfig config(const char *data, const char *policy, int64_t tokens, int64_t context, int64_t C) {
-    TrainConfig c = train_defaults();
-    snprintf(c.model, sizeof c.model, "tiny");
-    snprintf(c.data, sizeof c.data, "%s", data);
-    snprintf(c.policy, sizeof c.policy, "%s", policy);
-    c.tokens = tokens;
-    c.context = context;
-    c.capacity = C;
-    c.lr = 3e-3;
-    c.min_lr = 3e-4;
-    c.warmup = 1;
-    c.steps = 4;
-    c.seed = 5;
-    c.quiet = 1;
-    return c;
-}
 
 static int n_checks;
 static int n_wide;  // rings wider than ceil(s/C) the checks ran (elastic's)
@@ -65,7 +40,8 @@ static int wide_rings(const Trainer *t, const GlobalBatch *b) {
 static void check_gradient(const char *data, const char *policy, int64_t tokens, int64_t context, int64_t C,
                            uint64_t seed) {
     Trainer *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
-    TrainConfig ca = config(data, policy, tokens, context, C), cr = config(data, "balance", tokens, context, context);
+    TrainConfig ca = mpi_train_config(data, policy, tokens, context, C);
+    TrainConfig cr = mpi_train_config(data, "balance", tokens, context, context);
     ca.seed = cr.seed = seed;
     CHECK_OK(trainer_init_comm(a, &ca, mpi_comm));
     CHECK_OK(trainer_init_comm(ref, &cr, comm_local()));
@@ -102,7 +78,8 @@ static void check_gradient(const char *data, const char *policy, int64_t tokens,
 // Three optimizer steps: the parameters on every rank match the one-process run's.
 static void check_steps(const char *data, const char *policy, int64_t context, int64_t C) {
     Trainer *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
-    TrainConfig ca = config(data, policy, 1024, context, C), cr = config(data, "balance", 1024, context, context);
+    TrainConfig ca = mpi_train_config(data, policy, 1024, context, C);
+    TrainConfig cr = mpi_train_config(data, "balance", 1024, context, context);
     ca.steps = cr.steps = 3;
     CHECK_OK(trainer_init_comm(a, &ca, mpi_comm));
     CHECK_OK(trainer_init_comm(ref, &cr, comm_local()));
@@ -134,7 +111,7 @@ static void check_resume(const char *dir, const char *data, int64_t context, int
     char ckpt[700];
     snprintf(ckpt, sizeof ckpt, "%s/mid.bin", dir);
     Trainer *t = malloc(sizeof *t);
-    TrainConfig c = config(data, "balance", 1024, context, C);
+    TrainConfig c = mpi_train_config(data, "balance", 1024, context, C);
     double loss[4];
     float *params = malloc(sizeof(float) * 1);
     // the uninterrupted run
@@ -181,7 +158,7 @@ int main(int argc, char **argv) {
     int N = mpi_comm->size;
     const char *dir = mpi_tmpdir("mpi_train");
     char data[600];
-    make_dataset(dir, 40, 10, 900, 3, data, sizeof data);
+    mpi_make_dataset(dir, 40, 10, 900, 3, data, sizeof data);
 
     // elastic: rings wider than ceil(s/C), whose members hold fewer than C tokens each
     static const char *policies[] = {"static", "naive", "balance", "elastic"};

@@ -1,0 +1,147 @@
+// bench/layout3d.c: one pair of cores, three ways to use it - 2 HDP ranks, one HDP rank of 2
+// tensor-parallel processes (--tp 2), one HDP rank of 2 pipeline stages (--pp 2) - on the same
+// global batches from the same weights.
+//
+// The three trainers live side by side in one MPI job of 2 ranks (each makes its own groups) and
+// take their steps in turn, so a change in the machine's load falls on all three alike. Each policy
+// step is the `balance` plan of the same batch for its layout (1 HDP rank of 2 processes plans for 1
+// rank; PP-Balance with 2 stages). Defaults: model tiny, data/go-byte, 32K tokens per step, context
+// = capacity = 8K (packs only: with one HDP rank there is no ring to compare), 6 measured steps after
+// 1 warm-up; every figure is the median over the measured steps.
+//
+// Columns: tokens/s and its ratio to HDP; the share of the step the tp all-reduces took (tp 2); the
+// share each pipeline stage spent waiting for its neighbour (pp 2: the bubble, measured in the
+// trace's "wait activations" / "wait gradients" spans) beside the planner's prediction of it (1 -
+// the stage's busy time / the replayed 1F1B makespan); the planner's step estimate (its cost model:
+// the `cpu` profile unless --cost is given) over the measured step; the least core share of any
+// rank (below 0.9: the machine was shared and the times are not to be trusted).
+//
+// usage: bench_layout3d [--quick] [--model NAME] [--tokens N] [--capacity N] [--steps N] [--data DIR]
+//                       [--cost FILE]
+// Started without an MPI launcher it runs itself as `mpirun -np 2 --bind-to core`.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytescale/error.h"
+#include "bytescale/timer.h"
+#include "bytescale/train.h"
+#include "bench_util.h"
+
+enum { N_LAYOUTS = 3, MAX_STEPS = 64 };
+static const struct {
+    const char *name;
+    int tp, pp;
+} LAYOUTS[N_LAYOUTS] = {{"hdp 2", 1, 1}, {"tp 2", 2, 1}, {"pp 2", 1, 2}};
+
+typedef struct {
+    double tps[MAX_STEPS], tp_share[MAX_STEPS], bubble[MAX_STEPS], bubble_pred[MAX_STEPS], est[MAX_STEPS],
+        core[MAX_STEPS];
+} Rec;
+
+static int64_t tokens_flag(const char *flag, const char *v) {
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (*end == 'K') x <<= 10, end++;
+    if (*end || x < 1) bs_die("%s '%s': want a positive number (suffix K)", flag, v);
+    return x;
+}
+
+int main(int argc, char **argv) {
+    if (!comm_launched_by_mpi()) bench_relaunch_under_mpirun("bench_layout3d", "2", argc, argv);
+    TrainConfig base = train_defaults();
+    snprintf(base.model, sizeof base.model, "tiny");
+    snprintf(base.policy, sizeof base.policy, "balance");
+    base.tokens = 32 << 10;
+    base.context = base.capacity = 8 << 10;
+    base.quiet = 1;
+    int steps = 6;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--quick")) {
+            base.tokens = 8 << 10, base.context = base.capacity = 2 << 10, steps = 2;
+            continue;
+        }
+        if (!v) bs_die("unknown flag '%s', or it needs a value (--help: see the file's head)", a);
+        if (!strcmp(a, "--model")) snprintf(base.model, sizeof base.model, "%s", v);
+        else if (!strcmp(a, "--data")) snprintf(base.data, sizeof base.data, "%s", v);
+        else if (!strcmp(a, "--cost")) snprintf(base.cost, sizeof base.cost, "%s", v);
+        else if (!strcmp(a, "--tokens")) base.tokens = tokens_flag(a, v);
+        else if (!strcmp(a, "--capacity")) base.context = base.capacity = tokens_flag(a, v);
+        else if (!strcmp(a, "--steps")) steps = (int)tokens_flag(a, v);
+        else bs_die("unknown flag '%s'", a);
+        i++;
+    }
+    if (steps > MAX_STEPS) steps = MAX_STEPS;
+    base.steps = steps + 1;
+    Comm *comm;
+    if (comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
+    if (comm->size != 2) bs_die("bench_layout3d compares layouts of 2 processes: run it on 2 ranks");
+    int lead = comm->rank == 0;
+
+    Trainer *t[N_LAYOUTS];
+    for (int l = 0; l < N_LAYOUTS; l++) {
+        TrainConfig c = base;
+        c.tp = LAYOUTS[l].tp, c.pp = LAYOUTS[l].pp;
+        t[l] = malloc(sizeof *t[l]);
+        if (!t[l] || trainer_init_comm(t[l], &c, comm) != 0) {
+            fprintf(stderr, "bench_layout3d: %s: %s\n", LAYOUTS[l].name, bs_errmsg());
+            comm_abort(comm, 1);
+        }
+    }
+    if (lead)
+        fprintf(stderr, "bench_layout3d: model %s, %lld tokens/step, capacity %lld, %d steps + 1 warm-up per layout\n",
+                base.model, (long long)base.tokens, (long long)base.capacity, steps);
+    Rec *rec = calloc(N_LAYOUTS, sizeof *rec);
+    if (!rec) bs_die("out of memory");
+    for (int s = 0; s <= steps; s++) {
+        for (int k = 0; k < N_LAYOUTS; k++) {
+            int l = (k + s) % N_LAYOUTS;  // the order rotates: no layout always goes first
+            StepStats st;
+            if (trainer_step(t[l], &st) != 0) {
+                fprintf(stderr, "bench_layout3d: %s step %d: %s\n", LAYOUTS[l].name, s + 1, bs_errmsg());
+                comm_abort(comm, 1);
+            }
+            if (s == 0) continue;  // warm-up
+            const Plan *p = &t[l]->plans[t[l]->step % 2];
+            double tp = 0, wait = 0, core = 1;
+            for (int r = 0; r < st.n_ranks; r++) {
+                tp += st.ranks[r].tp_seconds / st.n_ranks;
+                wait += st.ranks[r].p2p_wait / st.n_ranks;
+                core = fmin(core, st.ranks[r].core_share);
+            }
+            Rec *x = &rec[l];
+            x->tps[s - 1] = st.tokens_per_s;
+            x->tp_share[s - 1] = tp / st.seconds;
+            x->bubble[s - 1] = wait / st.seconds;
+            x->bubble_pred[s - 1] = p->makespan > 0 ? 1 - p->rank_busy[0] / p->makespan : 0;
+            x->est[s - 1] = st.est_seconds / st.seconds;
+            x->core[s - 1] = core;
+        }
+        if (lead) fprintf(stderr, "  step %d of %d\r", s, steps);
+    }
+    if (lead) {
+        fprintf(stderr, "\n");
+        printf("layouts on 2 ranks (model %s, %lld tokens/step, capacity %lld, balance; medians of %d steps)\n\n",
+               base.model, (long long)base.tokens, (long long)base.capacity, steps);
+        printf("| layout | tokens/s | vs hdp 2 | tp all-reduce share | stage wait (bubble) | planned bubble | planned / "
+               "measured step | least core share |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        double ref = bench_median(rec[0].tps, steps);
+        for (int l = 0; l < N_LAYOUTS; l++) {
+            Rec *x = &rec[l];
+            double tps = bench_median(x->tps, steps);
+            printf("| %s | %.0f | %.2fx | %.1f%% | %.1f%% | %.1f%% | %.2f | %.2f |\n", LAYOUTS[l].name, tps, tps / ref,
+                   100 * bench_median(x->tp_share, steps), 100 * bench_median(x->bubble, steps),
+                   100 * bench_median(x->bubble_pred, steps), bench_median(x->est, steps),
+                   bench_median(x->core, steps));
+        }
+    }
+    for (int l = 0; l < N_LAYOUTS; l++) {
+        trainer_free(t[l]);
+        free(t[l]);
+    }
+    free(rec);
+    comm_mpi_finalize();
+    return 0;
+}
