@@ -1,6 +1,7 @@
-// llama.c: the LLaMA-style decoder: parameter layout, forward and backward over one packed
-// micro-batch (see llama.h and docs/model.md). Where the activations lie, what of them is resident
-// and their offloading are llama_acts.c's, called around each layer.
+// llama.c: the LLaMA-style decoder: making a model (or a shard, or a view), forward and backward
+// over one packed micro-batch, a pipeline stage's halves (see llama.h and docs/model.md). The
+// parameter layout of a model or a shard and the initial weights are llama_params.c's; where the
+// activations lie, what of them is resident and their offloading are llama_acts.c's.
 #include "bytescale/llama.h"
 
 #include <math.h>
@@ -9,8 +10,8 @@
 #include <string.h>
 
 #include "bytescale/error.h"
-#include "bytescale/rng.h"
 #include "nn/llama_acts.h"
+#include "nn/llama_params.h"
 #include "nn/ops.h"
 
 // ---- the default attention: the packed kernel on the micro-batch's own rows ------------------------
@@ -31,167 +32,6 @@ static int local_backward(void *ctx, int layer, float *dq, float *dk, float *dv,
 }
 
 AttnOps attn_ops_local(void) { return (AttnOps){.forward = local_forward, .backward = local_backward, .ctx = NULL}; }
-
-// ---- configuration, shards and the parameter layout ---------------------------------------------
-
-// The catalogue's own consistency check (core), after refusing what this CPU model cannot run.
-static int check_config(const ModelConfig *c) {
-    if (c->n_experts != 1)
-        return bs_fail("model %s: mixture-of-experts (n_experts %d, top_k %d) is not supported by the CPU model; "
-                       "use a dense configuration",
-                       c->name, c->n_experts, c->top_k);
-    return model_check(c);
-}
-
-LlamaShard llama_shard_full(const ModelConfig *cfg) {
-    return (LlamaShard){.tp = 1, .tp_rank = 0, .layer_begin = 0, .layer_end = cfg->n_layers, .first = 1, .last = 1};
-}
-
-int llama_shard_check(const ModelConfig *c, const LlamaShard *sh) {
-    const char *n = c->name;
-    int tp = sh->tp;
-    if (tp < 1) return bs_fail("model %s: tensor parallelism %d: must be at least 1", n, tp);
-    if (sh->tp_rank < 0 || sh->tp_rank >= tp)
-        return bs_fail("model %s: tensor-parallel rank %d outside [0, %d)", n, sh->tp_rank, tp);
-    // whole heads, whole GQA groups (tp divides n_kv_heads, so a rank's query heads use only its
-    // own K/V heads), whole rows of the MLP and of the vocabulary on every rank
-    struct {
-        const char *field;
-        int value;
-    } divided[] = {{"n_heads", c->n_heads}, {"n_kv_heads", c->n_kv_heads}, {"d_ff", c->d_ff},
-                   {"vocab_size", c->vocab_size}};
-    for (size_t i = 0; i < sizeof divided / sizeof divided[0]; i++)
-        if (divided[i].value % tp != 0)
-            return bs_fail("tensor parallelism %d does not divide %s %d of model %s", tp, divided[i].field,
-                           divided[i].value, n);
-    if (sh->layer_begin < 0 || sh->layer_end > c->n_layers || sh->layer_begin >= sh->layer_end)
-        return bs_fail("model %s: a stage's layers [%d, %d) must be a non-empty range within the model's %d layers", n,
-                       sh->layer_begin, sh->layer_end, c->n_layers);
-    if (!sh->first != !(sh->layer_begin == 0))
-        return bs_fail("model %s: the stage of layers [%d, %d) %s the first (it holds the embedding iff it starts "
-                       "at layer 0; first = %d)",
-                       n, sh->layer_begin, sh->layer_end, sh->layer_begin == 0 ? "is" : "is not", sh->first);
-    if (!sh->last != !(sh->layer_end == c->n_layers))
-        return bs_fail("model %s: the stage of layers [%d, %d) %s the last (it holds the head iff it ends at layer "
-                       "%d; last = %d)",
-                       n, sh->layer_begin, sh->layer_end, sh->layer_end == c->n_layers ? "is" : "is not",
-                       c->n_layers, sh->last);
-    return 0;
-}
-
-// A tensor table being built: counts while t is NULL, fills it otherwise.
-typedef struct {
-    ParamTensor *t;
-    int n;
-    size_t n_params;
-} Table;
-
-static void add_tensor(Table *tb, const char *name, int rows, int cols, int ndim, int split) {
-    size_t numel = (size_t)rows * (size_t)cols;
-    if (tb->t) {
-        ParamTensor *t = &tb->t[tb->n];
-        snprintf(t->name, sizeof t->name, "%s", name);
-        t->offset = tb->n_params;
-        t->numel = numel;
-        t->ndim = ndim;
-        t->shape[0] = rows;
-        t->shape[1] = cols;
-        t->decay = ndim == 2;  // matrices decay; norm gains keep their scale free
-        t->split = split;
-    }
-    tb->n++;
-    tb->n_params += numel;
-}
-
-static void add_layer_tensor(Table *tb, int layer, const char *what, int rows, int cols, int ndim, int split) {
-    char name[LLAMA_NAME_MAX];
-    snprintf(name, sizeof name, "layers.%d.%s", layer, what);
-    add_tensor(tb, name, rows, cols, ndim, split);
-}
-
-// A shard's tensors in buffer order, with its local shapes: the whole model's order (tok_emb, the
-// layers, final_norm, lm_head) less what the stage does not hold. Column-parallel matrices (wq, wk,
-// wv, w_gate, w_up) and the vocabulary-parallel ones (tok_emb, lm_head) keep a block of rows; the
-// row-parallel ones (wo, w_down) a block of columns; norm gains are whole.
-static void layout_tensors(Table *tb, const ModelConfig *c, const LlamaShard *sh) {
-    int tp = sh->tp, D = c->d_model, V = c->vocab_size / tp, F = c->d_ff / tp;
-    int Q = c->n_heads / tp * c->head_dim, KV = c->n_kv_heads / tp * c->head_dim;
-    tb->n = 0;
-    tb->n_params = 0;
-    if (sh->first) add_tensor(tb, "tok_emb", V, D, 2, LLAMA_SPLIT_ROWS);
-    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
-        add_layer_tensor(tb, l, "attn_norm", D, 1, 1, LLAMA_REPLICATED);
-        add_layer_tensor(tb, l, "wq", Q, D, 2, LLAMA_SPLIT_ROWS);
-        add_layer_tensor(tb, l, "wk", KV, D, 2, LLAMA_SPLIT_ROWS);
-        add_layer_tensor(tb, l, "wv", KV, D, 2, LLAMA_SPLIT_ROWS);
-        add_layer_tensor(tb, l, "wo", D, Q, 2, LLAMA_SPLIT_COLS);
-        add_layer_tensor(tb, l, "mlp_norm", D, 1, 1, LLAMA_REPLICATED);
-        add_layer_tensor(tb, l, "w_gate", F, D, 2, LLAMA_SPLIT_ROWS);
-        add_layer_tensor(tb, l, "w_up", F, D, 2, LLAMA_SPLIT_ROWS);
-        add_layer_tensor(tb, l, "w_down", D, F, 2, LLAMA_SPLIT_COLS);
-    }
-    if (sh->last) {
-        add_tensor(tb, "final_norm", D, 1, 1, LLAMA_REPLICATED);
-        add_tensor(tb, "lm_head", V, D, 2, LLAMA_SPLIT_ROWS);
-    }
-}
-
-// The table of a shard, allocated (NULL + error when out of memory).
-static ParamTensor *make_table(const ModelConfig *c, const LlamaShard *sh, int *n, size_t *n_params) {
-    Table tb = {0};
-    layout_tensors(&tb, c, sh);  // count
-    tb.t = bs_calloc((size_t)tb.n, sizeof *tb.t);
-    if (!tb.t) return NULL;
-    layout_tensors(&tb, c, sh);  // fill
-    *n = tb.n;
-    *n_params = tb.n_params;
-    return tb.t;
-}
-
-int llama_shard_runs(const ModelConfig *cfg, const LlamaShard *sh, ParamRun **runs, size_t *n_runs) {
-    *runs = NULL;
-    *n_runs = 0;
-    if (check_config(cfg) != 0 || llama_shard_check(cfg, sh) != 0) return -1;
-    LlamaShard whole = llama_shard_full(cfg);
-    int n_loc = 0, n_full = 0;
-    size_t np_loc = 0, np_full = 0;
-    ParamTensor *loc = make_table(cfg, sh, &n_loc, &np_loc), *full = make_table(cfg, &whole, &n_full, &np_full);
-    size_t cap = 0;
-    for (int i = 0; loc && i < n_loc; i++) cap += loc[i].split == LLAMA_SPLIT_COLS ? (size_t)loc[i].shape[0] : 1;
-    ParamRun *r = loc && full ? bs_calloc(cap, sizeof *r) : NULL;
-    if (!r) {
-        free(loc), free(full);
-        return bs_fail_ctx("model %s: the parameter runs of a shard", cfg->name);
-    }
-    size_t n = 0;
-    int j = 0;  // the shard's tensors are a subsequence of the whole model's, in the same order
-    for (int i = 0; i < n_loc; i++) {
-        const ParamTensor *t = &loc[i];
-        while (strcmp(full[j].name, t->name) != 0) j++;
-        const ParamTensor *f = &full[j];
-        // one run per block of floats that is contiguous in both layouts: a row block is, a
-        // column block is one piece per row (rank r's columns sit in the middle of every full row)
-        size_t pieces = 1, len = t->numel, step_loc = 0, step_full = 0, at = f->offset;
-        if (t->split == LLAMA_SPLIT_ROWS) at += (size_t)sh->tp_rank * t->numel;
-        if (t->split == LLAMA_SPLIT_COLS) {
-            pieces = (size_t)t->shape[0], len = (size_t)t->shape[1];
-            step_loc = len, step_full = (size_t)f->shape[1];
-            at += (size_t)sh->tp_rank * len;
-        }
-        for (size_t p = 0; p < pieces; p++) {
-            ParamRun run = {t->offset + p * step_loc, at + p * step_full, len};
-            ParamRun *last = n ? &r[n - 1] : NULL;
-            if (last && last->local + last->len == run.local && last->full + last->len == run.full)
-                last->len += run.len;  // contiguous on both sides: one copy does
-            else
-                r[n++] = run;
-        }
-    }
-    free(loc), free(full);
-    *runs = r;
-    *n_runs = n;
-    return 0;
-}
 
 // Named views into a flat buffer with the layout of m->tensors. Tensors the shard does not hold
 // stay NULL (w->layers comes zeroed).
@@ -230,14 +70,14 @@ static int tp_sum(const Llama *m, float *x, size_t n) {
 
 int llama_init(Llama *m, const ModelConfig *cfg, int max_T) {
     memset(m, 0, sizeof *m);
-    if (check_config(cfg) != 0) return -1;
+    if (llama_check_config(cfg) != 0) return -1;
     LlamaShard whole = llama_shard_full(cfg);
     return llama_init_shard(m, cfg, max_T, &whole);
 }
 
 int llama_init_shard(Llama *m, const ModelConfig *cfg, int max_T, const LlamaShard *sh) {
     memset(m, 0, sizeof *m);
-    if (check_config(cfg) != 0 || llama_shard_check(cfg, sh) != 0) return -1;
+    if (llama_check_config(cfg) != 0 || llama_shard_check(cfg, sh) != 0) return -1;
     if (max_T < 1) return bs_fail("model %s: max_T must be >= 1 (got %d)", cfg->name, max_T);
     m->cfg = *cfg;
     m->shard = *sh;
@@ -255,7 +95,7 @@ int llama_init_shard(Llama *m, const ModelConfig *cfg, int max_T, const LlamaSha
     m->chunk = acts_head_chunk(&d, max_T);
     m->attn = attn_ops_local();
 
-    m->tensors = make_table(cfg, &m->shard, &m->n_tensors, &m->n_params);
+    m->tensors = llama_make_table(cfg, &m->shard, &m->n_tensors, &m->n_params);
     m->params = m->tensors ? bs_calloc(m->n_params, sizeof(float)) : NULL;
     m->grads = m->params ? bs_calloc(m->n_params, sizeof(float)) : NULL;
     m->w.layers = bs_calloc((size_t)cfg->n_layers, sizeof(LayerWeights));
@@ -332,60 +172,6 @@ void llama_free(Llama *m) {
     free(m->acts.layers);
     arena_free(&m->arena);
     memset(m, 0, sizeof *m);
-}
-
-// GPT-2: the projections that write into the residual stream are scaled down so the stream's
-// variance does not grow with depth (2 per layer: attention and MLP).
-static double init_std(const ParamTensor *t, int n_layers) {
-    size_t len = strlen(t->name);
-    int resid = (len > 3 && strcmp(t->name + len - 3, ".wo") == 0) ||
-                (len > 7 && strcmp(t->name + len - 7, ".w_down") == 0);
-    return resid ? 0.02 / sqrt(2.0 * n_layers) : 0.02;
-}
-
-// A shard gets the whole model's weights for the same seed: the whole model's tensors are drawn in
-// buffer order from one stream, and a shard keeps its runs of it and skips the rest (a normal draw
-// is two uniform draws, rng.h; norm gains draw nothing). Skipping costs a few ns per float of the
-// whole model, far less than drawing it.
-void llama_init_weights(Llama *m, uint64_t seed) {
-    ParamRun *runs;
-    size_t n_runs;
-    LlamaShard whole = llama_shard_full(&m->cfg);
-    int n_full = 0;
-    size_t np_full = 0;
-    ParamTensor *full = make_table(&m->cfg, &whole, &n_full, &np_full);
-    if (!full || llama_shard_runs(&m->cfg, &m->shard, &runs, &n_runs) != 0) {
-        free(full);
-        return;  // out of memory for two small tables: the weights stay as they were, the error is recorded
-    }
-    Rng rng;
-    rng_seed(&rng, seed);
-    int k = 0;           // the whole model's tensor the cursor is in
-    size_t cursor = 0;   // floats of the whole model's buffer drawn so far
-    for (size_t r = 0; r < n_runs; r++) {
-        float *p = m->params + runs[r].local;
-        size_t want_begin = runs[r].full, want_end = runs[r].full + runs[r].len;
-        while (cursor < want_end) {
-            const ParamTensor *t = &full[k];
-            size_t t_end = t->offset + t->numel;
-            size_t stop = t_end < want_end ? t_end : want_end;
-            if (cursor < want_begin) stop = t_end < want_begin ? t_end : want_begin;
-            int keep = cursor >= want_begin;
-            if (t->ndim == 1) {
-                if (keep)
-                    for (size_t j = cursor; j < stop; j++) *p++ = 1.0f;
-            } else if (keep) {
-                double std = init_std(t, m->cfg.n_layers);
-                for (size_t j = cursor; j < stop; j++) *p++ = (float)(std * rng_normal(&rng));
-            } else {
-                for (size_t j = cursor; j < stop; j++) rng_uniform(&rng), rng_uniform(&rng);
-            }
-            cursor = stop;
-            if (cursor == t_end) k++;
-        }
-    }
-    free(runs);
-    free(full);
 }
 
 void llama_zero_grad(Llama *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
