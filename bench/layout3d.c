@@ -49,6 +49,13 @@ static int64_t tokens_flag(const char *flag, const char *v) {
 }
 
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: bench_layout3d [--quick] [--model NAME] [--tokens N] [--capacity N] [--steps N] [--data DIR]\n"
+                   "                      [--cost FILE]\n"
+                   "2 HDP ranks vs --tp 2 vs --pp 2 on the same batches (defaults: tiny, 32K tokens, capacity 8K, 6 steps)\n");
+            return 0;
+        }
     if (!comm_launched_by_mpi()) bench_relaunch_under_mpirun("bench_layout3d", "2", argc, argv);
     TrainConfig base = train_defaults();
     snprintf(base.model, sizeof base.model, "tiny");

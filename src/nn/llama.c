@@ -4,7 +4,6 @@
 // activations lie, what of them is resident and their offloading are llama_acts.c's.
 #include "bytescale/llama.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
