@@ -106,6 +106,13 @@ assert bytescale.library_path.startswith(venv), bytescale.library_path
 p = bytescale.plan([30000, 12000] + [500] * 60, ranks=8, capacity=8192)
 print(f"bytescale {bytescale.__version__} from {bytescale.library_path}: {p}")
 EOF
+# the package's own tests, and of bytescale.torch only its ring attention (the subpackage installed and
+# working over torch.distributed); the torch trainer's longer tests run once, in python/pytest
+tests=()
+for f in "$src"/python/tests/test_*.py; do
+  case $(basename "$f") in test_torch_*) ;; *) tests+=("$f") ;; esac
+done
+tests+=("$src/python/tests/test_torch_ring.py")
 env -u BYTESCALE_LIB -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 \
-  "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$src/python/tests" || fail "the Python tests in the venv"
+  "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" || fail "the Python tests in the venv"
 echo "pkg/install: ok"

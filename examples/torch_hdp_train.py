@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""torch_hdp_train.py: train the reference LLaMA with Hybrid Data Parallelism in PyTorch.
+
+The same job as `bytescale train` (docs/training.md), executed by bytescale.torch (docs/torch.md):
+every step rank 0 samples a global batch from a prepared dataset (`bytescale prepare`, the Go
+corpus by default), plans it with an HDP policy over the job's ranks (the C planner, one call),
+and broadcasts the plan; every rank reads only its own rows and runs its micro-batches in the
+plan's global order: packs of short documents with blockwise varlen attention, long ones as rings
+of ranks with ring attention over the default process group; the loss is token-level over the
+whole global batch; gradients are all-reduced bucket by bucket as the backward finishes them;
+clipped AdamW.
+
+    python3 examples/torch_hdp_train.py --nproc 2 --context 16K --capacity 8K --tokens 32K --steps 50
+    torchrun --nproc_per_node 2 examples/torch_hdp_train.py --context 16K --capacity 8K --tokens 32K
+
+gloo on CPU; NCCL on CUDA when available (--backend to choose). The flags are `bytescale train`'s
+(the ones that apply here; --nproc and --backend are this script's own). A progress line on
+stderr (BS_QUIET=1 hides it), one JSON line per step with --metrics (loss, tokens/s, every rank's
+compute / wait / sync seconds), checkpoints in the C engine's file layout with --ckpt-dir (written
+to a temporary file and renamed), --resume to continue from one.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.isdir(os.path.join(HERE, "..", "python", "bytescale")):  # a checkout: the package beside us
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import bytescale.torch as bt  # noqa: E402
+from bytescale.torch import launch  # noqa: E402
+from bytescale.torch.checkpoint import f32, model_config_json  # noqa: E402
+
+
+def size(text):
+    """An integer with an optional K, M or G suffix (powers of 1024), as bytescale's flags take."""
+    m = re.fullmatch(r"(\d+)([KMG]?)", text.strip(), re.I)
+    if not m:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer (suffixes K M G)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
+    s = ap.add_argument_group("settings (kept by a resumed run)")
+    s.add_argument("--model", default="small", help="tiny, small or base (default small)")
+    s.add_argument("--tokens", type=size, default=32 << 10, help="tokens per step, the global batch (default 32K)")
+    s.add_argument("--context", type=size, default=4 << 10, help="longest sequence; longer documents are cut (4K)")
+    s.add_argument("--capacity", type=size, default=0,
+                   help="C: most tokens one rank holds in a micro-batch (default: the context)")
+    s.add_argument("--policy", default="balance", help="static, naive, naive-eq3min, balance or elastic")
+    s.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    s.add_argument("--min-lr", type=float, default=None, help="final learning rate (default lr / 10)")
+    s.add_argument("--warmup", type=int, default=20, help="linear warmup steps (default 20)")
+    s.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (default 0.1)")
+    s.add_argument("--clip", type=float, default=1.0, help="global gradient norm limit, 0 = none (default 1)")
+    s.add_argument("--seed", type=int, default=1337, help="initial weights and data order (default 1337)")
+    r = ap.add_argument_group("the run")
+    r.add_argument("--data", default="data/go-byte", help="prepared dataset (default data/go-byte)")
+    r.add_argument("--steps", type=int, default=300, help="train until N steps are done (default 300)")
+    r.add_argument("--ckpt-dir", default=None, help="write checkpoints DIR/ckpt-<step>.bin")
+    r.add_argument("--ckpt-every", type=int, default=0, help="a checkpoint every N steps and at the end")
+    r.add_argument("--ckpt-keep", type=int, default=2, help="newest checkpoints of this run to keep, 0 = all")
+    r.add_argument("--metrics", default=None, help="one JSON line per step")
+    r.add_argument("--cost", default=None, help="plan with this cost-model file (default: the model on `cpu`)")
+    r.add_argument("--resume", default=None, help="continue from a checkpoint of this script")
+    j = ap.add_argument_group("the job (this script's own)")
+    j.add_argument("--nproc", type=int, default=1, help="processes to spawn when not under torchrun (default 1)")
+    j.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with CUDA, else gloo")
+    j.add_argument("--zero", action="store_true", help="ZeRO-1: torch's ZeroRedundancyOptimizer")
+    a = ap.parse_args(argv)
+    a.capacity = a.capacity or a.context
+    if a.min_lr is None:
+        a.min_lr = a.lr / 10
+    if not 0 < a.lr <= 1:
+        ap.error(f"--lr {a.lr}: in (0, 1]")
+    if a.policy not in ("static", "naive", "naive-eq3min", "balance", "elastic"):
+        ap.error(f"--policy {a.policy}: static, naive, naive-eq3min, balance or elastic")
+    return a
+
+
+class Progress:
+    """The progress line on stderr (rank 0): steps, ETA, loss, lr, the run's tokens/s."""
+
+    def __init__(self, total, first):
+        self.total, self.first, self.t0, self.tokens = total, first, time.perf_counter(), 0
+        self.quiet = os.environ.get("BS_QUIET") == "1" or not sys.stderr.isatty()
+
+    def update(self, step, loss, lr, tokens):
+        self.tokens += tokens
+        el = time.perf_counter() - self.t0
+        done = step - self.first
+        eta = el / max(1, done) * (self.total - step)
+        line = (f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {self.tokens / max(el, 1e-9):,.0f} tokens/s  "
+                f"ETA {eta:.0f}s")
+        if self.quiet:
+            if step == self.total or step % 10 == 0:
+                print(line, file=sys.stderr, flush=True)
+        else:
+            print("\r" + line + "   ", end="\n" if step == self.total else "", file=sys.stderr, flush=True)
+
+
+def adam_state(trainer, model):
+    """AdamW's moments of every parameter as flat vectors in the model's layout (zeros before the
+    first step); with ZeRO they are gathered to rank 0 first (consolidate_state_dict)."""
+    opt = trainer.opt
+    if hasattr(opt, "consolidate_state_dict"):
+        opt.consolidate_state_dict(to=0)
+        if dist.get_rank() != 0:
+            return None
+        sd = opt.state_dict()
+        state = {}
+        params = [p for g in opt.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            if i in sd["state"]:
+                state[p] = sd["state"][i]
+    else:
+        state = opt.state
+    m, v = torch.zeros_like(model.flat), torch.zeros_like(model.flat)
+    t = 0
+    for name, off, shape, _ in model.layout:
+        st = state.get(model.param(name), {})
+        n = math.prod(shape)
+        if "exp_avg" in st:
+            m[off:off + n] = st["exp_avg"].reshape(-1)
+            v[off:off + n] = st["exp_avg_sq"].reshape(-1)
+            t = int(st["step"])
+    return m, v, t
+
+
+def set_adam_state(trainer, model, m, v, t):
+    """Seed AdamW's state from flat moments (a resumed run). Not with --zero (ZeRO shards state)."""
+    for name, off, shape, _ in model.layout:
+        p = model.param(name)
+        n = math.prod(shape)
+        trainer.opt.state[p] = {"step": torch.tensor(float(t)), "exp_avg": m[off:off + n].view(shape).clone(),
+                                "exp_avg_sq": v[off:off + n].view(shape).clone()}
+
+
+def save(args, path, model, trainer, sampler, step, n_docs):
+    st = adam_state(trainer, model)
+    if dist.get_rank() != 0:
+        return
+    m, v, t = st
+    config = {"format": "bytescale-torch-train", "version": 1, "step": step, "model": model_config_json(model.cfg),
+              "settings": {k: getattr(args, k) for k in ("policy", "tokens", "context", "capacity", "lr", "min_lr",
+                                                         "warmup", "weight_decay", "clip", "seed")}
+              | {"schedule_steps": trainer.schedule_steps, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8},
+              "dataset": {"dir": args.data}, "run": {"steps": args.steps}}
+    ss = sampler.state()
+    state = np.array([step, t, ss["seed"], ss["epoch"], ss["pos"], ss["taken"], n_docs, 0], dtype="<u8").tobytes()
+    bt.write_checkpoint(path, [("config", json.dumps(config, indent=2).encode()), ("state", state),
+                               ("params", f32(model.flat)), ("adam.m", f32(m)), ("adam.v", f32(v))])
+
+
+def train(rank, world, args):
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    ds = bt.Dataset(args.data)
+    cfg = bt.LlamaConfig.named(args.model)
+    if ds.vocab != cfg.vocab_size:
+        raise SystemExit(f"{args.data}: vocabulary {ds.vocab}, model {args.model} has {cfg.vocab_size}")
+    if world == 1 and args.capacity < args.context:
+        raise SystemExit(f"context {args.context} above capacity {args.capacity}: rings need 2 or more ranks "
+                         "(--nproc N or torchrun)")
+    model = bt.Llama(cfg, device=device).init_weights(args.seed)
+    trainer = bt.HDPTrainer(model, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup, schedule_steps=args.steps,
+                            weight_decay=args.weight_decay, clip=args.clip, zero=args.zero)
+    sampler = bt.Sampler(ds, tokens=args.tokens, context=args.context, seed=args.seed)
+    first = 0
+    if args.resume:
+        ck = bt.read_checkpoint(args.resume, required=("config", "state", "params", "adam.m", "adam.v"))
+        bt.load_params(model, ck)
+        st, conf = ck.state, ck.config
+        first = int(st["step"])
+        trainer.step_count = first
+        trainer.schedule_steps = int(conf.get("settings", {}).get("schedule_steps", args.steps))
+        if st["adam_t"] > 0:
+            if args.zero:
+                raise SystemExit("--resume with --zero is not supported: resume without --zero")
+            set_adam_state(trainer, model, torch.from_numpy(ck.floats("adam.m").copy()).to(device),
+                           torch.from_numpy(ck.floats("adam.v").copy()).to(device), st["adam_t"])
+        sampler.restore({"seed": st["sampler_seed"], "epoch": st["epoch"], "pos": st["position"], "taken": st["taken"]})
+    plan_args = {"cost": args.cost} if args.cost else {"model": args.model, "hardware": "cpu", "tp": 1}
+    metrics = None
+    if rank == 0 and args.metrics:
+        os.makedirs(os.path.dirname(os.path.abspath(args.metrics)), exist_ok=True)
+        if args.resume and os.path.exists(args.metrics):
+            # keep the lines up to the checkpoint's step (a crash may have left later ones, or half a
+            # line), rewritten through a temporary file; then append, as `bytescale train` does
+            keep = []
+            with open(args.metrics) as f:
+                for line in f:
+                    try:
+                        if json.loads(line)["step"] <= first:
+                            keep.append(line if line.endswith("\n") else line + "\n")
+                    except (ValueError, KeyError, TypeError):
+                        pass
+            tmp = args.metrics + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(keep)
+            os.replace(tmp, args.metrics)
+        metrics = open(args.metrics, "a" if args.resume else "w", buffering=1)
+    if rank == 0 and args.ckpt_dir:
+        os.makedirs(args.ckpt_dir, exist_ok=True)
+    if rank == 0:
+        print(f"torch_hdp_train: model {args.model} ({cfg.n_params / 1e6:.2f}M parameters), data {args.data} "
+              f"({ds.n_docs} documents), {world} rank(s) on {dist.get_backend()}, {args.tokens} tokens/step, "
+              f"context {args.context}, capacity {args.capacity}, policy {args.policy}", file=sys.stderr, flush=True)
+    progress = Progress(args.steps, first)
+    written = []
+    for step in range(first + 1, args.steps + 1):
+        t0 = time.perf_counter()
+        plan = None
+        if rank == 0:
+            batch = sampler.next()
+            try:
+                plan = bt.plan_step(batch, ds, ranks=world, capacity=args.capacity, policy=args.policy, **plan_args)
+            except Exception as e:  # every rank stops with rank 0's reason
+                plan = e
+        else:
+            sampler.next()  # every rank keeps the sampler's position (for checkpoints)
+        plan = bt.broadcast_plan(plan)
+        plan_s = time.perf_counter() - t0
+        mbs = bt.microbatches(plan, rank, ds, device=device, ring_stats=trainer.ring_stats)
+        res = trainer.step(plan, mbs)
+        seconds = time.perf_counter() - t0
+        mine = {"rank": rank, "compute": res.compute, "wait": res.wait, "sync": res.sync, "items": res.items,
+                "rings": res.rings, "tokens": res.tokens, "tokens_per_s": res.tokens / seconds,
+                "ring_bytes": trainer.ring_stats.bytes_sent}
+        ranks = [None] * world
+        dist.all_gather_object(ranks, mine) if world > 1 else ranks.__setitem__(0, mine)
+        if rank == 0:
+            rec = {"step": step, "loss": res.loss if math.isfinite(res.loss) else None, "lr": res.lr,
+                   "grad_norm": res.grad_norm, "clip_scale": res.clip_scale, "tokens": plan.n_tokens,
+                   "targets": plan.labelled, "seqs": len(plan.seq_len), "longest": max(plan.seq_len),
+                   "items": res.items, "plan_items": len(plan.items), "plan_rings": plan.n_rings,
+                   "est_seconds": plan.makespan, "seconds": seconds, "tokens_per_s": plan.n_tokens / seconds,
+                   "plan_seconds": plan_s, "ranks": ranks}
+            if metrics:
+                metrics.write(json.dumps(rec) + "\n")
+            progress.update(step, res.loss, res.lr, plan.n_tokens)
+        if args.ckpt_dir and (step == args.steps or (args.ckpt_every and step % args.ckpt_every == 0)):
+            path = os.path.join(args.ckpt_dir, f"ckpt-{step:06d}.bin")
+            save(args, path, model, trainer, sampler, step, ds.n_docs)
+            written.append(path)
+            if rank == 0 and args.ckpt_keep:
+                for old in written[:-args.ckpt_keep]:
+                    if os.path.exists(old):
+                        os.unlink(old)
+                written = written[-args.ckpt_keep:]
+    if metrics:
+        metrics.close()
+
+
+def entry(rank, world, args):
+    """One rank: under torchrun the environment names the rendezvous; spawned ranks get the port."""
+    try:
+        train(rank, world, args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawned(rank, world, port, args, backend):
+    launch.init(rank, world, backend, port)
+    entry(rank, world, args)
+
+
+def main(argv=None):
+    args = parse(argv)
+    backend = args.backend or launch.default_backend()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: the environment names the rendezvous
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        launch.init(rank, world, backend)
+        entry(rank, world, args)
+    elif args.nproc == 1:
+        launch.init(0, 1, backend, launch.free_port())
+        entry(0, 1, args)
+    else:
+        mp.start_processes(spawned, args=(args.nproc, launch.free_port(), args, backend), nprocs=args.nproc, join=True,
+                           start_method="spawn")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""bytescale.torch: Hybrid Data Parallelism executed in PyTorch (docs/torch.md).
+
+The plans bytescale makes (one call into the C planner on rank 0) run on torch.distributed: packs of
+short sequences with blockwise variable-length attention, long sequences as rings of ranks with
+ring attention over point-to-point messages of the default process group, token-level loss over the
+whole global batch, gradients summed bucket by bucket. gloo on CPU, NCCL on CUDA; torch >= 1.13.
+
+    import bytescale.torch as bt
+    plan = bt.broadcast_plan(bt.plan_step(batch, source, ranks=world, capacity=C) if rank == 0 else None)
+    for mb in bt.microbatches(plan, rank, source):
+        with bt.microbatch_context(mb):           # HDPAttention / hdp_attention attend as mb needs
+            loss = model.loss_sum(mb.tokens, mb.targets, mb.pos) / plan.labelled
+        loss.backward()
+
+`import bytescale` never imports torch; this subpackage needs it.
+"""
+
+try:
+    import torch as _torch  # noqa: F401  (absolute: the real torch, not this package)
+    import torch.distributed as _dist  # noqa: F401
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError("bytescale.torch needs PyTorch (>= 1.13): pip install torch, or Debian's python3-torch") from e
+
+from .attention import Rows, block_backward, block_forward, local_attention, merge, varlen_attention
+from .checkpoint import Checkpoint, CheckpointError, load_params, read_checkpoint, write_checkpoint
+from .data import Dataset, DatasetError, Sampler
+from .model import HDPAttention, Llama, LlamaConfig, hdp_attention, microbatch_context
+from .ring import Ring, RingStats, ring_attention
+from .step import (Batch, FunctionSource, MicroBatch, StepPlan, TokenSource, broadcast_plan, labelled_tokens,
+                   member_pieces, microbatches, plan_chunk, plan_step)
+from .train import HDPTrainer, StepResult, lr_schedule
+
+__all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge", "varlen_attention",
+           "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint", "Dataset",
+           "DatasetError", "Sampler", "HDPAttention", "Llama", "LlamaConfig", "hdp_attention",
+           "microbatch_context", "Ring", "RingStats", "ring_attention", "Batch", "FunctionSource", "MicroBatch",
+           "StepPlan", "TokenSource", "broadcast_plan", "labelled_tokens", "member_pieces", "microbatches",
+           "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule"]

@@ -1,0 +1,77 @@
+"""Starting a torch.distributed job on one machine: under torchrun, or N processes of our own.
+
+    from bytescale.torch import launch
+    results = launch.spawn(worker, 4, args=(x,))   # worker(rank, world, x) in 4 processes, gloo
+
+`spawn` starts the processes with torch.multiprocessing (the spawn method: a fresh interpreter each,
+so nothing of the parent's torch state is shared), initialises the default process group in each
+(gloo, or NCCL when `backend="nccl"`), runs the worker, and returns every rank's return value (rank 0
+first). A worker that raises fails the whole call with its traceback; the collectives time out
+instead of hanging forever (`timeout`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import socket
+import tempfile
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_backend() -> str:
+    """NCCL when CUDA and NCCL are available, else gloo."""
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def init(rank: int, world: int, backend: str = "gloo", port: Optional[int] = None, timeout_s: float = 300.0,
+         threads: Optional[int] = 1) -> None:
+    """Initialise the default process group for this process (rank of world). Under torchrun the
+    environment already names the rendezvous; otherwise `port` on 127.0.0.1 does. threads: torch's
+    intra-op threads (1: one core per rank, as the C engine's timing runs use)."""
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: the loopback interface
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _entry(rank, fn, world, backend, port, timeout_s, out_dir, args):
+    init(rank, world, backend, port, timeout_s)
+    try:
+        result = fn(rank, world, *args)
+        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+            pickle.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = "gloo",
+          timeout_s: float = 300.0) -> List[Any]:
+    """Run fn(rank, world, *args) in `nprocs` fresh processes with the default process group
+    initialised; return their results, rank 0 first. fn must be importable by name (a module-level
+    function) and its results picklable."""
+    with tempfile.TemporaryDirectory(prefix="bytescale-torch-") as out_dir:
+        mp.start_processes(_entry, args=(fn, nprocs, backend, free_port(), timeout_s, out_dir, args),
+                           nprocs=nprocs, join=True, start_method="spawn")
+        results = []
+        for r in range(nprocs):
+            with open(os.path.join(out_dir, f"rank{r}.pkl"), "rb") as f:
+                results.append(pickle.load(f))
+        return results

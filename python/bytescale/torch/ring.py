@@ -1,0 +1,250 @@
+"""Ring attention over torch.distributed: a long sequence's K/V travel a ring of ranks.
+
+The same algorithm as the C engine (src/runtime/ring_attn.c, docs/runtime.md "Ring attention"), on
+the DEFAULT process group with point-to-point messages (no per-ring process groups: creating one
+per ad-hoc ring is slow and, with NCCL, costs buffers per group). Every rank runs its items in the
+plan's global order, so a rank only ever waits for the members of its current ring and no two ranks
+can wait on each other in a cycle; no barrier is needed.
+
+Member m of a ring of D holds chunks m and 2D-1-m of every segment of the item (plan_chunk). Per
+layer:
+
+- forward, D steps: at step t the member holds the K/V block of member j = (m - t) mod D; it posts
+  the receive of the next block from its predecessor and the send of the block in hand to its
+  successor, computes its queries against the block in hand, and merges the result into its output
+  with the online softmax (log-sum-exp). The transfer overlaps the block's compute.
+- backward, D steps of the same K/V ring plus a second ring that carries each block's partial dK/dV:
+  at step t the member adds its queries' contribution to block j's dK/dV to the partial sum that
+  arrived from the members before it and sends the sum on (one step later, while the next block
+  computes); after D steps every block's sum is home at its owner.
+
+Messages between one pair of ranks are posted in the same order on both sides (dK/dV before K/V
+within a step), which is what NCCL's in-order point-to-point matching needs; gloo matches by tag.
+A member with no rows still relays every block, and empty blocks are not sent at all (both sides
+know every block's size from the plan).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .attention import Rows, _acc_dtype, block_backward, block_forward, merge
+
+# gloo matches point-to-point messages by (peer, tag): one tag per stream of messages
+TAG_FWD_KV, TAG_BWD_KV, TAG_BWD_DKV = 11, 12, 13
+
+
+class RingStats:
+    """Seconds spent computing ring blocks and waiting for ring messages, bytes sent, blocks run."""
+
+    def __init__(self):
+        self.compute = 0.0
+        self.wait = 0.0
+        self.bytes_sent = 0
+        self.steps = 0
+
+    def reset(self):
+        self.__init__()
+
+    def __repr__(self):
+        return (f"RingStats(compute={self.compute:.4f}s, wait={self.wait:.4f}s, bytes_sent={self.bytes_sent}, "
+                f"steps={self.steps})")
+
+
+class Ring:
+    """One ring item as this rank sees it: the members' global ranks in ring order, this rank's
+    member index, and every member's rows (positions and segment ids), so any member can mask a
+    block it receives without more messages.
+
+    ranks   global ranks of the default group, in ring order (D >= 2, distinct)
+    me      this rank's index in `ranks`
+    rows    D Rows objects (or (pos, seg) pairs): member j's rows, in the order member j holds them
+    stats   where compute / wait / bytes are accumulated (a RingStats; one is made if omitted)
+    """
+
+    def __init__(self, ranks: Sequence[int], me: int, rows: Sequence, stats: Optional[RingStats] = None):
+        self.ranks = [int(r) for r in ranks]
+        self.D = len(self.ranks)
+        if self.D < 2 or len(set(self.ranks)) != self.D:
+            raise ValueError(f"a ring needs >= 2 distinct ranks, got {self.ranks}")
+        if not 0 <= me < self.D:
+            raise ValueError(f"member index {me} outside the ring of {self.D}")
+        if len(rows) != self.D:
+            raise ValueError(f"{len(rows)} members' rows for a ring of {self.D}")
+        self.me = me
+        self.rows = [r if isinstance(r, Rows) else Rows(*r) for r in rows]
+        self.prev = self.ranks[(me - 1) % self.D]
+        self.next = self.ranks[(me + 1) % self.D]
+        self.stats = stats if stats is not None else RingStats()
+
+    def n(self, j: int) -> int:
+        """Rows member j holds."""
+        return self.rows[j].n
+
+    def __repr__(self):
+        return f"Ring(ranks={self.ranks}, me={self.me}, rows={[r.n for r in self.rows]})"
+
+
+def _exchange(ops: List[dist.P2POp]):
+    """Post a step's sends and receives together. On NCCL they go in one group
+    (batch_isend_irecv), so a send and a receive between the same two ranks in opposite directions
+    cannot block each other; gloo's isend/irecv are asynchronous on their own, and posting them one
+    by one avoids the coalescing machinery newer torch versions put behind batch_isend_irecv."""
+    if not ops:
+        return []
+    if dist.get_backend() == "nccl":
+        return dist.batch_isend_irecv(ops)
+    return [op.op(op.tensor, op.peer, tag=op.tag) for op in ops]
+
+
+def _wait(works, ring: Ring):
+    t0 = time.perf_counter()
+    for w in works:
+        w.wait()
+    ring.stats.wait += time.perf_counter() - t0
+
+
+def _block_buf(ring: Ring, j: int, width: int, like: Tensor) -> Tensor:
+    """A receive buffer for member j's K/V (or dK/dV) block: rows x (2 * G * hd), flat."""
+    return torch.empty(ring.n(j) * width, dtype=like.dtype, device=like.device)
+
+
+def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring):
+    """Forward of ring attention without autograd: (out (T, H, hd), lse (T, H))."""
+    D, me = ring.D, ring.me
+    G, hd = k.shape[1], k.shape[2]
+    width = 2 * G * hd
+    mine = ring.rows[me]
+    if q.shape[0] != mine.n or k.shape[0] != mine.n:
+        raise ValueError(f"ring attention: {q.shape[0]} local rows, the plan gives this rank {mine.n}")
+    cur = torch.cat([k.reshape(-1), v.reshape(-1)])  # the block in hand: K then V, flat
+    out = lse = None
+    for t in range(D):
+        j = (me - t) % D
+        ops, nxt = [], None
+        if t < D - 1:
+            jn = (me - t - 1) % D
+            if ring.n(jn) > 0:
+                nxt = _block_buf(ring, jn, width, k)
+                ops.append(dist.P2POp(dist.irecv, nxt, ring.prev, tag=TAG_FWD_KV))
+            if ring.n(j) > 0:
+                ops.append(dist.P2POp(dist.isend, cur, ring.next, tag=TAG_FWD_KV))
+                ring.stats.bytes_sent += cur.numel() * cur.element_size()
+        works = _exchange(ops)
+        t0 = time.perf_counter()
+        nj = ring.n(j)
+        kb = cur[:nj * G * hd].view(nj, G, hd)
+        vb = cur[nj * G * hd:].view(nj, G, hd)
+        o, l = block_forward(q, kb, vb, mine, ring.rows[j])
+        if out is None:
+            out, lse = o, l
+        else:
+            out, lse = merge(out, lse, o, l)
+        if q.is_cuda:
+            torch.cuda.current_stream().synchronize()  # the block's time, not its launch
+        ring.stats.compute += time.perf_counter() - t0
+        _wait(works, ring)
+        ring.stats.steps += 1
+        if t < D - 1:
+            cur = nxt if nxt is not None else k.new_empty(0)
+    return out, lse
+
+
+def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, ring: Ring):
+    """Backward of ring attention: (dq, dk, dv) of this member's rows, dk/dv summed over every
+    member's queries (they arrive home on the dK/dV ring)."""
+    D, me = ring.D, ring.me
+    G, hd = k.shape[1], k.shape[2]
+    width = 2 * G * hd
+    mine = ring.rows[me]
+    acc_t = _acc_dtype(q.dtype)
+    delta = (dout.to(acc_t) * out.to(acc_t)).sum(-1)  # (T, H): rowsum(dout * out), as the C model computes
+    dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
+    cur = torch.cat([k.reshape(-1), v.reshape(-1)])
+    partial = None  # the dK/dV sum computed last step, for the block (me - t + 1) mod D
+    for t in range(D):
+        j = (me - t) % D
+        ops, nxt, inc = [], None, None
+        if t > 0:
+            jp = (me - t + 1) % D  # last step's block: its partial goes on to the next member
+            if ring.n(jp) > 0:
+                ops.append(dist.P2POp(dist.isend, partial, ring.next, tag=TAG_BWD_DKV))
+                ring.stats.bytes_sent += partial.numel() * partial.element_size()
+            if ring.n(j) > 0:  # block j's partial from the members before this one
+                inc = torch.empty(ring.n(j) * width, dtype=acc_t, device=q.device)
+                ops.append(dist.P2POp(dist.irecv, inc, ring.prev, tag=TAG_BWD_DKV))
+        if t < D - 1:
+            jn = (me - t - 1) % D
+            if ring.n(jn) > 0:
+                nxt = _block_buf(ring, jn, width, k)
+                ops.append(dist.P2POp(dist.irecv, nxt, ring.prev, tag=TAG_BWD_KV))
+            if ring.n(j) > 0:
+                ops.append(dist.P2POp(dist.isend, cur, ring.next, tag=TAG_BWD_KV))
+                ring.stats.bytes_sent += cur.numel() * cur.element_size()
+        # sends first, then receives, in one order on every rank (NCCL matches in posting order)
+        ops.sort(key=lambda op: (op.op is not dist.isend, op.tag != TAG_BWD_DKV))
+        works = _exchange(ops)
+        t0 = time.perf_counter()
+        nj = ring.n(j)
+        kb = cur[:nj * G * hd].view(nj, G, hd)
+        vb = cur[nj * G * hd:].view(nj, G, hd)
+        dqj, dkj, dvj = block_backward(dout, q, kb, vb, lse, delta, mine, ring.rows[j])
+        dq += dqj
+        acc = torch.cat([dkj.reshape(-1), dvj.reshape(-1)])
+        if q.is_cuda:
+            torch.cuda.current_stream().synchronize()
+        ring.stats.compute += time.perf_counter() - t0
+        _wait(works, ring)  # the incoming partial, last step's send, and the next K/V block
+        if inc is not None:
+            acc += inc
+        partial = acc
+        ring.stats.steps += 1
+        if t < D - 1:
+            cur = nxt if nxt is not None else k.new_empty(0)
+    # the last partial is the next member's own block; this member's comes home from the previous one
+    ops, home = [], None
+    jp = (me + 1) % D
+    if ring.n(jp) > 0:
+        ops.append(dist.P2POp(dist.isend, partial, ring.next, tag=TAG_BWD_DKV))
+        ring.stats.bytes_sent += partial.numel() * partial.element_size()
+    if mine.n > 0:
+        home = torch.empty(mine.n * width, dtype=acc_t, device=q.device)
+        ops.append(dist.P2POp(dist.irecv, home, ring.prev, tag=TAG_BWD_DKV))
+    _wait(_exchange(ops), ring)
+    n = mine.n * G * hd
+    if home is None:
+        home = torch.zeros(0, dtype=acc_t, device=q.device)
+    dk = home[:n].view(mine.n, G, hd)
+    dv = home[n:].view(mine.n, G, hd)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ring):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out, lse = ring_forward(q, k, v, ring)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring = ring
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.ring)
+        return dq, dk, dv, None
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Ring) -> Tensor:
+    """Attention of this member's rows over the whole ring's rows, differentiable.
+
+    q (T, H, hd), k and v (T, G, hd): this member's rows, after RoPE (T = ring.n(ring.me), possibly
+    0). Every member of `ring` must call it at the same point of its schedule (the plan's global
+    order guarantees it), for the forward and, through autograd, for the backward. Uses the default
+    process group's point-to-point operations (gloo on CPU, NCCL on CUDA)."""
+    return _RingAttention.apply(q, k, v, ring)
