@@ -67,12 +67,16 @@ typedef struct {
     const uint8_t **payload;  // (n_shards,) first token byte of each shard
     void **maps;              // (n_shards,) the mappings, for munmap
     size_t *map_len;          // (n_shards,)
+    uint64_t *file_id;        // (n_shards x 2,) each mapped file's device and inode
 } Dataset;
 
 int dataset_open(Dataset *ds, const char *path);
 void dataset_close(Dataset *ds);
 // Copy tokens [first, first + n) of document doc (first counted from the document's start).
-// -1 + error when the range leaves the document.
+// -1 + error when the range leaves the document, or when the dataset changed under the reader: a
+// shard file truncated in place after dataset_open (its mapping would raise SIGBUS or read zeros)
+// is an error naming the shard and saying the dataset changed, never a crash or silent zeros. A
+// shard replaced by another file or removed is not: the mapping keeps the file that was opened.
 int dataset_read(const Dataset *ds, int64_t doc, int64_t first, int64_t n, uint32_t *out);
 // Copy tokens [src, src + n), src a global offset inside document doc, clipped to the document's
 // end; *got says how many were copied. Asking for len + 1 tokens of a batch piece gets the label

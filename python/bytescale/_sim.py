@@ -1,11 +1,14 @@
 """The simulator: bytescale.simulate() and the Simulation it returns."""
 
+from __future__ import annotations
+
 import weakref
+from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _lib
-from ._cost import cost_arg
+from ._cost import CostModel, PathLike, cost_arg
 from ._lib import lib
 from ._plan import Plan, plan as make_plan
 
@@ -25,7 +28,7 @@ class Simulation:
     plan: the Plan simulated.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         raise TypeError("simulations come from bytescale.simulate()")
 
     @classmethod
@@ -45,20 +48,26 @@ class Simulation:
             setattr(self, name, a)
         return self
 
-    def trace(self, path, max_ranks=64):
-        """Write a Chrome trace of the step (open it in Perfetto): max_ranks ranks, evenly spaced."""
-        _lib.check(lib.bs_sim_trace(self._h, _lib.text(path, "path"), _lib.integer(max_ranks, "max_ranks")))
+    def trace(self, path: PathLike, max_ranks: int = 64) -> None:
+        """Write a Chrome trace of the step (open it in Perfetto): max_ranks ranks (>= 1), evenly
+        spaced."""
+        n = _lib.integer(max_ranks, "max_ranks")
+        if n < 1:  # (the C call would take 0 as its default, 64)
+            raise _lib.Error(f"max_ranks: {n} must be >= 1")
+        _lib.check(lib.bs_sim_trace(self._h, _lib.text(path, "path"), n))
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """The scalars as a dict."""
         return {name: getattr(self, name) for name in _SCALARS}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<bytescale.Simulation {self.plan.policy}: step {self.step_time:.4g} s on {self.n_gpus} GPUs, "
                 f"{self.tokens_per_s:.4g} tokens/s, MFU {100 * self.mfu:.1f}%>")
 
 
-def simulate(plan_or_lengths, *, model="llama-7b", hardware="h800-sxm", tp=2, gpus=None, cost=None, **plan_args):
+def simulate(plan_or_lengths: Union[Plan, Sequence[int]], *, model: str = "llama-7b", hardware: PathLike = "h800-sxm",
+             tp: int = 2, gpus: Optional[int] = None, cost: Optional[Union[CostModel, PathLike]] = None,
+             **plan_args: Any) -> Simulation:
     """Simulate one training step of a plan on a modelled cluster, as `bytescale simulate --plan FILE`:
     gpus devices of `hardware` (None: the plan's ranks x tp x pp), tp devices per pipeline stage,
     the plan's pp; the cost model `cost` (a CostModel or file), or derived from model and hardware.

@@ -114,3 +114,86 @@ def test_a_missing_library_says_where_to_point(tmp_path):
     env = dict(os.environ, BYTESCALE_LIB=str(tmp_path / "libbytescale.so.0"))
     r = subprocess.run([sys.executable, "-c", "import bytescale"], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "BYTESCALE_LIB=" in r.stderr and "no such file" in r.stderr
+
+
+def test_negative_ranks_and_lengths_below_one_raise_everywhere():
+    """The edges are refused the same way in every function: a rank outside [0, n_ranks) (negative
+    ones too: -1 is no "every rank" sentinel, nor Python's last element), a length < 1, a count < 1,
+    a ratio outside [0, 1], all raise bytescale.Error naming the argument; a wrong type is a
+    TypeError (a float is never truncated to an integer)."""
+    p = bytescale.plan(LENGTHS, **OK)
+    for r in (-1, -5, 4, 2**40):
+        raises(f"rank: {r} is out of range [0, 4)", p.chunks, r)
+        raises(f"rank: {r} is out of range [0, 4)", p.chunk_arrays, r)
+        raises(f"rank: {r} is out of range [0, 4)", p.schedule, r)
+    with pytest.raises(TypeError, match="rank must be an integer"):
+        p.chunks(None)
+    with pytest.raises(TypeError, match="rank must be an integer"):
+        p.chunks(1.0)
+    assert len(p.chunk_arrays(None).rank) == sum(len(p.chunks(r)) for r in range(4))  # None: every rank
+
+    cm = bytescale.CostModel("tiny", "cpu", tp=1, ranks=4, capacity=1024)
+    assert cm.item_time([1]) > 0 and cm.item_time(np.array([300, 200])) > cm.item_time([300])
+    raises("segments[0] is 0: every length must be >= 1", cm.item_time, [0])
+    raises("segments[0] is -5: every length must be >= 1", cm.item_time, [-5])
+    raises("segments[2] is 0", cm.item_time, np.array([5, 6, 0], dtype=np.int32))
+    raises("segments: 0 lengths", cm.item_time, [])
+    raises("ranks: 0 is out of range", cm.item_time, [5], ranks=0)
+    raises("ranks: -1 is out of range", cm.item_time, [5], ranks=-1)
+    raises("offload: -0.5 is out of range [0, 1]", cm.item_time, [5], offload=-0.5)
+    raises("offload: nan is out of range", cm.item_time, [5], offload=float("nan"))
+    with pytest.raises(TypeError, match="segments must be integers"):
+        cm.item_time([1.5])
+    with pytest.raises(TypeError, match="one-dimensional"):
+        cm.item_time([[1, 2]])
+    with pytest.raises(TypeError, match="offload must be a number"):
+        cm.item_time([5], offload="half")
+    for kw, says in (({"ranks": -1}, "ranks: -1 is out of range"), ({"capacity": 0}, "capacity: 0 is out of range"),
+                     ({"tp": -2}, "tp: -2 is out of range"), ({"pp": 0}, "pp: 0 is out of range")):
+        raises(says, bytescale.CostModel, "tiny", "cpu", **kw)
+
+    for kw, says in (({"ranks": -1}, "ranks: -1 is out of range"), ({"capacity": -1}, "capacity: -1 is out of range"),
+                     ({"context": -1}, "context: -1 must be >= 1"), ({"pp": -1}, "pp: -1 is out of range"),
+                     ({"tp": -1}, "tp: -1 is out of range")):
+        raises(says, bytescale.plan, LENGTHS, **{**OK, **kw})
+    raises("lengths[1] is -3: every length must be >= 1", bytescale.plan, [4, -3], **OK)
+    raises("tokens: -1 is out of range", bytescale.sample_lengths, tokens=-1)
+    raises("context: -1 is out of range", bytescale.sample_lengths, tokens=1000, context=-1)
+
+    s = bytescale.simulate(p, model="tiny", hardware="cpu", tp=1)
+    raises("gpus: -1 must be >= 1", bytescale.simulate, p, gpus=-1)
+    raises("max_ranks: 0 must be >= 1", s.trace, "unused.json", max_ranks=0)
+    raises("max_ranks: -1 must be >= 1", s.trace, "unused.json", max_ranks=-1)
+
+
+def test_every_public_function_is_documented_and_typed():
+    """help(bytescale.plan) and the rest say what each argument is and what comes back: every public
+    function and method has a docstring and type hints on its arguments and its result."""
+    import inspect
+    missing = []
+    publics = [getattr(bytescale, n) for n in bytescale.__all__ if callable(getattr(bytescale, n))]
+    for obj in publics:
+        members = [obj]
+        if inspect.isclass(obj):
+            if not obj.__doc__:
+                missing.append(f"{obj.__name__}: no docstring")
+            members = [m for n, m in vars(obj).items()
+                       if (not n.startswith("_") or n == "__init__") and (inspect.isfunction(m) or
+                                                                            isinstance(m, (property, classmethod)))]
+        for m in members:
+            f = m.fget if isinstance(m, property) else m.__func__ if isinstance(m, classmethod) else m
+            if not inspect.isfunction(f):
+                continue  # namedtuples and the like
+            name = f.__qualname__
+            if f.__name__ != "__init__" and not (f.__doc__ or "").strip():
+                missing.append(f"{name}: no docstring")
+            sig = inspect.signature(f)
+            for pname, prm in sig.parameters.items():
+                if pname not in ("self", "cls") and prm.annotation is inspect.Parameter.empty:
+                    missing.append(f"{name}: no type hint on {pname}")
+            if sig.return_annotation is inspect.Signature.empty:
+                missing.append(f"{name}: no return type hint")
+    assert not missing, "\n".join(missing)
+    text = inspect.getdoc(bytescale.plan)
+    for arg in ("lengths", "ranks", "capacity", "policy", "offload", "context", "pp", "cost", "bytescale.Error"):
+        assert arg in text, arg

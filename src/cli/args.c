@@ -72,14 +72,35 @@ int cli_read_flags(int argc, char **argv, const struct option *options, int firs
     opterr = 0;  // our own messages
     optind = 1;
     for (;;) {
-        int opt = getopt_long(argc, argv, ":h", options, NULL);
+        int at = -1;
+        int opt = getopt_long(argc, argv, ":h", options, &at);
         if (opt == -1) break;
         if (opt == 'h') return 1;
         if (opt == ':') return bs_fail("%s needs a value", argv[optind - 1]);
         if (opt == '?' || opt < first || opt - first >= n_given) return bs_fail("unknown flag '%s'", argv[optind - 1]);
+        // a flag given twice (an abbreviation too: --hard a --hardware b) is refused, not last-wins
+        if (given[opt - first])
+            return bs_fail("--%s is given twice ('%s', then '%s'): give it once", at >= 0 ? options[at].name : "?",
+                           given[opt - first], optarg ? optarg : "");
         given[opt - first] = optarg;
     }
     if (optind < argc) return bs_fail("unexpected argument '%s'", argv[optind]);
+    return 0;
+}
+
+int cli_repeated_flag(int argc, char **argv, const char *const *repeatable) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) break;  // the end of the flags
+        if (strncmp(a, "--", 2) != 0 || !a[2]) continue;
+        size_t n = strcspn(a, "=");  // "--out=x" names --out
+        int ok = n == 6 && !strncmp(a, "--help", 6);
+        for (int r = 0; !ok && repeatable && repeatable[r]; r++)
+            ok = strlen(repeatable[r]) == n && !strncmp(a, repeatable[r], n);
+        for (int j = 1; !ok && j < i; j++)
+            if (strcspn(argv[j], "=") == n && !strncmp(argv[j], a, n))
+                return bs_fail("%.*s is given twice: give it once (a flag is not overridden by a later one)", (int)n, a);
+    }
     return 0;
 }
 

@@ -29,8 +29,15 @@ int arg_double(const char *flag, const char *text, double *out);
 
 // Read argv's flags (getopt_long, every flag but -h/--help taking a value) into given[opt - first]:
 // the value given, NULL where absent. 1: help was asked for; 0: read; -1 + error ("--x needs a
-// value", "unknown flag '--y'", "unexpected argument 'z'").
+// value", "unknown flag '--y'", "unexpected argument 'z'", "--x is given twice": a flag given twice,
+// by its name or an abbreviation of it, is refused rather than the later value winning).
 int cli_read_flags(int argc, char **argv, const struct option *options, int first, const char **given, int n_given);
+
+// Every command's flags, before the command reads them: -1 + error ("--x is given twice: ...") when a
+// flag "--x" or "--x=v" appears twice in argv (up to a "--"), unless its name is in repeatable (a
+// NULL-terminated list such as {"--input", NULL}, or NULL) or it is --help. Flags are not
+// last-wins: a repeated one is a mistake in a script or a command line, never an override.
+int cli_repeated_flag(int argc, char **argv, const char *const *repeatable);
 
 // Flags that `plan` and `simulate` once spelled differently (one vocabulary now: --dist SPEC, --lengths
 // FILE, --ranks N, --gpus N, --hardware NAME|FILE, --cost FILE). For an unknown flag arg ("--x" or

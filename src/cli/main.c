@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bytescale/error.h"
 #include "cli/cli.h"
 
 typedef struct {
@@ -34,8 +35,17 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    for (int i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    for (int i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(argv[1], commands[i].name) != 0) continue;
+        // a flag given twice is refused for every command (prepare takes several --input)
+        static const char *const repeatable[] = {"--input", NULL};
+        if (cli_repeated_flag(argc - 1, argv + 1, !strcmp(commands[i].name, "prepare") ? repeatable : NULL) != 0) {
+            fprintf(stderr, "bytescale %s: error: %s\n(bytescale %s --help lists the flags)\n", commands[i].name,
+                    bs_errmsg(), commands[i].name);
+            return 2;
+        }
+        return commands[i].run(argc - 1, argv + 1);
+    }
     fprintf(stderr, "bytescale: error: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

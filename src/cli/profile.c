@@ -2,10 +2,13 @@
 // that `plan --cost` and `simulate --cost` read (profile.h, docs/profile.md). One process measures
 // compute, activations and the offload tier; `mpirun -np 2 bytescale profile` also the link between
 // two ranks.
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "bytescale/comm.h"
 #include "bytescale/error.h"
@@ -51,13 +54,16 @@ static void usage(FILE *f) {
             "  --p2p-reps N       ping-pong samples per message size (default %d)\n"
             "  --tier-bytes N     bytes written to and read from the tier per pass (default 256M)\n"
             "  --tier-reps N      timed passes over the tier (default %d)\n"
-            "  --offload-dir DIR  where the tier's file goes, deleted at once (default: $TMPDIR or /tmp)\n"
-            "  --out FILE         the profile file (default profile-<model>.json)\n"
+            "  --offload-dir DIR  where the tier's file goes, deleted at once: an existing directory\n"
+            "                     (default: $TMPDIR or /tmp)\n"
+            "  --out FILE         the profile file (default profile-<model>.json); of the directories of\n"
+            "                     --out and --plot only a missing last one is made, and that is said\n"
             "  --plot PREFIX      PREFIX.png, PREFIX.svg and PREFIX.gp: measured and fitted T(s), log-log\n"
             "                     (gnuplot)\n"
             "  --help             this text\n"
             "\n"
-            "Takes a while (minutes at the defaults): progress on stderr, BS_QUIET=1 hides it. One BLAS\n"
+            "Every flag and output path is checked before measuring, which takes a while (minutes at the\n"
+            "defaults): progress on stderr, BS_QUIET=1 hides it. One BLAS\n"
             "thread per rank; under mpirun, one rank per core. Exit status: 0 done, 1 a measurement\n"
             "failed, 2 bad flags.\n",
             d.reps, d.warmup, d.layers[0], d.layers[1], d.holdout, (long long)d.capacity, d.hdp_ranks, d.p2p_reps,
@@ -124,6 +130,55 @@ static int parse_layers(const char *text, ProfileConfig *c) {
     return 0;
 }
 
+// The directory a file of --out or --plot goes into: it must exist, or be one directory to make in an
+// existing one (`--plot out/fig` makes out/, and says so), never a chain of them: a mistyped path is
+// refused before measuring rather than made. to_make: that directory, "" when it exists.
+static int output_dir(const char *path, const char *flag, char *to_make, size_t cap) {
+    to_make[0] = '\0';
+    char dir[PROFILE_PATH_MAX], parent[PROFILE_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) return 0;  // the current directory
+    if (slash == dir) return 0;  // the root
+    *slash = '\0';
+    struct stat sb;
+    if (stat(dir, &sb) == 0) return S_ISDIR(sb.st_mode) ? 0 : bs_fail("%s: %s is a file, not a directory", flag, dir);
+    if (errno != ENOENT) return bs_fail("%s: %s: %s", flag, dir, strerror(errno));
+    snprintf(parent, sizeof parent, "%s", dir);
+    slash = strrchr(parent, '/');
+    if (slash == parent) parent[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(parent, sizeof parent, ".");
+    if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return bs_fail("%s: neither %s nor %s is a directory: profile makes only the last directory of a path "
+                       "(make %s first, or check the path)",
+                       flag, dir, parent, parent);
+    snprintf(to_make, cap, "%s", dir);
+    return 0;
+}
+
+// Make the directory output_dir found missing, and say so; another rank of the job (or --out and
+// --plot in the same directory) may have made it first.
+static int make_output_dir(const char *dir, const char *flag) {
+    if (!dir[0]) return 0;
+    if (mkdir(dir, 0777) == 0) printf("made the directory %s for %s\n", dir, flag);
+    else if (errno != EEXIST) return bs_fail("%s: cannot make the directory %s: %s", flag, dir, strerror(errno));
+    return 0;
+}
+
+// --offload-dir (or $TMPDIR, or /tmp): an existing directory this process can write into. It is never
+// made: the tier's file is temporary, so it goes where files can already go.
+static int offload_dir_ok(const char *dir) {
+    const char *flag = dir && *dir ? "--offload-dir" : "the offload directory ($TMPDIR or /tmp)";
+    if (!dir || !*dir) dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/tmp";
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return bs_fail("%s: %s: %s", flag, dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return bs_fail("%s: %s is not a directory", flag, dir);
+    if (access(dir, W_OK | X_OK) != 0) return bs_fail("%s: cannot write into %s: %s", flag, dir, strerror(errno));
+    return 0;
+}
+
 static int is_trainer_model(const char *name) {
     return !strcmp(name, "tiny") || !strcmp(name, "small") || !strcmp(name, "base");
 }
@@ -175,13 +230,21 @@ int cmd_profile(int argc, char **argv) {
     if (GIVEN(OPT_OUT)) snprintf(out, sizeof out, "%s", GIVEN(OPT_OUT));
     else snprintf(out, sizeof out, "profile-%s.json", model_name);
     if (strlen(out) + 16 >= sizeof out) return bad_usage("--out: '%s' is too long", out);
-    if (train_check_output(out, "--out", "{") != 0) return bad_usage("%s", bs_errmsg());
+    if (offload_dir_ok(cfg.offload_dir) != 0) return bad_usage("%s", bs_errmsg());
     const char *plot = GIVEN(OPT_PLOT);
+    if (plot && strlen(plot) + 8 >= PROFILE_PATH_MAX) return bad_usage("--plot: '%s' is too long", plot);
+    if (plot && system("gnuplot --version >/dev/null 2>&1") != 0)
+        return bad_usage("%s", "--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or "
+                               "drop --plot");
+    // the files' directories: both checked, then one missing at the end of a path made (and said),
+    // before anything is measured
+    char out_dir[PROFILE_PATH_MAX], plot_dir[PROFILE_PATH_MAX] = "";
+    if (output_dir(out, "--out", out_dir, sizeof out_dir) != 0 ||
+        (plot && output_dir(plot, "--plot", plot_dir, sizeof plot_dir) != 0) ||
+        make_output_dir(out_dir, "--out") != 0 || make_output_dir(plot_dir, "--plot") != 0)
+        return bad_usage("%s", bs_errmsg());
+    if (train_check_output(out, "--out", "{") != 0) return bad_usage("%s", bs_errmsg());
     if (plot) {
-        if (strlen(plot) + 8 >= PROFILE_PATH_MAX) return bad_usage("--plot: '%s' is too long", plot);
-        if (system("gnuplot --version >/dev/null 2>&1") != 0)
-            return bad_usage("%s", "--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or "
-                                   "drop --plot");
         char png[PROFILE_PATH_MAX + 8], svg[PROFILE_PATH_MAX + 8], gp[PROFILE_PATH_MAX + 8];
         snprintf(png, sizeof png, "%s.png", plot);
         snprintf(svg, sizeof svg, "%s.svg", plot);

@@ -5,6 +5,9 @@
 // or mixed-up dataset later, in the middle of training.
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -227,6 +230,8 @@ static int open_shard(Dataset *ds, int s) {
     close(fd);  // the mapping stays valid
     ds->maps[s] = map;
     ds->map_len[s] = size;
+    ds->file_id[2 * s] = (uint64_t)st.st_dev;
+    ds->file_id[2 * s + 1] = (uint64_t)st.st_ino;
     const uint8_t *h = map;
     if (check_header(file, h, size, SHARD_MAGIC, SHARD_VERSION, "token shard") != 0) return -1;
     uint32_t kind = get_u32(h + SH_TOKENIZER), vocab = get_u32(h + SH_VOCAB), width = get_u32(h + SH_WIDTH);
@@ -255,14 +260,18 @@ static int open_shard(Dataset *ds, int s) {
     return 0;
 }
 
+static void install_sigbus_handler(void);
+
 int dataset_open(Dataset *ds, const char *path) {
     memset(ds, 0, sizeof *ds);
     if (docindex_read(&ds->index, path) != 0) return -1;
+    install_sigbus_handler();
     int n = ds->index.n_shards;
     ds->payload = bs_calloc((size_t)n, sizeof *ds->payload);
     ds->maps = bs_calloc((size_t)n, sizeof *ds->maps);
     ds->map_len = bs_calloc((size_t)n, sizeof *ds->map_len);
-    if (!ds->payload || !ds->maps || !ds->map_len) {
+    ds->file_id = bs_calloc((size_t)n * 2, sizeof *ds->file_id);
+    if (!ds->payload || !ds->maps || !ds->map_len || !ds->file_id) {
         dataset_close(ds);
         return -1;
     }
@@ -281,11 +290,75 @@ void dataset_close(Dataset *ds) {
     free(ds->payload);
     free(ds->maps);
     free(ds->map_len);
+    free(ds->file_id);
     docindex_free(&ds->index);
     memset(ds, 0, sizeof *ds);
 }
 
 // ---- reading -----------------------------------------------------------------------------------
+//
+// The shards are mapped, so a shard file truncated in place while a job reads it (a dataset that
+// changed under the job: not `bytescale prepare`, which never writes into a shard in use) would
+// raise SIGBUS on a page past its new end, and read zeros on the part of its last page past it. A
+// read therefore copies under a guard (a SIGBUS in the copying thread jumps back out of the copy),
+// then checks that the file it copied from still has its size: either way the read fails with an
+// error naming the shard, which ends a training run like any other data error (its newest
+// checkpoint intact). A SIGBUS anywhere else goes to the handler that was there before, or kills.
+
+static _Thread_local sigjmp_buf *bus_jump;  // set while this thread copies from a mapping
+static struct sigaction bus_before;
+
+static void on_sigbus(int sig, siginfo_t *info, void *uc) {
+    sigjmp_buf *jump = bus_jump;
+    if (jump) siglongjmp(*jump, 1);
+    if ((bus_before.sa_flags & SA_SIGINFO) && bus_before.sa_sigaction) {
+        bus_before.sa_sigaction(sig, info, uc);
+    } else if (!(bus_before.sa_flags & SA_SIGINFO) && bus_before.sa_handler != SIG_DFL &&
+               bus_before.sa_handler != SIG_IGN) {
+        bus_before.sa_handler(sig);
+    } else {
+        signal(sig, SIG_DFL);  // the faulting access runs again on return, and the default action ends it
+    }
+}
+
+// Ours, unless it is already: at every dataset_open, since a program (a test harness) may have put
+// another handler in its place since the last one.
+static void install_sigbus_handler(void) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lock);
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && !((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        bus_before = cur;
+        sigaction(SIGBUS, &sa, NULL);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+// The error of a read from shard s, whose file is now now_size bytes.
+static int dataset_changed(const Dataset *ds, uint32_t s, long long now_size) {
+    const DocIndex *ix = &ds->index;
+    return bs_fail("%s/%s: the dataset changed while it was in use: shard %u was truncated (now %lld bytes, %zu "
+                   "when it was opened and checked); prepare the dataset again (bytescale prepare replaces a dataset "
+                   "whole, never a shard in use), then resume from the newest checkpoint",
+                   ix->dir, ix->shards[s].name, s, now_size, ds->map_len[s]);
+}
+
+// After a copy from shard s: is the file it was mapped from still whole? Replaced or removed, the
+// mapping still holds the file that was opened, so only a shrunk file of the same inode is an error.
+static int shard_unchanged(const Dataset *ds, uint32_t s) {
+    char file[4200];
+    snprintf(file, sizeof file, "%s/%s", ds->index.dir, ds->index.shards[s].name);
+    struct stat st;
+    if (stat(file, &st) != 0) return 0;
+    if ((uint64_t)st.st_dev != ds->file_id[2 * s] || (uint64_t)st.st_ino != ds->file_id[2 * s + 1]) return 0;
+    if ((size_t)st.st_size < ds->map_len[s]) return dataset_changed(ds, s, (long long)st.st_size);
+    return 0;
+}
 
 static void copy_tokens(const Dataset *ds, uint32_t shard, int64_t offset, int64_t n, uint32_t *out) {
     const uint8_t *p = ds->payload[shard] + (size_t)offset * ds->index.width;
@@ -302,6 +375,24 @@ static void copy_tokens(const Dataset *ds, uint32_t shard, int64_t offset, int64
     }
 }
 
+// copy_tokens under the SIGBUS guard, then the size check.
+static int copy_checked(const Dataset *ds, uint32_t shard, int64_t offset, int64_t n, uint32_t *out) {
+    if (n <= 0) return 0;
+    sigjmp_buf jump;
+    if (sigsetjmp(jump, 1) != 0) {  // a SIGBUS in the copy: the file shrank under the mapping
+        bus_jump = NULL;
+        if (shard_unchanged(ds, shard) != 0) return -1;  // it did: how much
+        // (or the file is not the one mapped any more, or the disk failed to read a page)
+        return bs_fail("%s/%s: shard %u could not be read through its mapping (SIGBUS): the dataset changed while "
+                       "it was in use, or the disk failed",
+                       ds->index.dir, ds->index.shards[shard].name, shard);
+    }
+    bus_jump = &jump;
+    copy_tokens(ds, shard, offset, n, out);
+    bus_jump = NULL;
+    return shard_unchanged(ds, shard);
+}
+
 int dataset_read(const Dataset *ds, int64_t doc, int64_t first, int64_t n, uint32_t *out) {
     if (doc < 0 || doc >= ds->index.n_docs)
         return bs_fail("%s: read: document %lld out of range [0, %lld)", ds->index.dir, (long long)doc,
@@ -310,8 +401,7 @@ int dataset_read(const Dataset *ds, int64_t doc, int64_t first, int64_t n, uint3
     if (first < 0 || n < 0 || first > e->len || n > e->len - first)
         return bs_fail("%s: read: tokens [%lld, %lld) outside document %lld of %lld tokens", ds->index.dir,
                        (long long)first, (long long)(first + n), (long long)doc, (long long)e->len);
-    copy_tokens(ds, e->shard, e->offset + first, n, out);
-    return 0;
+    return copy_checked(ds, e->shard, e->offset + first, n, out);
 }
 
 int dataset_read_span(const Dataset *ds, int64_t doc, int64_t src, int64_t n, uint32_t *out, int64_t *got) {
@@ -324,7 +414,7 @@ int dataset_read_span(const Dataset *ds, int64_t doc, int64_t src, int64_t n, ui
         return bs_fail("%s: read: offset %lld is not inside document %lld (tokens [%lld, %lld))", ds->index.dir,
                        (long long)src, (long long)doc, (long long)e->start, (long long)(e->start + e->len));
     int64_t first = src - e->start, m = e->len - first < n ? e->len - first : n;
-    copy_tokens(ds, e->shard, e->offset + first, m, out);
+    if (copy_checked(ds, e->shard, e->offset + first, m, out) != 0) return -1;
     *got = m;
     return 0;
 }

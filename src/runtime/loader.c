@@ -144,6 +144,12 @@ static int text_tokens(Part *p, int64_t d, const Tokens **out) {
 static int part_open(Part *p, const LoaderServeConfig *cfg, int i, int n) {
     memset(p, 0, sizeof *p);
     p->cfg = *cfg;
+    // a file is neither: read as a text corpus it would be trained on as one document of raw bytes
+    struct stat dst;
+    if (stat(cfg->dir, &dst) == 0 && !S_ISDIR(dst.st_mode))
+        return bs_fail("%s is a file, not a directory: a data server's --data is a prepared dataset's directory "
+                       "(`bytescale prepare --out DIR`) or a directory of text files",
+                       cfg->dir);
     char index[4200];
     snprintf(index, sizeof index, "%s/%s", cfg->dir, INDEX_FILE);
     if (access(index, F_OK) == 0 || access(cfg->dir, F_OK) != 0) {

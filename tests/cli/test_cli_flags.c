@@ -1,4 +1,4 @@
-// test_cli_flags.c: `plan` and `simulate` speak one vocabulary. Each shared flag is run in both
+// test_cli_flags.c: `plan` and `simulate` speak one vocabulary, and no command takes a flag twice. Each shared flag is run in both
 // commands and its outcome compared with the spelling it must equal: --dist (a length distribution),
 // --ranks / --gpus (HDP ranks / devices = ranks x tp x pp), --hardware NAME|FILE, --cost FILE. The
 // retired names are refused in both with what replaced them.
@@ -216,6 +216,34 @@ static void test_retired_names_say_what_replaced_them(void **state) {
     expect_usage_error("simulate --datasets x", "unknown flag '--datasets'");
 }
 
+// A flag given twice is refused in every command (it was last-wins, silently): by its name, in
+// either spelling (--x v, --x=v), and in the commands that read flags with getopt by an abbreviation
+// too. prepare's --input is the one flag that may repeat.
+static void test_repeated_flags_are_refused_everywhere(void **state) {
+    (void)state;
+    const struct {
+        const char *args, *says;
+    } twice[] = {
+        {"plan --hardware h800-sxm --hardware cpu " BATCH, "error: --hardware is given twice: give it once"},
+        {"plan --ranks 8 --ranks=16 " BATCH, "error: --ranks is given twice"},
+        {"simulate --hardware h800-sxm --hardware cpu", "error: --hardware is given twice"},
+        {"simulate --seed 1 --seed 2", "error: --seed is given twice"},
+        {"train --steps 1 --steps 2", "error: --steps is given twice"},
+        {"profile --reps 1 --reps=2", "error: --reps is given twice"},
+        {"serve --cache 1K --cache 2K", "error: --cache is given twice"},
+        {"prepare --input a --out x --out y", "error: --out is given twice"},
+    };
+    for (size_t i = 0; i < sizeof twice / sizeof twice[0]; i++) expect_usage_error(twice[i].args, twice[i].says);
+    // an abbreviation and the whole name are the same flag
+    expect_usage_error("train --step 1 --steps 2", "--steps is given twice ('1', then '2')");
+    expect_usage_error("serve --ca 1K --cache 2K", "--cache is given twice");
+    // flags that merely share a prefix are different flags; several --input are a list
+    int rc = cli_run(dir, "", "simulate --seed 1 --seeds 1 --scenario case-study --json");
+    if (rc != 0) fail_msg("simulate --seed --seeds: exit %d: %s", rc, cli_err);
+    rc = cli_run(dir, "", "prepare --input /nonexistent/a --input /nonexistent/b --out x");
+    if (rc != 1 || !strstr(cli_err, "/nonexistent/a")) fail_msg("prepare with two --input: exit %d: %s", rc, cli_err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dist_is_a_distribution_in_both),
@@ -223,6 +251,7 @@ int main(void) {
         cmocka_unit_test(test_hardware_name_or_file_in_both),
         cmocka_unit_test(test_cost_file_in_both),
         cmocka_unit_test(test_retired_names_say_what_replaced_them),
+        cmocka_unit_test(test_repeated_flags_are_refused_everywhere),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

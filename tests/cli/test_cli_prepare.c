@@ -56,10 +56,17 @@ static void test_prepare_corpus_and_read_back(void **state) {
         for (int64_t i = 0; i < len; i++) assert_int_equal(ids[i], (uint8_t)texts[d][i]);
     }
     dataset_close(&ds);
+}
 
-    // gpt2 with the rank file found through BS_SOURCE_DIR (set by ctest), as `make tokenizer` puts it
-    rc = run_prepare("--input test-tmp/cli_prepare/in/a.go --tokenizer gpt2 --out=test-tmp/cli_prepare/gpt2");
+// gpt2 with the rank file found through BS_SOURCE_DIR (set by ctest), as `make tokenizer` puts it
+static void test_prepare_gpt2(void **state) {
+    (void)state;
+    TEST_TOKENIZER_OR_SKIP("r50k_base.tiktoken");
+    test_tmpdir("cli_prepare");
+    write_text("test-tmp/cli_prepare/a.go", "package main\n\nfunc main() {}\n");
+    int rc = run_prepare("--input test-tmp/cli_prepare/a.go --tokenizer gpt2 --out=test-tmp/cli_prepare/gpt2");
     if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    Dataset ds;
     assert_int_equal(dataset_open(&ds, "test-tmp/cli_prepare/gpt2"), 0);
     assert_int_equal(ds.index.n_docs, 1);
     assert_int_equal(ds.index.vocab, 50257);
@@ -171,6 +178,7 @@ static void test_prepare_full_disk_keeps_old_dataset(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prepare_corpus_and_read_back),
+        cmocka_unit_test(test_prepare_gpt2),
         cmocka_unit_test(test_prepare_bad_flags_and_inputs),
         cmocka_unit_test(test_prepare_follows_symlinks),
         cmocka_unit_test(test_prepare_refuses_output_inside_input),

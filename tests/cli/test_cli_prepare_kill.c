@@ -6,6 +6,7 @@
 // Two corpora take turns, so every run changes the content and "old" and "new" can be told apart by
 // a fingerprint of all their tokens. The kill moments are spread over the whole run: from before the
 // first shard to after the index is switched, scaled by the measured length of a full run.
+// ctest: slow (20 or more kills at random moments: crash consistency, which the Release pass checks)
 #include "cli/cli_run.h"
 
 #include <dirent.h>
@@ -70,10 +71,10 @@ static int wait_exit(pid_t pid) {
     int st;
     double t0 = now_seconds();
     while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (now_seconds() - t0 > 120) {
+        if (now_seconds() - t0 > 600) {  // a bound for a hang, generous for a loaded machine
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
-            fail_msg("prepare still ran 120 s after it started");
+            fail_msg("prepare still ran 600 s after it started");
         }
         usleep(2000);
     }
@@ -139,6 +140,7 @@ static int leftovers(const char *dir) {
 static void test_kill_prepare_at_random_moments(void **state) {
     (void)state;
     if (!getenv("BS_BINARY")) fail_msg("BS_BINARY is not set (run through ctest)");
+    TEST_TOKENIZER_OR_SKIP("r50k_base.tiktoken");  // its runs tokenize with GPT-2 (FLAGS)
     test_tmpdir("cli_prepare_kill");
     make_corpus(KDIR "/a", 160, 1);
     make_corpus(KDIR "/b", 130, 2);
@@ -157,36 +159,48 @@ static void test_kill_prepare_at_random_moments(void **state) {
     int kept_old = 0, got_new = 0, left = 0;
     Rng rng;
     rng_seed(&rng, 2027);
-    for (int trial = 0; trial < 20; trial++) {
-        int next = 1 - have;
-        pid_t pid = start_prepare(corpus[next], KDIR "/ds");
-        // a moment from start-up to past the end of a whole run (which is slower when it has a killed
-        // run's files to remove first, or the machine is busy)
-        useconds_t at = (useconds_t)(1e6 * t * 1.6 * (double)rng_below(&rng, 1000) / 1000.0);
-        usleep(at);
-        kill(pid, SIGKILL);
-        int st = wait_exit(pid);
-        int killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
-        if (!killed && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) fail_msg("trial %d: prepare failed on its own", trial);
-        uint32_t f = fingerprint(KDIR "/ds", why, sizeof why);
-        if (f == 0) fail_msg("trial %d: killed at %.3f s, the dataset does not open: %s", trial, at / 1e6, why);
-        if (f != fp[have] && f != fp[next])
-            fail_msg("trial %d: killed at %.3f s, the dataset is neither the old nor the new one", trial, at / 1e6);
-        int n_left = leftovers(KDIR "/ds");
-        print_message("kill %2d at %.3f s of a %.3f s run: %s dataset, whole; %d file%s left over\n",
-                      trial, at / 1e6, t, f == fp[have] ? "old" : "new", n_left, n_left == 1 ? "" : "s");
-        if (f == fp[next]) got_new++;
-        else kept_old++;
-        left += n_left;
-        have = f == fp[next] ? next : have;
+    // 20 kills, then (a statistical check, so retried) 20 more with t measured again when fewer than 5
+    // came before the switch: the runs went faster than the measurement, on a machine whose load changed
+    int trials = 0;
+    for (int round = 0; round < 3 && (round == 0 || kept_old < 5); round++) {
+        if (round > 0) {
+            double again = prepare_full(corpus[1 - have], KDIR "/ds");
+            have = 1 - have;
+            print_message("round %d: %d of %d kills came before the switch; again, with a %.3f s run (was %.3f s)\n",
+                          round, kept_old, trials, again, t);
+            t = again;
+        }
+        for (int trial = 0; trial < 20; trial++, trials++) {
+            int next = 1 - have;
+            pid_t pid = start_prepare(corpus[next], KDIR "/ds");
+            // a moment from start-up to past the end of a whole run (which is slower when it has a killed
+            // run's files to remove first, or the machine is busy)
+            useconds_t at = (useconds_t)(1e6 * t * 1.6 * (double)rng_below(&rng, 1000) / 1000.0);
+            usleep(at);
+            kill(pid, SIGKILL);
+            int st = wait_exit(pid);
+            int killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+            if (!killed && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) fail_msg("trial %d: prepare failed on its own", trial);
+            uint32_t f = fingerprint(KDIR "/ds", why, sizeof why);
+            if (f == 0) fail_msg("trial %d: killed at %.3f s, the dataset does not open: %s", trial, at / 1e6, why);
+            if (f != fp[have] && f != fp[next])
+                fail_msg("trial %d: killed at %.3f s, the dataset is neither the old nor the new one", trial, at / 1e6);
+            int n_left = leftovers(KDIR "/ds");
+            print_message("kill %2d at %.3f s of a %.3f s run: %s dataset, whole; %d file%s left over\n",
+                          trial, at / 1e6, t, f == fp[have] ? "old" : "new", n_left, n_left == 1 ? "" : "s");
+            if (f == fp[next]) got_new++;
+            else kept_old++;
+            left += n_left;
+            have = f == fp[next] ? next : have;
+        }
     }
     // a run to the end removes whatever the killed ones left
     prepare_full(corpus[1 - have], KDIR "/ds");
     assert_int_equal(fingerprint(KDIR "/ds", why, sizeof why), fp[1 - have]);
     assert_int_equal(leftovers(KDIR "/ds"), 0);
-    print_message("20 kills: the dataset always opened whole - %d times the old one, %d times the new one; %d files "
+    print_message("%d kills: the dataset always opened whole - %d times the old one, %d times the new one; %d files "
                   "left by killed runs, all removed by the next run\n",
-                  kept_old, got_new, left);
+                  trials, kept_old, got_new, left);
     // the moments covered the run: before the switch and after
     assert_true(kept_old >= 5);
 }

@@ -17,6 +17,9 @@
 #define FAST "profile --model tiny --lengths 256,384,512,768,1K --reps 3 --warmup 1 --capacity 512 " \
              "--tier-bytes 4M --tier-reps 1 --p2p-reps 2"
 
+// the fastest settings that measure at all, for the bad flags that must be refused before measuring
+#define QUICK "--model tiny --lengths 256,384,512 --holdout 0 --reps 1 --warmup 0 --tier-bytes 4K --tier-reps 1 "
+
 // Run a profile command line (cli_run's way, or the whole shell command `cmd` when given) up to 3
 // times: so few short runs on a machine ctest shares can be too noisy to fit (exit 1, "too noisy"),
 // which is the command doing its job, not a failure of what these tests check.
@@ -59,7 +62,8 @@ static void test_one_process_file_plan_simulate_plot(void **state) {
     if (rc != 0) fail_msg("profile: exit %d: %s", rc, cli_err);
     // the table, the fit, the links it did not measure
     const char *says[] = {"held out", "T(s) = a1 s^2 + b1 s + c", "attn_pair = 2 a1", "links: not measured",
-                          "offload tier: file", "wrote " DIR "/one.json", "plot: " DIR "/fig/one.png"};
+                          "offload tier: file", "wrote " DIR "/one.json", "plot: " DIR "/fig/one.png",
+                          "made the directory " DIR "/fig for --plot"};
     for (size_t i = 0; i < sizeof says / sizeof says[0]; i++)
         if (!strstr(cli_out, says[i])) fail_msg("no '%s' in:\n%s", says[i], cli_out);
     CostModel cm;
@@ -160,6 +164,18 @@ static void test_bad_flags(void **state) {
         {"--out " DIR "/plain/p.json", "is a file, not a directory"},
         {"--out " DIR, "is a directory"},
         {"--out " DIR "/plain", "refusing to overwrite"},
+        // every output path is checked before measuring (at fast settings, so that a check that came
+        // only after the measuring would still end quickly, with the wrong exit code); a missing
+        // directory is made only as the last one of a path, never a chain of them
+        {QUICK "--offload-dir " DIR "/none", "--offload-dir: " DIR "/none: No such file"},
+        {QUICK "--offload-dir " DIR "/plain", "--offload-dir: " DIR "/plain is not a directory"},
+        {QUICK "--out " DIR "/a/b/p.json", "neither " DIR "/a/b nor " DIR "/a is a directory"},
+        {QUICK "--plot " DIR "/c/d/fig", "neither " DIR "/c/d nor " DIR "/c is a directory"},
+        {QUICK "--out " DIR "/e/p.json --plot " DIR "/c/d/fig", "neither " DIR "/c/d nor"},  // e/ not made either
+        // a flag given twice is refused, not last-wins (by its name or an abbreviation of it)
+        {"--model tiny --model small", "--model is given twice"},
+        {"--out=" DIR "/x.json --out " DIR "/y.json", "--out is given twice"},
+        {"--mod tiny --model small", "--model is given twice ('tiny', then 'small')"},
         {"--frobnicate", "unknown flag"},
         {"--model", "needs a value"},
         {"extra", "unexpected argument"},
@@ -169,6 +185,9 @@ static void test_bad_flags(void **state) {
         snprintf(args, sizeof args, "profile %s", bad[i].args);
         cli_expect(DIR, args, 2, bad[i].says);
     }
+    assert_int_equal(access(DIR "/a", F_OK), -1);  // nothing made
+    assert_int_equal(access(DIR "/c", F_OK), -1);
+    assert_int_equal(access(DIR "/e", F_OK), -1);
     // --plot without gnuplot on the PATH: refused before measuring
     int rc = cli_run(DIR, "PATH=/nonexistent", "profile --plot " DIR "/fig");
     if (rc != 2 || !strstr(cli_err, "--plot needs gnuplot")) fail_msg("no gnuplot: exit %d: %s", rc, cli_err);

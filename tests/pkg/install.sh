@@ -9,8 +9,9 @@
 #    the installed headers declare (nothing internal: no make_dirs, no now_seconds)
 # 3. examples/plan_example.c built with pkg-config and with CMake (find_package, shared and static)
 #    against the prefix, and run
-# 4. the Python package installed offline into a fresh virtual environment (Debian's pip, setuptools,
-#    numpy, pytest, torch through --system-site-packages), found there, and its tests run on it
+# 4. the Python package installed offline into a fresh virtual environment the documented way (`make
+#    python`: Debian's interpreter, whatever python3 is first on the PATH; its pip, setuptools, numpy,
+#    pytest, torch through --system-site-packages), found there, and its tests run on it
 set -euo pipefail
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
@@ -91,11 +92,28 @@ grep -q libbytescale <<<"$libs" && fail "the static example loads libbytescale.s
 out=$("$work/example-build/plan_example" bogus 2>&1) && fail "the example accepted an unknown policy"
 grep -q "unknown policy 'bogus'" <<<"$out" || fail "the example's error: $out"
 
-step "the Python package in a fresh virtual environment"
-"$python" -m venv --system-site-packages "$work/venv"
+step "the Python package in a fresh virtual environment, made the documented way: make python"
 cp -r "$src/python" "$work/python"  # pip builds in the source tree: a copy keeps the checkout clean
-(cd "$work" && "$work/venv/bin/pip" install --no-index --no-build-isolation --no-cache-dir --quiet ./python) ||
-  fail "pip install --no-build-isolation ./python"
+# Whatever python3 comes first on the PATH must not matter (pyenv's, say, whose venv sees neither
+# Debian's numpy nor its wheel): here the first one is a decoy that fails if anything runs it.
+mkdir -p "$work/decoy"
+printf '#!/bin/sh\necho "the python3 first on the PATH ($0) was run: make python must use PYTHON" >&2\nexit 97\n' \
+  >"$work/decoy/python3"
+chmod +x "$work/decoy/python3"
+ln -s python3 "$work/decoy/python"
+out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u BYTESCALE_LIB PATH="$work/decoy:$PATH" make --no-print-directory \
+  -C "$src" python BUILD="$build" VENV="$work/venv" PYSRC="$work/python" PYTHON="$python" JOBS=2 2>&1) ||
+  { echo "$out"; fail "make python (the documented commands)"; }
+grep -q "bytescale .* with numpy" <<<"$out" || { echo "$out"; fail "make python did not report the package"; }
+grep -q "^home = $(dirname "$python")\$" "$work/venv/pyvenv.cfg" || fail "the venv was not made with $python"
+# without the interpreter's packages it says what is missing, before making anything
+printf '#!/bin/sh\nexec %s -I -S "$@"\n' "$python" >"$work/decoy/bare-python3"  # no site-packages: no numpy
+chmod +x "$work/decoy/bare-python3"
+out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -C "$src" python BUILD="$build" \
+  VENV="$work/venv-bare" PYSRC="$work/python" PYTHON="$work/decoy/bare-python3" JOBS=2 2>&1) &&
+  fail "make python accepted an interpreter without numpy"
+grep -q "has no .*numpy.*: apt-get install python3-venv python3-numpy" <<<"$out" || fail "make python without numpy: $out"
+[ ! -e "$work/venv-bare" ] || fail "make python made a venv with an interpreter it refused"
 # from the copy pip made into the environment, not this checkout, and with no help from the environment
 cd "$work"
 env -u BYTESCALE_LIB -u PYTHONPATH "$work/venv/bin/python" - "$work/venv" <<'EOF'

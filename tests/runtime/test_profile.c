@@ -2,6 +2,7 @@
 // The fits recover known coefficients exactly from exact data and closely from noisy data; Act(s)
 // is the engine's own accounting, exactly; the profile file loads with cost_load, bit for bit; and a
 // fit on real engine timings predicts the lengths it was not fitted on within 10%.
+// ctest: slow (measured timings: their accuracy is checked in the Release pass only)
 #include "test_util.h"
 
 #include <math.h>
@@ -303,25 +304,36 @@ static void test_measured_fit_predicts_held_out_lengths(void **state) {
 
 // --clock wall: the same measurement timed by the wall clock; every sample is there and positive, and
 // the core share says how much of its core the thread had. (No fit: under ctest the wall clock
-// counts whatever else runs on the core.)
+// counts whatever else runs on the core.) That the 2-layer model takes longer than the 1-layer one
+// is a timing, which a loaded machine can upset on a wall clock: up to 3 tries, each printed.
 static void test_wall_clock(void **state) {
     (void)state;
     Profile *p = calloc(1, sizeof *p);
     assert_non_null(p);
-    profile_defaults(&p->cfg, model("tiny"));
-    p->cfg.n_lengths = 3;  // 256, 384, 512
-    p->cfg.reps = 2;
-    p->cfg.holdout = 0;
-    p->cfg.wall_clock = 1;
-    if (profile_measure_compute(p, comm_local(), NULL, NULL) != 0) fail_msg("%s", bs_errmsg());
-    for (int i = 0; i < 3; i++) {
-        const ProfilePoint *pt = &p->pts[i];
-        assert_int_equal(pt->n_samples, 2);
-        assert_true(pt->model_t[1] > pt->model_t[0] && pt->model_t[0] > 0);
-        assert_true(pt->core_share > 0 && pt->core_share < 1.5);
+    int ordered = 0;
+    for (int attempt = 1; attempt <= 3 && !ordered; attempt++) {
+        profile_free(p);
+        profile_defaults(&p->cfg, model("tiny"));
+        p->cfg.n_lengths = 3;  // 256, 384, 512
+        p->cfg.reps = 2;
+        p->cfg.holdout = 0;
+        p->cfg.wall_clock = 1;
+        if (profile_measure_compute(p, comm_local(), NULL, NULL) != 0) fail_msg("%s", bs_errmsg());
+        ordered = 1;
+        for (int i = 0; i < 3; i++) {
+            const ProfilePoint *pt = &p->pts[i];
+            assert_int_equal(pt->n_samples, 2);
+            assert_true(pt->model_t[0] > 0 && pt->model_t[1] > 0);
+            assert_true(pt->core_share > 0 && pt->core_share < 1.5);
+            ordered &= pt->model_t[1] > pt->model_t[0];
+            printf("attempt %d: %lld tokens: %.3g s with %d layers, %.3g s with %d (core %.2f)\n", attempt,
+                   (long long)pt->s, pt->model_t[0], p->cfg.layers[0], pt->model_t[1], p->cfg.layers[1],
+                   pt->core_share);
+        }
     }
     profile_free(p);
     free(p);
+    if (!ordered) fail_msg("the larger model was not the slower one in 3 tries");
 }
 
 int main(void) {
