@@ -24,6 +24,10 @@
 // in a fresh child, as above), beside the plan's own size in memory and what parsing the same file
 // into a cJSON tree takes (the reader before streaming; at 1M only, 10M would need some 10 GB).
 // `bench_plan files` runs this table alone.
+//
+// Table 5, the peers (docs/peers.md): planning time of megatron-hcp, wlb and flexsp beside balance and
+// elastic at 512 and 16,384 ranks, both datasets, 32M tokens, 2M and 256K context (flexsp's solver
+// time included), median (min - max) of 5 runs. `bench_plan peers` runs this table alone.
 #include <malloc.h>
 #include <math.h>
 #include <stdio.h>
@@ -405,8 +409,58 @@ static void table_files(const char *dir) {
            "64 KiB piece of text.\n\n");
 }
 
+static void table_peers(void) {
+    static const char *POL[] = {"balance", "elastic", "megatron-hcp", "wlb", "flexsp"};
+    static const int RANKS[] = {512, 16384};
+    static const int64_t CTX[] = {256 << 10, 2 << 20};
+    enum { N = 5, RUNS = 5 };
+    printf("## The peers' planning time: 32M tokens, C = 8K, LLaMA-7B, offloading on\n\n");
+    printf("plan ms, median (min - max) of %d runs on one core\n\n", RUNS);
+    printf("| dataset | context | ranks  |");
+    for (int k = 0; k < N; k++) printf(" %s |", POL[k]);
+    printf("\n|---|---|---|");
+    for (int k = 0; k < N; k++) printf("---|");
+    printf("\n");
+    for (int d = 0; d < 2; d++)
+        for (int c = 0; c < 2; c++)
+            for (int ri = 0; ri < 2; ri++) {
+                CostModel cm;
+                cost_for(&cm, RANKS[ri]);
+                GlobalBatch b;
+                if (batch_generate(&b, DISTS[d], 1, TOKENS, CTX[c]) != 0) bs_die_errmsg();
+                printf("| %s | %s | %d |", DISTS[d], c ? "2M" : "256K", RANKS[ri]);
+                for (int k = 0; k < N; k++) {
+                    double t[RUNS];
+                    int ok = 1;
+                    for (int rep = 0; rep < RUNS && ok; rep++) {
+                        PlanConfig cfg = {.n_ranks = RANKS[ri], .capacity = CAPACITY, .context = CTX[c], .pp = 1,
+                                          .offload = 1};
+                        Plan p;
+                        double t0 = now_seconds();
+                        ok = policy_plan(&p, POL[k], &b, &cfg, &cm) == 0;
+                        t[rep] = (now_seconds() - t0) * 1e3;
+                        if (ok) plan_free(&p);
+                    }
+                    if (!ok) {
+                        printf(" fails: %s |", bs_errmsg());
+                        continue;
+                    }
+                    qsort(t, RUNS, sizeof t[0], bench_cmp_double);
+                    printf(" %.3g (%.3g - %.3g) |", t[RUNS / 2], t[0], t[RUNS - 1]);
+                }
+                printf("\n");
+                fflush(stdout);
+                batch_free(&b);
+            }
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
     printf("# bench_plan: the HDP planners (bytescale plan)\n\n");
+    if (argc > 1 && !strcmp(argv[1], "peers")) {
+        table_peers();
+        return 0;
+    }
     const char *dir = getenv("BS_BENCH_DIR") ? getenv("BS_BENCH_DIR") : "bench-out";
     if (argc > 1 && !strcmp(argv[1], "files")) {
         table_files(dir);
@@ -416,7 +470,7 @@ int main(int argc, char **argv) {
         table_scale();
         return 0;
     }
-    if (argc > 1) bs_die("usage: bench_plan [files | scale]");
+    if (argc > 1) bs_die("usage: bench_plan [files | scale | peers]");
     table_speed();
     table_quality();
     table_scale();

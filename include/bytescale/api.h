@@ -73,6 +73,7 @@ typedef struct {
     int64_t n_ranks, pp, capacity;
     int64_t n_seqs, n_tokens;  // the batch as planned (after cutting to the context)
     int64_t n_items, n_segs, n_refs;  // items; segments of all items; ring memberships (sum of item sizes)
+    int64_t n_barriers, n_delayed;    // the peers' Plan.barriers and Plan.delayed (docs/peers.md); 0 for the rest
     double makespan, lower_bound, hdp_bound;  // seconds (plan.h)
     char policy[24];
 } BsPlanInfo;
@@ -98,6 +99,10 @@ BS_API int bs_plan_members(const Plan *p, int32_t *ranks);
 // Per-rank schedules: rank r runs items rank_items[rank_begin[r] .. rank_begin[r+1]) in this order
 // (the global order); rank_begin has n_ranks + 1 entries, rank_items n_refs, rank_busy n_ranks.
 BS_API int bs_plan_schedules(const Plan *p, int32_t *rank_begin, int32_t *rank_items, double *rank_busy);
+// The peers' plan fields (docs/peers.md, plan.h): barriers (n_barriers item indices where a wave
+// starts, megatron-hcp), delayed (n_delayed sequence indices this step does not train, wlb) and a2a
+// (n_items: 1 where the item is a Ulysses all-to-all group, flexsp; else 0).
+BS_API int bs_plan_peers(const Plan *p, int32_t *barriers, int32_t *delayed, int32_t *a2a);
 
 // The token ranges rank `rank` holds, in the order it runs them: for each of its items in the global
 // order, for each segment of the item, the member's part of the segment: the whole segment on one

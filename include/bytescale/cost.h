@@ -51,6 +51,19 @@ typedef struct {
     double act_shared_const; // input, backward scratch): held once per rank, never offloaded
     double head_token;       // seconds per token of the embedding, output head and loss, forward +
     double head_const;       // backward: once per micro-batch (not per layer), on the last stage
+    // added with flexsp (docs/peers.md): bytes per token per layer one rank's forward all-to-alls move
+    // in Ulysses sequence parallelism (Q, K, V in, the attention output back; TP-sharded). Derived
+    // only, not a field of cost files: 0 (a loaded file) stands for 2 x kv_token, Q and O taken as
+    // large as K and V (exact without grouped-query attention, low with it).
+    double a2a_token;
+    // added with the head limit of flexsp's Ulysses groups (docs/peers.md): the attention heads of one
+    // TP shard, query and K/V. Ulysses scatters the query heads over a group, so a group has at most
+    // a2a_heads members (uneven splits allowed: the member with ceil(a2a_heads / D) heads sets the
+    // time); with fewer K/V heads than members each K/V head is replicated so that every member gets
+    // the one its query heads share (cost_a2a_bytes counts the copies). Derived only: 0 (a loaded
+    // file, which does not know the model) means not known: no limit, no replication.
+    int a2a_heads;
+    int a2a_kv_heads;
 } CostModel;
 
 // Derive from a model and hardware. tp and pp >= 1; hdp_ranks = devices / (tp * pp), used for the
@@ -109,6 +122,25 @@ double cost_max_offload_tokens(const CostModel *cm, int64_t C);
 // backward); offload copies that compute cannot hide are added, and the head once (cost_head_time of
 // the rank's tokens/D). docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
+
+// The same estimate for an item run as a Ulysses all-to-all group of D ranks (flexsp, docs/peers.md,
+// docs/cost-model.md): every member holds tokens/D of every segment, computes the attention of 1/D of
+// the heads over whole segments (no causal imbalance, no ring steps), and per layer waits for the
+// all-to-alls, forward and backward alike: a2a bytes x (D-1)/D of its tokens over the link a ring of
+// D consecutive ranks would use, nothing hidden. D = 1 is cost_item_time's pack. No offloading.
+// With the head count known, the attention share is cost_a2a_head_share and the bytes cost_a2a_bytes;
+// D above a2a_heads is not checked here (plan_validate refuses such an item).
+double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D);
+// Bytes per token per layer of those all-to-alls: a2a_token, or 2 kv_token when that is 0.
+double cost_a2a_token(const CostModel *cm);
+// The same for a group of D members: cost_a2a_token, plus the replicated K/V heads when D exceeds
+// a2a_kv_heads (each member then receives one K/V head: K and V move as D heads, not a2a_kv_heads).
+double cost_a2a_bytes(const CostModel *cm, int D);
+// The share of the attention the slowest member of a D-member group computes: ceil(a2a_heads / D) /
+// a2a_heads (uneven heads), 1 / D when the head count is not known.
+double cost_a2a_head_share(const CostModel *cm, int D);
+// The largest all-to-all group: a2a_heads, or `most` when that is 0 (not known) or larger.
+int cost_a2a_max(const CostModel *cm, int most);
 
 // Eq. 3 of the paper (docs/cost-model.md section 5): the fewest ranks D(s) that can hold a sequence of s
 // tokens with capacity C, and the offload ratio r that achieves it (0 without offloading).

@@ -6,7 +6,9 @@
 //     the ring holds chunks i and 2D-1-i of every segment), with an offload ratio.
 // Items are stored in the global order: item k is the k-th in that order, and every rank runs its
 // items in increasing k. A rank then only ever waits for the members of its current ring and no
-// two ranks can wait on each other in a cycle, so no barriers are needed.
+// two ranks can wait on each other in a cycle, so no barriers are needed. (A plan may still ask for
+// them: the peers' schedulers of docs/peers.md run in waves separated by barriers, and an item may
+// be a Ulysses all-to-all group instead of a ring; bytescale's own policies use neither.)
 // The per-rank schedules (rank_begin / rank_items) are derived from the items by plan_finalize.
 #ifndef BYTESCALE_PLAN_H
 #define BYTESCALE_PLAN_H
@@ -30,6 +32,8 @@ typedef struct {
     int32_t seg_begin, n_segs;    // plan->segs[seg_begin .. seg_begin + n_segs)
     int32_t rank_begin, n_ranks;  // plan->ranks[rank_begin .. + n_ranks): ring order; 1 = a pack
     float offload;                // offload ratio r in [0, 1]
+    int32_t a2a;                  // 1: a Ulysses all-to-all group (flexsp, docs/peers.md) instead of a
+                                  // ring: same tokens per member, all-to-all traffic; 0: ring or pack
     int64_t tokens;               // sum of segment lengths (tokens per rank = tokens / n_ranks)
     double est_time;              // cost_item_time of this item, seconds per member rank
 } Item;
@@ -59,12 +63,26 @@ typedef struct {
                            // and backward 2 est_time / 3 on every stage, fill and drain included
     double lower_bound;    // plan_lower_bound_pp of the batch (0 without a cost model)
     double hdp_bound;      // plan_hdp_bound of the batch (0 without a cost model)
+
+    // Added with the peers' policies (docs/peers.md); empty for bytescale's own. Both bounds and the
+    // simulator's token count leave the delayed sequences out.
+    int32_t *barriers;     // (n_barriers,) increasing item indices in (0, n_items): no item from
+                           // barriers[w] on starts before every earlier item has ended on all its
+                           // ranks (megatron-hcp's waves: a wave ends for everyone with its slowest rank)
+    int32_t n_barriers, cap_barriers;
+    int32_t *delayed;      // (n_delayed,) increasing sequence indices this step does not train (wlb's
+                           // delay queue): they are in no item; the caller puts them into a later batch
+    int32_t n_delayed, cap_delayed;
 } Plan;
 
 int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, int32_t pp, const char *policy);
 void plan_free(Plan *p);
 // Append an item at the end of the global order. Returns its index, or -1 + error.
 int32_t plan_add_item(Plan *p, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload);
+// A barrier before the next item plan_add_item appends (a second one at the same place is ignored).
+int plan_add_barrier(Plan *p);
+// Mark sequence `seq` as delayed to a later step (indices must come increasing). -1 + error.
+int plan_add_delayed(Plan *p, int32_t seq);
 // Derive per-rank schedules, estimated times (cost model), busy times, makespan and both bounds
 // (cm = NULL: the items' est_time stand, the bounds are left as they are).
 int plan_finalize(Plan *p, const CostModel *cm);
@@ -76,7 +94,8 @@ int plan_finalize(Plan *p, const CostModel *cm);
 // pipeline executes (docs/planner.md, "The makespan with pipelines"). -1 + error on no memory.
 int plan_pipeline_slots(const Plan *p, int32_t *slot);
 
-// Check everything the executor relies on: every token of the batch exactly once; segments inside
+// Check everything the executor relies on: every token of the batch exactly once (none of a delayed
+// sequence); barriers increasing inside the item list; segments inside
 // their sequences; rank sets distinct and in range; packs within capacity; every ring member holds
 // at most capacity tokens under the 2D-chunk layout (more only with offload r > 0, then Eq. 3);
 // offload in [0, 1]; per-rank schedules increasing in the global order. -1 + error naming the first problem (item, rank, sequence).
@@ -123,7 +142,8 @@ typedef struct {
     int32_t idle_ranks;     // ranks that run no item
     double busy_min, busy_median, busy_max;  // rank_busy over all ranks, seconds
     double ring_bytes;      // K/V bytes all rings move in one step: forward K/V, backward K/V + dK/dV, all
-                            // layers of all pp stages, one device of each TP group (cm->kv_token is per device)
+                            // layers of all pp stages, one device of each TP group (cm->kv_token is per device);
+                            // an all-to-all group (Item.a2a) counts its Q, K, V and output as the simulator does
     int32_t n_long;         // rings and single-rank items that offload: where an offload ratio applies
     int32_t n_offload;      // of those, items with offload > 0
     double offload_min, offload_mean, offload_max;  // offload ratio over the n_long items (0 if none)

@@ -3,6 +3,11 @@
 //   naive    ByteScale Algorithm 1: data-aware sharding + offload ratios, no balancing
 //   balance  ByteScale Algorithm 2: DP-Balance (PP-Balance when pp > 1)
 //   elastic  bytescale's own: balance, with rings wider than ceil(s/C) where a ring sets the step
+// and the peers' schedulers, in their published form (docs/peers.md):
+//   megatron-hcp  Megatron-LM's hybrid DP x CP: power-of-two CP groups in waves with barriers
+//   wlb           WLB-LLM: workload-aware packing on a static DP x CP mesh, outliers delayed
+//   flexsp        FlexSP: heterogeneous Ulysses (all-to-all) groups, at most the heads of a TP shard, from a
+//                 MILP (GLPK)
 // A new policy is one new file in src/plan and one line in the table in policy.c.
 #ifndef BYTESCALE_POLICY_H
 #define BYTESCALE_POLICY_H
@@ -22,6 +27,7 @@ typedef struct {
     int offload;        // allow selective offloading (naive, balance, elastic)
     double delta;       // balance, elastic: lag threshold as a fraction of the current max (0 = default)
     int n_buckets;      // balance, elastic: length buckets (0 = default)
+    int flush;          // wlb: delay no document (the last step of a run empties the delay queue)
 } PlanConfig;
 
 typedef int (*PolicyFn)(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);

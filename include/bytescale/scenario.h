@@ -73,6 +73,7 @@ typedef struct {
     Cluster cluster;
     CostModel cm;
     GlobalBatch batch;
+    int flush;  // the last step of a run: PlanConfig.flush (wlb delays nothing); sim_seeds_run sets it
 } SimSetup;
 
 // -1 + error naming the scenario and what did not fit (unknown model, shape, distribution).

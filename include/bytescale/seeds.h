@@ -8,6 +8,14 @@
 //
 // Seeds are seed, seed + 1, ..., seed + n - 1: --seed stays the first one, so `--seeds 1` is
 // exactly the single run of that seed.
+//
+// The seeds are also consecutive steps of one run, for every policy alike: the sequences a policy's
+// plan delays (Plan.delayed: wlb's outlier queue) go first into that policy's batch of the next seed,
+// and the last seed's step flushes (PlanConfig.flush), so over the seeds every policy trains every
+// sequence exactly once. A policy that delays nothing sees exactly the seeds' batches. The fair
+// throughput of a run is SIM_M_TOKENS's mean over SIM_M_STEP_TIME's mean (total tokens over total
+// time, sim_seed_stats_run_tokens_per_s); the mean of the per-step tokens/s is not, for a policy
+// whose steps train different amounts.
 #ifndef BYTESCALE_SEEDS_H
 #define BYTESCALE_SEEDS_H
 
@@ -43,6 +51,7 @@ typedef enum {
     SIM_M_RINGS,
     SIM_M_MAKESPAN_RATIO,   // planner makespan / lower bound (how close the planner is to the bound)
     SIM_M_MAKESPAN_HDP,     // planner makespan / HDP-aware bound (a sequence on at most ceil(s/C) ranks)
+    SIM_M_TOKENS,           // tokens the step trained (the batch, plus sequences carried in, less those delayed)
     SIM_M_PLAN_SECONDS,     // wall time of the planner (not in the CSV: it is not a result)
     SIM_M_SIM_SECONDS,      // wall time of the simulation (idem)
     SIM_N_METRICS
@@ -96,6 +105,9 @@ typedef struct {
 // shape that does not fit, a bad distribution) or the hook stops it; out is then freed.
 int sim_seeds_run(SimSeedsResult *out, const Scenario *sc, const SimVariant *v, int n_v, const SimSeedsConfig *cfg);
 void sim_seeds_free(SimSeedsResult *r);
+
+// Total tokens over total simulated time over the seeds, a run's throughput (NAN when !ok).
+double sim_seed_stats_run_tokens_per_s(const SimSeedStats *st);
 
 // mean / min / max of n values (n >= 1); any NAN gives NAN everywhere.
 SimStat sim_stat_of(const double *x, int n, int stride);

@@ -50,7 +50,7 @@ c_int, c_str, c_size, handle, buf = ctypes.c_int, ctypes.c_char_p, ctypes.c_size
 class PlanInfo(ctypes.Structure):
     """BsPlanInfo (api.h), field for field."""
     _fields_ = [(name, i64) for name in ("n_ranks", "pp", "capacity", "n_seqs", "n_tokens", "n_items", "n_segs",
-                                         "n_refs")] + \
+                                         "n_refs", "n_barriers", "n_delayed")] + \
                [(name, f64) for name in ("makespan", "lower_bound", "hdp_bound")] + \
                [("policy", ctypes.c_char * 24)]
 
@@ -99,6 +99,7 @@ _SIGNATURES = {
     "bs_plan_segments": (c_int, [handle, buf, buf, buf]),
     "bs_plan_members": (c_int, [handle, buf]),
     "bs_plan_schedules": (c_int, [handle, buf, buf, buf]),
+    "bs_plan_peers": (c_int, [handle, buf, buf, buf]),
     "bs_plan_chunks": (i64, [handle, i64, buf, buf, buf, buf, buf, i64]),
     "bs_simulate": (handle, [handle, c_str, c_str, i64, i64, handle]),
     "bs_sim_free": (None, [handle]),
@@ -147,6 +148,40 @@ def integer(value, name):
     if not -2**63 <= v < 2**63:
         raise Error(f"{name}: {v} is out of range")
     return v
+
+
+def number(value, name, lo, hi):
+    """A real-number argument in [lo, hi] as a float: TypeError for what is not a real number (a
+    string, None, a bool), Error for NaN or a value out of the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not lo <= v <= hi:  # NaN too
+        raise Error(f"{name}: {v} is out of range [{lo:g}, {hi:g}]")
+    return v
+
+
+def int_array(values, name):
+    """A one-dimensional sequence of integers as a C-contiguous int64 array: TypeError for other
+    shapes or element types (floats are never truncated), Error for values that do not fit 64 bits."""
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise TypeError(f"{name} must be a one-dimensional sequence of integers, got {a.ndim} dimensions")
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
+        raise Error(f"{name}: {a.max()} is out of range")
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers (that fit 64 bits), got {a.dtype} values")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def positive_lengths(a, name):
+    """Error naming the first length < 1 of the int64 array a, as the library words it."""
+    bad = np.flatnonzero(a < 1)
+    if bad.size:
+        raise Error(f"{name}[{bad[0]}] is {a[bad[0]]}: every length must be >= 1")
+    return a
 
 
 def ptr(a):

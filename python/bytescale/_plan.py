@@ -1,17 +1,20 @@
 """Plans: bytescale.plan(), bytescale.read_plan() and the Plan they return."""
 
+from __future__ import annotations
+
 import collections
 import weakref
+from typing import Any, Dict, List, Optional, Sequence as SequenceOf, Union
 
 import numpy as np
 
 from . import _lib
-from ._cost import CostModel, cost_arg
+from ._cost import CostModel, PathLike, cost_arg
 from ._lib import Error, lib
 
 Sequence = collections.namedtuple("Sequence", "id len src")
 Segment = collections.namedtuple("Segment", "seq start len")
-Item = collections.namedtuple("Item", "ranks segments offload tokens est_time")
+Item = collections.namedtuple("Item", "ranks segments offload tokens est_time a2a", defaults=(False,))
 Chunk = collections.namedtuple("Chunk", "item seq start len id id_start")
 Chunks = collections.namedtuple("Chunks", "rank item seq start len id id_start")
 
@@ -24,6 +27,7 @@ _ARRAYS = {
     "seg_seq": ("segments", np.int32), "seg_start": ("segments", np.int64), "seg_len": ("segments", np.int64),
     "members": ("members", np.int32),
     "rank_begin": ("schedules", np.int32), "rank_items": ("schedules", np.int32), "rank_busy": ("schedules", np.float64),
+    "barriers": ("peers", np.int32), "delayed": ("peers", np.int32), "item_a2a": ("peers", np.int32),
 }
 
 
@@ -38,10 +42,13 @@ class Plan:
       segments   seg_seq, seg_start, seg_len
       members    members (every item's ranks in ring order)
       schedules  rank_begin (n_ranks + 1), rank_items, rank_busy
+      peers      barriers (item indices where a wave starts: megatron-hcp), delayed (sequence indices this
+                 step does not train: wlb), item_a2a (1: a Ulysses all-to-all group, flexsp); empty / all 0
+                 for bytescale's own policies (docs/peers.md)
     Plain Python: items, sequences, schedule(rank), schedules, chunks(rank); chunk_arrays(rank) as NumPy.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         raise TypeError("plans come from bytescale.plan() or bytescale.read_plan()")
 
     @classmethod
@@ -69,6 +76,8 @@ class Plan:
         names = [n for n, (g, _) in _ARRAYS.items() if g == group]
         if group == "schedules":
             arrs = [_lib.new(i.n_ranks + 1, np.int32), _lib.new(i.n_refs, np.int32), _lib.new(i.n_ranks, np.float64)]
+        elif group == "peers":
+            arrs = [_lib.new(i.n_barriers, np.int32), _lib.new(i.n_delayed, np.int32), _lib.new(i.n_items, np.int32)]
         else:
             arrs = [_lib.new(sizes[group], _ARRAYS[n][1]) for n in names]
         fn = getattr(lib, "bs_plan_" + group)
@@ -91,13 +100,22 @@ class Plan:
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(_ARRAYS) | {"seq_offset"})
 
-    def chunk_arrays(self, rank=None):
+    def _rank(self, rank: int) -> int:
+        """rank as an index of the plan's ranks: TypeError for a non-integer, bytescale.Error outside
+        [0, n_ranks) (negative ranks too: no Python-style indexing from the end)."""
+        r = _lib.integer(rank, "rank")
+        if not 0 <= r < self.n_ranks:
+            raise Error(f"rank: {r} is out of range [0, {self.n_ranks})")
+        return r
+
+    def chunk_arrays(self, rank: Optional[int] = None) -> Chunks:
         """The token ranges a rank holds, in the order it runs them (api.h bs_plan_chunks), as NumPy
         arrays: for each of its items in the global order, for each segment, the whole segment on a
         pack, or the member's chunks i and 2D-1-i on a ring of D (one range when they touch). A range
         is tokens [start, start + len) of the plan's sequence seq, which is tokens [id_start,
-        id_start + len) of the caller's sequence id. rank=None: every rank's, rank 0 first."""
-        r = -1 if rank is None else _lib.integer(rank, "rank")
+        id_start + len) of the caller's sequence id. rank: 0 to n_ranks - 1 (anything else raises
+        bytescale.Error), or None: every rank's, rank 0 first."""
+        r = -1 if rank is None else self._rank(rank)
         n = _lib.check(lib.bs_plan_chunks(self._h, r, None, None, None, None, None, 0))
         out = [_lib.new(n, np.int32), _lib.new(n, np.int32), _lib.new(n, np.int32), _lib.new(n, np.int64),
                _lib.new(n, np.int64)]
@@ -108,46 +126,49 @@ class Plan:
     # ---- plain Python --------------------------------------------------------------------------
 
     @property
-    def sequences(self):
+    def sequences(self) -> List[Sequence]:
         """[Sequence(id, len, src)]: the batch as planned (pieces of sequences the context cut share an id)."""
         return [Sequence(*t) for t in zip(self.seq_id.tolist(), self.seq_len.tolist(), self.seq_src.tolist())]
 
     @property
-    def items(self):
-        """[Item(ranks, segments, offload, tokens, est_time)] in the global order; ranks in ring order,
-        segments as Segment(seq, start, len)."""
+    def items(self) -> List[Item]:
+        """[Item(ranks, segments, offload, tokens, est_time, a2a)] in the global order; ranks in ring
+        order, segments as Segment(seq, start, len), a2a True for a Ulysses all-to-all group (flexsp)."""
         members, seq, start, length = (self.members.tolist(), self.seg_seq.tolist(), self.seg_start.tolist(),
                                        self.seg_len.tolist())
         out = []
-        for sb, ns, rb, nr, off, tok, est in zip(self.item_seg_begin.tolist(), self.item_n_segs.tolist(),
-                                                 self.item_rank_begin.tolist(), self.item_n_ranks.tolist(),
-                                                 self.item_offload.tolist(), self.item_tokens.tolist(),
-                                                 self.item_est_time.tolist()):
+        for sb, ns, rb, nr, off, tok, est, a2a in zip(self.item_seg_begin.tolist(), self.item_n_segs.tolist(),
+                                                      self.item_rank_begin.tolist(), self.item_n_ranks.tolist(),
+                                                      self.item_offload.tolist(), self.item_tokens.tolist(),
+                                                      self.item_est_time.tolist(), self.item_a2a.tolist()):
             segs = tuple(Segment(seq[j], start[j], length[j]) for j in range(sb, sb + ns))
-            out.append(Item(tuple(members[rb:rb + nr]), segs, off, tok, est))
+            out.append(Item(tuple(members[rb:rb + nr]), segs, off, tok, est, bool(a2a)))
         return out
 
-    def schedule(self, rank):
-        """The items rank `rank` runs, in the order it runs them (the global order)."""
-        r = _lib.integer(rank, "rank")
-        if not 0 <= r < self.n_ranks:
-            raise Error(f"rank: {r} is out of range [0, {self.n_ranks})")
+    def schedule(self, rank: int) -> List[int]:
+        """The items rank `rank` (0 to n_ranks - 1; anything else raises bytescale.Error) runs, in the
+        order it runs them (the global order)."""
+        r = self._rank(rank)
         return self.rank_items[self.rank_begin[r]:self.rank_begin[r + 1]].tolist()
 
     @property
-    def schedules(self):
+    def schedules(self) -> List[List[int]]:
         """Every rank's schedule: schedules[r] == schedule(r)."""
         b, items = self.rank_begin.tolist(), self.rank_items.tolist()
         return [items[b[r]:b[r + 1]] for r in range(self.n_ranks)]
 
-    def chunks(self, rank):
-        """chunk_arrays(rank) as a list of Chunk(item, seq, start, len, id, id_start)."""
+    def chunks(self, rank: int) -> List[Chunk]:
+        """chunk_arrays(rank) as a list of Chunk(item, seq, start, len, id, id_start): the token ranges
+        rank `rank` (0 to n_ranks - 1; anything else raises bytescale.Error) holds, in the order it
+        runs them."""
+        if rank is None:
+            raise TypeError("rank must be an integer, got NoneType None (chunk_arrays(None) lists every rank's)")
         c = self.chunk_arrays(rank)
         return [Chunk(*t) for t in zip(c.item.tolist(), c.seq.tolist(), c.start.tolist(), c.len.tolist(),
                                        c.id.tolist(), c.id_start.tolist())]
 
     @property
-    def stats(self):
+    def stats(self) -> Dict[str, Union[int, float]]:
         """What `bytescale plan` prints about the plan (plan.h PlanStats): packs, rings, idle ranks,
         busy time per rank, ring traffic (needs the cost model: 0 for a plan read without one), offload
         ratios."""
@@ -158,31 +179,37 @@ class Plan:
         return dict(self._stats)
 
     @property
-    def cost(self):
+    def cost(self) -> Optional[CostModel]:
         """The CostModel the plan was made or read with (None: a file read without one)."""
         return self._cost
 
     # ---- files ---------------------------------------------------------------------------------
 
-    def write(self, path):
+    def write(self, path: PathLike) -> None:
         """Write the plan file (docs/plan-format.md), atomically: the library's own writer, so the file
         is the one `bytescale plan --out` writes for the same plan."""
         _lib.check(lib.bs_plan_write(self._h, _lib.text(path, "path")))
 
-    def to_dict(self):
-        """The plan in the plan file's JSON form (docs/plan-format.md), as Python objects."""
-        return {
+    def to_dict(self) -> Dict[str, Any]:
+        """The plan in the plan file's JSON form (docs/plan-format.md), as Python objects: the peers'
+        "a2a" (per item), "barriers" and "delayed" only where the file has them (set, non-empty)."""
+        out = {
             "format": "bytescale-plan", "version": 1, "policy": self.policy, "n_ranks": self.n_ranks, "pp": self.pp,
             "capacity": self.capacity, "makespan": self.makespan, "lower_bound": self.lower_bound,
             "sequences": [{"id": s.id, "len": s.len, "src": s.src} for s in self.sequences],
-            "items": [{"ranks": list(it.ranks), "offload": it.offload,
-                       "segments": [list(s) for s in it.segments], "est_time": it.est_time} for it in self.items],
+            "items": [dict({"ranks": list(it.ranks), "offload": it.offload,
+                            "segments": [list(s) for s in it.segments], "est_time": it.est_time},
+                           **({"a2a": 1} if it.a2a else {})) for it in self.items],
         }
+        for name in ("barriers", "delayed"):
+            if getattr(self, name).size:
+                out[name] = getattr(self, name).tolist()
+        return out
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.n_items
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<bytescale.Plan {self.policy}: {self.n_seqs} sequences ({self.n_tokens} tokens), {self.n_items} items "
                 f"on {self.n_ranks} ranks (pp {self.pp}), C = {self.capacity}, makespan {self.makespan:.4g} s>")
 
@@ -202,16 +229,7 @@ def _seq_offset(ids, lengths):
 
 
 def _lengths(lengths):
-    a = np.asarray(lengths)
-    if a.ndim != 1:
-        raise TypeError(f"lengths must be a one-dimensional sequence of integers, got {a.ndim} dimensions")
-    if a.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
-        raise Error(f"lengths: {a.max()} is out of range")
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"lengths must be integers (that fit 64 bits), got {a.dtype} values")
-    return np.ascontiguousarray(a, dtype=np.int64)
+    return _lib.int_array(lengths, "lengths")  # each >= 1: the library checks and names the first that is not
 
 
 def _derived_cost(cost, model, hardware, tp, pp, ranks, capacity):
@@ -225,23 +243,29 @@ def _derived_cost(cost, model, hardware, tp, pp, ranks, capacity):
     return cost
 
 
-def plan(lengths, *, ranks=512, capacity=8192, policy="balance", offload=True, context=None, pp=1, model=None,
-         hardware=None, tp=None, cost=None):
+def plan(lengths: SequenceOf[int], *, ranks: int = 512, capacity: int = 8192, policy: str = "balance",
+         offload: bool = True, context: Optional[int] = None, pp: int = 1, model: Optional[str] = None,
+         hardware: Optional[PathLike] = None, tp: Optional[int] = None,
+         cost: Optional[Union[CostModel, PathLike]] = None) -> Plan:
     """Plan one global batch with a policy, as `bytescale plan --lengths FILE` does.
 
-    lengths   the sequences' lengths in tokens (integers >= 1); sequence k has id k
-    ranks     HDP ranks (each a tp x pp group of devices)
-    capacity  C: tokens one rank holds in a micro-batch without offloading
-    policy    one of bytescale.policies(): static, naive, naive-eq3min, balance, elastic
+    lengths   the sequences' lengths in tokens: a one-dimensional list or NumPy array of integers,
+              each >= 1; sequence k has id k
+    ranks     HDP ranks (each a tp x pp group of devices), 1 to 2^20
+    capacity  C: tokens one rank holds in a micro-batch without offloading, 1 to 2^24
+    policy    one of bytescale.policies(): static, naive, naive-eq3min, balance, elastic, and the peers'
+              megatron-hcp, wlb, flexsp (docs/peers.md)
     offload   allow selective offloading (naive, balance, elastic)
-    context   longest sequence: longer ones are cut into context-long pieces that keep their id (None:
-              nothing is cut; the static mesh then sizes its rings for the longest sequence)
-    pp        pipeline stages per rank
+    context   longest sequence, >= 1: longer ones are cut into context-long pieces that keep their id
+              (None: nothing is cut; the static mesh then sizes its rings for the longest sequence)
+    pp        pipeline stages per rank, 1 to 1024
     model, hardware, tp
               the cost model: a catalogue model (default llama-7b), a hardware profile or profile JSON
               file (default h800-sxm), tensor-parallel degree (default 2); or instead
     cost      a CostModel or a cost-model file's path
-    Returns a Plan; raises bytescale.Error with the library's message when it refuses.
+    Returns a Plan; raises bytescale.Error with the library's message when it refuses a value
+    (a length < 1, ranks out of range, an unknown policy, a sequence no ring holds...), TypeError for
+    an argument of the wrong type.
     """
     a = _lengths(lengths)
     if not isinstance(offload, (bool, np.bool_)):
@@ -256,10 +280,11 @@ def plan(lengths, *, ranks=512, capacity=8192, policy="balance", offload=True, c
     return Plan._adopt(_lib.check(h), cm)
 
 
-def read_plan(path, cost=None):
+def read_plan(path: PathLike, cost: Optional[Union[CostModel, PathLike]] = None) -> Plan:
     """Read a plan file (docs/plan-format.md). With cost (a CostModel or a cost-model file), estimates
     and bounds are recomputed and offloading rings checked against Eq. 3; without, the file's
-    estimates stand (plan_read_json)."""
+    estimates stand (plan_read_json). bytescale.Error names the file, the place in it and what is
+    wrong when the library refuses it."""
     cm = cost_arg(cost)
     h = lib.bs_plan_read(_lib.text(path, "path"), cm._h if cm else None)
     return Plan._adopt(_lib.check(h), cm)

@@ -19,9 +19,14 @@ CONFIGS = [
     dict(ranks=4, capacity=4096, context=16384, pp=1, offload=True, model="tiny", hardware="cpu", tp=1),
 ]
 POLICIES = sorted(bytescale.policies())
+# The peers' schedulers (docs/peers.md) add plan fields (barriers, delayed documents, all-to-all items):
+# the package carries them (arrays barriers, delayed, item_a2a; Item.a2a; to_dict), and every policy,
+# the peers too, is compared with the command's plan field by field.
+PEERS = {"megatron-hcp", "wlb", "flexsp"}
+WHOLE = [p for p in POLICIES if p != "wlb"]  # plans that train every token (wlb's leaves its delayed ones out)
 ARRAYS = ["seq_id", "seq_len", "seq_src", "item_seg_begin", "item_n_segs", "item_rank_begin", "item_n_ranks",
           "item_offload", "item_tokens", "item_est_time", "seg_seq", "seg_start", "seg_len", "members", "rank_begin",
-          "rank_items", "rank_busy"]
+          "rank_items", "rank_busy", "barriers", "delayed", "item_a2a"]
 
 
 def cli_args(cfg, policy, lengths_path):
@@ -95,7 +100,7 @@ def plan_chunk(length, d, j):
     return j * base + min(j, rem), base + (1 if j < rem else 0)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", WHOLE)
 def test_chunks_cover_every_token_once_in_global_order(policy):
     lengths = random_lengths(11, capacity=2048)
     p = bytescale.plan(lengths, ranks=12, capacity=2048, context=16384, policy=policy)
@@ -176,6 +181,29 @@ def test_sampled_batches_are_the_commands(tmp_path, run_cli):
     p = bytescale.plan(lengths, ranks=64, context=1 << 20)
     # the same plan; only the ids of cut pieces differ (the command's pieces share their document's)
     assert p.to_dict()["items"] == cli["items"]
+
+
+@pytest.mark.parametrize("policy", sorted(PEERS))
+def test_peers_plan(policy):
+    p = bytescale.plan(random_lengths(5, capacity=2048), ranks=16, capacity=2048, context=16384, policy=policy)
+    assert p.policy == policy and p.n_items > 0 and p.makespan > 0
+    # one long document among short ones: wlb delays it (an outlier alone in its queue), megatron-hcp
+    # gives it a wave of its own (a barrier), flexsp an all-to-all group of 8
+    p = bytescale.plan([16384] + [512] * 128, ranks=16, capacity=2048, context=16384, policy=policy)
+    # each peer's own field is there, and the others' are empty, in the arrays, the items and to_dict
+    d = p.to_dict()
+    assert (p.barriers.size > 0) == (policy == "megatron-hcp") == ("barriers" in d)
+    assert (p.delayed.size > 0) == (policy == "wlb") == ("delayed" in d)
+    assert p.item_a2a.shape == (p.n_items,) and p.item_a2a.any() == (policy == "flexsp")
+    assert [it.a2a for it in p.items] == [bool(x) for x in p.item_a2a] == ["a2a" in it for it in d["items"]]
+    if policy == "megatron-hcp":  # barriers increase inside the item list
+        assert d["barriers"] == p.barriers.tolist() and 0 < p.barriers[0] and (np.diff(p.barriers) > 0).all()
+        assert p.barriers[-1] < p.n_items
+    if policy == "wlb":  # a delayed sequence is in no item
+        held = set(p.seg_seq.tolist())
+        assert not held & set(p.delayed.tolist()) and len(held) + p.delayed.size == p.n_seqs
+    if policy == "flexsp":  # an all-to-all group has at least 2 ranks, at most the heads of a TP shard (16)
+        assert all(2 <= len(it.ranks) <= 16 for it in p.items if it.a2a)
 
 
 def test_catalogues():

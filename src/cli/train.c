@@ -31,7 +31,10 @@ static void usage(FILE *f) {
             "  --context N          longest sequence: longer documents are cut (default %lld)\n"
             "  --capacity N         C: most tokens one rank holds in a micro-batch; longer sequences train as\n"
             "                       rings over several ranks (default: the context, or what --mem-budget holds)\n"
-            "  --policy NAME        planner: static, naive, naive-eq3min, balance or elastic (default %s)\n"
+            "  --policy NAME        planner: static, naive, naive-eq3min, balance, elastic or megatron-hcp\n"
+            "                       (default %s); not flexsp (all-to-all groups, which the engine does not\n"
+            "                       run) nor wlb (its delay queue needs a data pipeline that carries documents\n"
+            "                       to the next step): simulate those (docs/peers.md)\n"
             "  --lr X               peak learning rate, in (0, 1] (default %g)\n"
             "  --min-lr X           final learning rate of the cosine decay (default: lr / 10)\n"
             "  --warmup N           linear warmup steps (default %lld)\n"
@@ -155,7 +158,14 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_TOKENS: return arg_int64(flag, v, &c->tokens);
     case OPT_CONTEXT: return arg_int64(flag, v, &c->context);
     case OPT_CAPACITY: return arg_int64(flag, v, &c->capacity);
-    case OPT_POLICY: return copy_text(c->policy, sizeof c->policy, flag, v);
+    case OPT_POLICY:
+        if (!strcmp(v, "flexsp") || !strcmp(v, "wlb"))  // plans the engine cannot run (docs/peers.md)
+            return bs_fail("--policy %s: %s; plan or simulate it instead", v,
+                           !strcmp(v, "flexsp") ? "its all-to-all (Ulysses) groups do not run in the engine, which "
+                                                  "runs rings and packs"
+                                                : "its delay queue postpones documents to later steps, which the "
+                                                  "training data pipeline does not carry over");
+        return copy_text(c->policy, sizeof c->policy, flag, v);
     case OPT_LR: return arg_double(flag, v, &c->lr);
     case OPT_MIN_LR: return arg_double(flag, v, &c->min_lr);
     case OPT_WARMUP: return arg_int64(flag, v, &c->warmup);

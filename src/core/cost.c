@@ -155,6 +155,10 @@ int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, 
     c.capacity_bytes = c.n_layers * (c.act_token * (double)capacity + c.act_const);
 
     c.kv_token = 2.0 * kv_heads_per_device(m, tp) * m->head_dim * hw->elem_bytes;
+    // Ulysses (flexsp): Q and the attention output are n_heads / tp heads each, K and V as above
+    c.a2a_token = c.kv_token + 2.0 * m->n_heads / tp * m->head_dim * hw->elem_bytes;
+    c.a2a_heads = m->n_heads / tp;  // check_layout: tp divides n_heads
+    c.a2a_kv_heads = (int)kv_heads_per_device(m, tp);
     // a rank is tp x pp devices, laid out in order (cluster.c): a node holds gpus_per_node / (tp x pp)
     // of them, at least one (a rank larger than a node still counts as one)
     c.ranks_per_node = hw->gpus_per_node / (tp * pp) > 1 ? hw->gpus_per_node / (tp * pp) : 1;
@@ -293,6 +297,40 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
         total += n_off * (fmax(0.0, copy - fwd) + fmax(0.0, copy - bwd));
     }
     return total;
+}
+
+double cost_a2a_token(const CostModel *cm) { return cm->a2a_token > 0 ? cm->a2a_token : 2.0 * cm->kv_token; }
+
+double cost_a2a_bytes(const CostModel *cm, int D) {
+    double bytes = cost_a2a_token(cm);
+    int kv = cm->a2a_kv_heads;
+    if (kv > 0 && D > kv) bytes += (double)(D - kv) * cm->kv_token / kv;  // K/V replicated to D heads
+    return bytes;
+}
+
+double cost_a2a_head_share(const CostModel *cm, int D) {
+    if (D <= 1) return 1.0;
+    int h = cm->a2a_heads;
+    if (h <= 0) return 1.0 / D;
+    return (double)((h + D - 1) / D) / h;
+}
+
+int cost_a2a_max(const CostModel *cm, int most) {
+    return cm->a2a_heads > 0 && cm->a2a_heads < most ? cm->a2a_heads : most;
+}
+
+double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D) {
+    if (D <= 1) return cost_item_time(cm, segs, n_segs, 1, 0.0);
+    double tokens, area;
+    pack_size(segs, n_segs, &tokens, &area);
+    if (tokens <= 0) return 0.0;
+    // every member: 1/D of the tokens through the linear layers, its share of the heads over the
+    // whole mask; the all-to-alls sit between the projections and attention, so nothing overlaps them
+    double bw, lat;
+    ring_link(cm, D, &bw, &lat);
+    double x = transfer_time(cost_a2a_bytes(cm, D) * tokens / D * (D - 1) / D, bw, lat);
+    double layer = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D);
+    return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D);
 }
 
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------

@@ -37,6 +37,8 @@ void plan_free(Plan *p) {
     free(p->rank_begin);
     free(p->rank_items);
     free(p->rank_busy);
+    free(p->barriers);
+    free(p->delayed);
     memset(p, 0, sizeof *p);
 }
 
@@ -76,6 +78,23 @@ int32_t plan_add_item(Plan *p, const Segment *segs, int n_segs, const int32_t *r
     return p->n_items++;
 }
 
+int plan_add_barrier(Plan *p) {
+    if (p->n_items == 0 || (p->n_barriers > 0 && p->barriers[p->n_barriers - 1] == p->n_items)) return 0;
+    if (grow((void **)&p->barriers, &p->cap_barriers, (int64_t)p->n_barriers + 1, sizeof(int32_t), "barriers") != 0)
+        return -1;
+    p->barriers[p->n_barriers++] = p->n_items;
+    return 0;
+}
+
+int plan_add_delayed(Plan *p, int32_t seq) {
+    if (seq < 0 || seq >= p->batch.n || (p->n_delayed > 0 && seq <= p->delayed[p->n_delayed - 1]))
+        return bs_fail("plan: delayed sequence %d out of range or out of order", seq);
+    if (grow((void **)&p->delayed, &p->cap_delayed, (int64_t)p->n_delayed + 1, sizeof(int32_t), "delayed") != 0)
+        return -1;
+    p->delayed[p->n_delayed++] = seq;
+    return 0;
+}
+
 // The estimated time of every item from the cost model.
 static int finalize_times(Plan *p, const CostModel *cm) {
     int32_t max_segs = 1;
@@ -86,7 +105,8 @@ static int finalize_times(Plan *p, const CostModel *cm) {
     for (int32_t k = 0; k < p->n_items; k++) {
         Item *it = &p->items[k];
         for (int32_t j = 0; j < it->n_segs; j++) lens[j] = p->segs[it->seg_begin + j].len;
-        it->est_time = cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
+        it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks)
+                               : cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
     }
     free(lens);
     return 0;
@@ -119,9 +139,17 @@ static int finalize_times(Plan *p, const CostModel *cm) {
 // within a key any order gives the same times. O(pp (slots + pp) + pp x refs) time, O(items + pp x
 // ranks in use) memory.
 // slot[k] for every item; last[r] = the slot of rank r's latest item (-1: the rank runs nothing).
+// At a barrier (Plan.barriers) every rank's slots jump past the keys of all earlier items (the
+// backward of the largest slot so far, top, has key 2 (top + pp) - 1), so every operation of a wave
+// comes after every operation of the waves before it in the walk by keys.
 static void slots_fill(const Plan *p, int32_t *slot, int32_t *last) {
     for (int32_t r = 0; r < p->n_ranks; r++) last[r] = -1;
+    int32_t top = -1, w = 0;
     for (int32_t k = 0; k < p->n_items; k++) {
+        if (w < p->n_barriers && p->barriers[w] == k) {
+            for (int32_t r = 0; r < p->n_ranks; r++) last[r] = top + p->pp - 1;
+            w++;
+        }
         const Item *it = &p->items[k];
         const int32_t *rk = p->ranks + it->rank_begin;
         int32_t s = 0;
@@ -129,6 +157,16 @@ static void slots_fill(const Plan *p, int32_t *slot, int32_t *last) {
             if (last[rk[j]] + 1 > s) s = last[rk[j]] + 1;
         for (int32_t j = 0; j < it->n_ranks; j++) last[rk[j]] = s;
         slot[k] = s;
+        if (s > top) top = s;
+    }
+}
+
+// The wave of every item: how many barriers come at or before it.
+static void waves_fill(const Plan *p, int32_t *wave) {
+    int32_t w = 0;
+    for (int32_t k = 0; k < p->n_items; k++) {
+        while (w < p->n_barriers && p->barriers[w] <= k) w++;
+        wave[k] = w;
     }
 }
 
@@ -144,15 +182,19 @@ static int pipeline_makespan(Plan *p, double *out) {
     int32_t n = p->n_items, R = p->n_ranks, pp = p->pp;
     int32_t *slot = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     int32_t *by_slot = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
-    int32_t *slot_begin = bs_calloc((size_t)n + 2, sizeof(int32_t));
-    int32_t *fill = bs_malloc(((size_t)n + 1) * sizeof(int32_t));
+    // slots stay below n, plus pp - 1 skipped at every barrier (slots_fill)
+    size_t n_slots = (size_t)n + (size_t)(pp - 1) * (size_t)p->n_barriers + 1;
+    int32_t *slot_begin = bs_calloc(n_slots + 1, sizeof(int32_t));
+    int32_t *fill = bs_malloc(n_slots * sizeof(int32_t));
     int32_t *last = bs_malloc((size_t)R * sizeof(int32_t));   // per rank: its latest item's slot
     int32_t *dense = bs_malloc((size_t)R * sizeof(int32_t));  // per rank: its row in free_at, -1 idle
     double *f_end = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
     double *b_end = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    int32_t *wave = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     double *free_at = NULL;
     int rc = -1;
-    if (!slot || !by_slot || !slot_begin || !fill || !last || !dense || !f_end || !b_end) goto out;
+    if (!slot || !by_slot || !slot_begin || !fill || !last || !dense || !f_end || !b_end || !wave) goto out;
+    waves_fill(p, wave);
     // slots, and the ranks that run anything (only those get a row of pp free times)
     int32_t max_slot = -1, used = 0;
     slots_fill(p, slot, last);
@@ -168,7 +210,10 @@ static int pipeline_makespan(Plan *p, double *out) {
     memcpy(fill, slot_begin, (size_t)(max_slot + 1) * sizeof(int32_t));
     for (int32_t k = 0; k < n; k++) by_slot[fill[slot[k]]++] = k;
 
-    double makespan = 0;
+    // a barrier: the first operation of a wave starts no earlier than the last end so far (all of the
+    // earlier waves' operations have smaller keys, slots_fill)
+    double makespan = 0, floor_t = 0, all_end = 0;
+    int32_t cur_wave = 0;
     for (int64_t j = 0; j <= (int64_t)max_slot + pp; j++) {
         for (int32_t s = 0; s < pp; s++) {  // key 2j: forwards
             int64_t q = j - s;
@@ -177,9 +222,11 @@ static int pipeline_makespan(Plan *p, double *out) {
                 int32_t k = by_slot[x];
                 const Item *it = &p->items[k];
                 const int32_t *rk = p->ranks + it->rank_begin;
-                double start = s == 0 ? 0 : f_end[k];
+                if (wave[k] > cur_wave) cur_wave = wave[k], floor_t = all_end;
+                double start = s == 0 ? floor_t : f_end[k];
                 for (int32_t m = 0; m < it->n_ranks; m++) start = fmax(start, free_at[(size_t)dense[rk[m]] * pp + s]);
                 double end = start + it->est_time / 3;
+                all_end = fmax(all_end, end);
                 for (int32_t m = 0; m < it->n_ranks; m++) free_at[(size_t)dense[rk[m]] * pp + s] = end;
                 f_end[k] = end;
             }
@@ -198,6 +245,7 @@ static int pipeline_makespan(Plan *p, double *out) {
                 b_end[k] = end;
             }
             if (b_end[k] > makespan) makespan = b_end[k];
+            all_end = fmax(all_end, makespan);
         }
     }
     *out = makespan;
@@ -212,8 +260,31 @@ out:
     free(dense);
     free(f_end);
     free(b_end);
+    free(wave);
     free(free_at);
     return rc;
+}
+
+// Both bounds, of the sequences this step trains (delayed ones are left out).
+static int finalize_bounds(Plan *p, const CostModel *cm) {
+    GlobalBatch b = p->batch;
+    if (p->n_delayed > 0) {
+        b.seqs = bs_malloc((size_t)p->batch.n * sizeof(Sequence));
+        if (!b.seqs) return bs_fail_ctx("plan_finalize");
+        b.n = b.n_tokens = 0;
+        for (int64_t i = 0, d = 0; i < p->batch.n; i++) {
+            if (d < p->n_delayed && p->delayed[d] == i) {
+                d++;
+                continue;
+            }
+            b.seqs[b.n++] = p->batch.seqs[i];
+            b.n_tokens += p->batch.seqs[i].len;
+        }
+    }
+    p->lower_bound = plan_lower_bound_pp(&b, cm, p->n_ranks, p->capacity, p->pp);
+    p->hdp_bound = plan_hdp_bound(&b, cm, p->n_ranks, p->capacity, p->pp);
+    if (p->n_delayed > 0) free(b.seqs);
+    return 0;
 }
 
 int plan_finalize(Plan *p, const CostModel *cm) {
@@ -258,12 +329,14 @@ int plan_finalize(Plan *p, const CostModel *cm) {
         for (int32_t j = 0; j < p->items[k].n_ranks; j++) p->rank_begin[p->ranks[p->items[k].rank_begin + j] + 1]++;
     for (int32_t r = 0; r < p->n_ranks; r++) p->rank_begin[r + 1] += p->rank_begin[r];
     memcpy(fill, p->rank_begin, (size_t)p->n_ranks * sizeof(int32_t));
-    // the makespan: every item starts when the last of its members is free (global order)
-    double makespan = 0;
-    for (int32_t k = 0; k < p->n_items; k++) {
+    // the makespan: every item starts when the last of its members is free (global order), and an
+    // item after a barrier when every earlier item has ended
+    double makespan = 0, floor_t = 0;
+    for (int32_t k = 0, w = 0; k < p->n_items; k++) {
         const Item *it = &p->items[k];
         const int32_t *rk = p->ranks + it->rank_begin;
-        double start = 0;
+        if (w < p->n_barriers && p->barriers[w] == k) floor_t = makespan, w++;
+        double start = floor_t;
         for (int32_t j = 0; j < it->n_ranks; j++) {
             p->rank_items[fill[rk[j]]++] = k;
             if (free_at[rk[j]] > start) start = free_at[rk[j]];
@@ -280,10 +353,7 @@ int plan_finalize(Plan *p, const CostModel *cm) {
     // with pipelines the items of a rank overlap on its stages, and fill and drain come on top
     if (p->pp > 1 && pipeline_makespan(p, &makespan) != 0) return -1;
     p->makespan = makespan;
-    if (cm) {
-        p->lower_bound = plan_lower_bound_pp(&p->batch, cm, p->n_ranks, p->capacity, p->pp);
-        p->hdp_bound = plan_hdp_bound(&p->batch, cm, p->n_ranks, p->capacity, p->pp);
-    }
+    if (cm) return finalize_bounds(p, cm);
     return 0;
 }
 

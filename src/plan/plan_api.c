@@ -225,6 +225,7 @@ int bs_plan_info(const Plan *p, BsPlanInfo *out, size_t size) {
     out->n_ranks = p->n_ranks, out->pp = p->pp, out->capacity = p->capacity;
     out->n_seqs = p->batch.n, out->n_tokens = p->batch.n_tokens;
     out->n_items = p->n_items, out->n_segs = p->n_segs, out->n_refs = p->n_refs;
+    out->n_barriers = p->n_barriers, out->n_delayed = p->n_delayed;
     out->makespan = p->makespan, out->lower_bound = p->lower_bound, out->hdp_bound = p->hdp_bound;
     memcpy(out->policy, p->policy, sizeof out->policy);
     out->policy[sizeof out->policy - 1] = '\0';
@@ -292,6 +293,14 @@ int bs_plan_schedules(const Plan *p, int32_t *rank_begin, int32_t *rank_items, d
     if (rank_begin) memcpy(rank_begin, p->rank_begin, ((size_t)p->n_ranks + 1) * sizeof *rank_begin);
     if (rank_items && p->n_refs > 0) memcpy(rank_items, p->rank_items, (size_t)p->n_refs * sizeof *rank_items);
     if (rank_busy) memcpy(rank_busy, p->rank_busy, (size_t)p->n_ranks * sizeof *rank_busy);
+    return 0;
+}
+
+int bs_plan_peers(const Plan *p, int32_t *barriers, int32_t *delayed, int32_t *a2a) {
+    if (check_plan(p, "bs_plan_peers")) return -1;
+    if (barriers && p->n_barriers > 0) memcpy(barriers, p->barriers, (size_t)p->n_barriers * sizeof *barriers);
+    if (delayed && p->n_delayed > 0) memcpy(delayed, p->delayed, (size_t)p->n_delayed * sizeof *delayed);
+    for (int32_t k = 0; a2a && k < p->n_items; k++) a2a[k] = p->items[k].a2a;
     return 0;
 }
 

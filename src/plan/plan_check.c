@@ -5,7 +5,9 @@
 //      layout; r > 0: Eq. 3's memory rule with that r for the fullest member);
 //   3. every token of every sequence covered exactly once;
 //   4. the per-rank schedules: exactly the items each rank is a member of, in increasing global
-//      order (then no two ranks can wait on each other in a cycle).
+//      order (then no two ranks can wait on each other in a cycle);
+//   5. the peers' additions (docs/peers.md): barriers increasing inside the item list, delayed
+//      sequences increasing and in no item (3. skips them), all-to-all items without offloading.
 // Errors name the first problem found: item, segment, rank, sequence.
 #include <math.h>
 #include <stdio.h>
@@ -149,6 +151,17 @@ static int check_items(const Plan *p, const CostModel *cm) {
             bs_fail("item %d: offload ratio %g outside [0, 1]", k, off);
             goto out;
         }
+        if (it->a2a != 0 && (it->a2a != 1 || off != 0)) {
+            bs_fail("item %d: an all-to-all group (a2a %d) must be 1 and cannot offload (offload %g)", k, it->a2a,
+                    off);
+            goto out;
+        }
+        if (it->a2a && cm && cm->a2a_heads > 0 && it->n_ranks > cm->a2a_heads) {
+            bs_fail("item %d: an all-to-all group of %d ranks exceeds the %d attention heads of a TP shard (Ulysses "
+                    "splits the heads over the group)",
+                    k, it->n_ranks, cm->a2a_heads);
+            goto out;
+        }
         // D * C can exceed int64 (a file may give any capacity): compare tokens / D with C instead.
         // For a ring this is the coarse check, kept for its plainer message; the per-member one follows.
         if (off == 0 && tokens / it->n_ranks + (tokens % it->n_ranks != 0) > p->capacity) {
@@ -230,10 +243,19 @@ static int check_coverage(const Plan *p) {
             pieces[fill[sg->seq]++] = (Piece){sg->start, sg->len, k};
         }
     }
-    for (int64_t s = 0; s < n; s++) {
+    for (int64_t s = 0, d = 0; s < n; s++) {
         Piece *ps = pieces + begin[s];
         int32_t m = begin[s + 1] - begin[s];
         const Sequence *q = &p->batch.seqs[s];
+        if (d < p->n_delayed && p->delayed[d] == s) {  // a delayed sequence: trained in a later step
+            d++;
+            if (m > 0) {
+                bs_fail("sequence %lld (id %lld) is delayed but item %d holds tokens of it", (long long)s,
+                        (long long)q->id, ps[0].item);
+                goto out;
+            }
+            continue;
+        }
         if (m > 1) qsort(ps, (size_t)m, sizeof(Piece), piece_by_start);
         int64_t at = 0;
         for (int32_t i = 0; i < m; i++) {
@@ -318,8 +340,29 @@ out:
     return rc;
 }
 
+// Barriers strictly increasing in (0, n_items); delayed sequences strictly increasing in the batch.
+static int check_peer_fields(const Plan *p) {
+    if (p->n_barriers < 0 || (p->n_barriers > 0 && !p->barriers)) return bs_fail("%d barriers", p->n_barriers);
+    for (int32_t w = 0; w < p->n_barriers; w++) {
+        int32_t k = p->barriers[w];
+        if (k <= 0 || k >= p->n_items || (w > 0 && k <= p->barriers[w - 1]))
+            return bs_fail("barrier %d: before item %d, which is not in (%d, %d) (barriers increase strictly inside "
+                           "the item list)",
+                           w, k, w > 0 ? p->barriers[w - 1] : 0, p->n_items);
+    }
+    if (p->n_delayed < 0 || (p->n_delayed > 0 && !p->delayed)) return bs_fail("%d delayed sequences", p->n_delayed);
+    for (int32_t d = 0; d < p->n_delayed; d++) {
+        int32_t s = p->delayed[d];
+        if (s < 0 || s >= p->batch.n || (d > 0 && s <= p->delayed[d - 1]))
+            return bs_fail("delayed[%d]: sequence %d is out of range [0, %lld) or out of order (they increase "
+                           "strictly)",
+                           d, s, (long long)p->batch.n);
+    }
+    return 0;
+}
+
 int plan_validate(const Plan *p, const CostModel *cm) {
-    if (check_header(p) != 0 || check_items(p, cm) != 0 || check_coverage(p) != 0 || check_schedule(p) != 0)
+    if (check_header(p) != 0 || check_peer_fields(p) != 0 || check_items(p, cm) != 0 || check_coverage(p) != 0 || check_schedule(p) != 0)
         return -1;
     return 0;
 }

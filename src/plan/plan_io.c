@@ -76,9 +76,22 @@ static int write_body(FILE *f, const Plan *p, const char *path) {
         fputs("], \"est_time\": ", f);
         snprintf(what, sizeof what, "items[%d].est_time", k);
         if (put_number(f, it->est_time, path, what) != 0) return -1;
+        if (it->a2a) fputs(", \"a2a\": 1", f);  // only where set: other plans read as before
         fputc('}', f);
     }
-    fputs("\n  ]\n}\n", f);
+    fputs("\n  ]", f);
+    // the peers' members (docs/peers.md), only where a plan has them
+    if (p->n_barriers > 0) {
+        fputs(",\n  \"barriers\": [", f);
+        for (int32_t w = 0; w < p->n_barriers; w++) fprintf(f, "%s%d", w ? ", " : "", p->barriers[w]);
+        fputc(']', f);
+    }
+    if (p->n_delayed > 0) {
+        fputs(",\n  \"delayed\": [", f);
+        for (int32_t d = 0; d < p->n_delayed; d++) fprintf(f, "%s%d", d ? ", " : "", p->delayed[d]);
+        fputc(']', f);
+    }
+    fputs("\n}\n", f);
     return 0;
 }
 
@@ -95,23 +108,27 @@ int plan_write_json(const Plan *p, const char *path) {
 // ---- reading: the parser's state ------------------------------------------------------------------
 
 // Where the parser is: the container it is inside.
-typedef enum { AT_START, IN_ROOT, IN_SEQS, IN_SEQ, IN_ITEMS, IN_ITEM, IN_RANKS, IN_SEGS, IN_SEG, AT_END } Where;
+typedef enum {
+    AT_START, IN_ROOT, IN_SEQS, IN_SEQ, IN_ITEMS, IN_ITEM, IN_RANKS, IN_SEGS, IN_SEG, IN_BARRIERS, IN_DELAYED, AT_END
+} Where;
 
 // The member whose value comes next.
 typedef enum {
     K_OTHER,  // an unknown member: its value is skipped whole
     K_VERSION, K_POLICY, K_N_RANKS, K_PP, K_CAPACITY, K_MAKESPAN, K_LOWER_BOUND, K_SEQUENCES, K_ITEMS,  // root
+    K_BARRIERS, K_DELAYED,                                                                // root, optional
     K_ID, K_LEN, K_SRC,                                                                                 // sequence
-    K_RANKS, K_OFFLOAD, K_SEGMENTS, K_EST_TIME,                                                          // item
+    K_RANKS, K_OFFLOAD, K_SEGMENTS, K_EST_TIME, K_A2A,                                                   // item
     K_COUNT
 } Key;
 
 static const char *KEY_NAMES[K_COUNT] = {"", "version", "policy", "n_ranks", "pp", "capacity", "makespan",
-                                         "lower_bound", "sequences", "items", "id", "len", "src", "ranks",
-                                         "offload", "segments", "est_time"};
+                                         "lower_bound", "sequences", "items", "barriers", "delayed", "id", "len",
+                                         "src", "ranks", "offload", "segments", "est_time", "a2a"};
 static const char *KEY_TYPES[K_COUNT] = {"", "an integer", "a string", "an integer", "an integer", "an integer",
-                                         "a number", "a number", "an array", "an array", "an integer", "an integer",
-                                         "an integer", "an array", "a number", "an array", "a number"};
+                                         "a number", "a number", "an array", "an array", "an array of integers",
+                                         "an array of integers", "an integer", "an integer", "an integer",
+                                         "an array", "a number", "an array", "a number", "0 or 1"};
 
 typedef struct {
     const char *path;
@@ -135,6 +152,7 @@ typedef struct {
     Segment *segs;       // the current item's segments, (n_segs_item,)
     int n_ranks_item, cap_ranks, n_segs_item, cap_segs;
     double offload, est_time;
+    int64_t a2a;
     int64_t seg[3];      // [seq, start, len] being read
     int seg_n;
     char where_buf[160];
@@ -253,6 +271,21 @@ static int on_number(void *ctx, const char *text, size_t n) {
         r->seg[r->seg_n++] = v;
         return 1;
     }
+    if (r->where == IN_BARRIERS || r->where == IN_DELAYED) {
+        // item and sequence indices: checked against the plan by plan_validate
+        int barriers = r->where == IN_BARRIERS;
+        if (number_int(text, n, &v) != 0 || v < 0 || v >= INT32_MAX) {
+            bs_fail("%s: \"%s\" must be %s in [0, %d)", r->path, barriers ? "barriers" : "delayed",
+                    KEY_TYPES[barriers ? K_BARRIERS : K_DELAYED], INT32_MAX);
+            return 0;
+        }
+        int32_t **arr = barriers ? &r->p->barriers : &r->p->delayed;
+        int32_t *cnt = barriers ? &r->p->n_barriers : &r->p->n_delayed;
+        int32_t *cap = barriers ? &r->p->cap_barriers : &r->p->cap_delayed;
+        if (grow_buf((void **)arr, cap, *cnt + 1, sizeof **arr, r) != 0) return 0;
+        (*arr)[(*cnt)++] = (int32_t)v;
+        return 1;
+    }
     if (!in_object(r)) return wrong_type(r);
     *seen_now(r) |= 1u << r->key;
     switch (r->key) {
@@ -275,6 +308,7 @@ static int on_number(void *ctx, const char *text, size_t n) {
     case K_SRC: return int_in(r, text, n, INT64_MIN, INT64_MAX, &r->seq.src);
     case K_OFFLOAD: return double_in(r, text, n, &r->offload);
     case K_EST_TIME: return double_in(r, text, n, &r->est_time);
+    case K_A2A: return int_in(r, text, n, 0, 1, &r->a2a);
     default: return wrong_type(r);
     }
 }
@@ -308,7 +342,7 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n) {
     if (r->skip) return 1;
     // the members this object may have: the root's, a sequence's or an item's
     Key lo = r->where == IN_ROOT ? K_VERSION : r->where == IN_SEQ ? K_ID : K_RANKS;
-    Key hi = r->where == IN_ROOT ? K_ITEMS : r->where == IN_SEQ ? K_SRC : K_EST_TIME;
+    Key hi = r->where == IN_ROOT ? K_DELAYED : r->where == IN_SEQ ? K_SRC : K_A2A;
     r->key = K_OTHER;
     for (Key k = lo; k <= hi; k++)
         if (strlen(KEY_NAMES[k]) == n && !memcmp(KEY_NAMES[k], s, n)) r->key = k;
@@ -338,6 +372,7 @@ static int on_start_map(void *ctx) {
         r->seen = 0;
         r->n_ranks_item = r->n_segs_item = 0;
         r->offload = r->est_time = 0;
+        r->a2a = 0;
         return 1;
     default:
         if (!in_object(r) || r->key != K_OTHER) return wrong_type(r);
@@ -394,6 +429,7 @@ static int end_item(Reader *r) {
     int32_t idx = plan_add_item(r->p, r->segs, r->n_segs_item, r->ranks, r->n_ranks_item, r->offload);
     if (idx < 0) return bs_fail_ctx("%s", here(r)), 0;
     r->p->items[idx].est_time = r->est_time;  // stands unless plan_finalize has a cost model
+    r->p->items[idx].a2a = (int32_t)r->a2a;
     r->where = IN_ITEMS;
     return 1;
 }
@@ -423,6 +459,8 @@ static int on_start_array(void *ctx) {
     case K_ITEMS: r->where = IN_ITEMS; return 1;
     case K_RANKS: r->where = IN_RANKS; return 1;
     case K_SEGMENTS: r->where = IN_SEGS; return 1;
+    case K_BARRIERS: r->where = IN_BARRIERS; return 1;
+    case K_DELAYED: r->where = IN_DELAYED; return 1;
     default: return wrong_type(r);
     }
 }
@@ -431,7 +469,7 @@ static int on_end_array(void *ctx) {
     Reader *r = ctx;
     if (r->skip) return --r->skip, 1;
     switch (r->where) {
-    case IN_SEQS: case IN_ITEMS: r->where = IN_ROOT; return 1;
+    case IN_SEQS: case IN_ITEMS: case IN_BARRIERS: case IN_DELAYED: r->where = IN_ROOT; return 1;
     case IN_RANKS: case IN_SEGS: r->where = IN_ITEM; return 1;
     case IN_SEG:
         if (r->seg_n != 3) return wrong_type(r);

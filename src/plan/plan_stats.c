@@ -24,6 +24,13 @@ static double ring_layer_bytes(double kv_token, int64_t tokens, int32_t d) {
     return kv_token * (double)tokens * (double)((d - 1) + (d - 1) + d);
 }
 
+// The bytes a Ulysses all-to-all group of D ranks (Item.a2a, flexsp) moves per layer for T tokens,
+// counted as the simulator does (sim.c): forward and backward, every member sends (D-1)/D of its T/D
+// tokens' Q, K, V and attention output (their gradients backward), cost_a2a_bytes per token.
+static double a2a_layer_bytes(const CostModel *cm, int64_t tokens, int32_t d) {
+    return 2.0 * cost_a2a_bytes(cm, d) * (double)tokens * (double)(d - 1) / (double)d;
+}
+
 int plan_stats(const Plan *p, const CostModel *cm, PlanStats *out) {
     memset(out, 0, sizeof *out);
     if (!p->rank_begin || !p->rank_busy) return bs_fail("plan_stats: the plan is not finalized");
@@ -38,7 +45,10 @@ int plan_stats(const Plan *p, const CostModel *cm, PlanStats *out) {
         }
         if (it->n_ranks >= 2) {
             out->n_rings++;
-            if (cm) out->ring_bytes += (double)p->pp * cm->n_layers * ring_layer_bytes(cm->kv_token, it->tokens, it->n_ranks);
+            if (cm)
+                out->ring_bytes += (double)p->pp * cm->n_layers *
+                                   (it->a2a ? a2a_layer_bytes(cm, it->tokens, it->n_ranks)
+                                            : ring_layer_bytes(cm->kv_token, it->tokens, it->n_ranks));
         }
         out->n_long++;
         if (it->offload > 0) out->n_offload++;

@@ -6,6 +6,9 @@
 //   offload: float32, est_time: float64) | segs (seq: int32, start, len: int64) | ranks (int32)
 // Unpacking checks every count against the size, then finalizes and validates the plan, so a
 // damaged message is refused with a reason, never executed.
+// Version 2 (only for plans with the peers' fields, docs/peers.md; every other plan is still sent as
+// version 1, byte for byte as before): the header goes on with n_barriers and n_delayed (int32), and
+// after the ranks come the barriers and the delayed sequences (int32 each) and one a2a byte per item.
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +17,14 @@
 
 #define WIRE_MAGIC 0x4c505342u  // "BSPL"
 #define WIRE_VERSION 1u
+#define WIRE_VERSION_PEERS 2u
+
+static int has_peer_fields(const Plan *p) {
+    if (p->n_barriers > 0 || p->n_delayed > 0) return 1;
+    for (int32_t k = 0; k < p->n_items; k++)
+        if (p->items[k].a2a) return 1;
+    return 0;
+}
 
 typedef struct {
     uint8_t *p;
@@ -21,7 +32,7 @@ typedef struct {
 } Out;
 
 static void put(Out *o, const void *v, size_t n) {
-    if (o->p) memcpy(o->p + o->at, v, n);
+    if (o->p && n > 0) memcpy(o->p + o->at, v, n);  // (v may be NULL for an empty array)
     o->at += n;
 }
 
@@ -43,7 +54,8 @@ static void get(In *in, void *v, size_t n) {
 
 // Write p into o (o->p NULL: only count the bytes).
 static void emit(const Plan *p, Out *o) {
-    uint32_t magic = WIRE_MAGIC, version = WIRE_VERSION;
+    int peers = has_peer_fields(p);
+    uint32_t magic = WIRE_MAGIC, version = peers ? WIRE_VERSION_PEERS : WIRE_VERSION;
     put(o, &magic, 4);
     put(o, &version, 4);
     put(o, &p->n_ranks, 4);
@@ -55,6 +67,10 @@ static void emit(const Plan *p, Out *o) {
     put(o, &p->n_segs, 4);
     put(o, &p->n_refs, 4);
     put(o, &p->lower_bound, 8);
+    if (peers) {
+        put(o, &p->n_barriers, 4);
+        put(o, &p->n_delayed, 4);
+    }
     for (int64_t i = 0; i < p->batch.n; i++) {
         const Sequence *s = &p->batch.seqs[i];
         put(o, &s->id, 8);
@@ -76,6 +92,13 @@ static void emit(const Plan *p, Out *o) {
         put(o, &p->segs[j].len, 8);
     }
     put(o, p->ranks, (size_t)p->n_refs * 4);
+    if (!peers) return;
+    put(o, p->barriers, (size_t)p->n_barriers * 4);
+    put(o, p->delayed, (size_t)p->n_delayed * 4);
+    for (int32_t k = 0; k < p->n_items; k++) {
+        uint8_t a = (uint8_t)p->items[k].a2a;
+        put(o, &a, 1);
+    }
 }
 
 int plan_pack(const Plan *p, uint8_t **buf, size_t *size) {
@@ -94,7 +117,7 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
     memset(p, 0, sizeof *p);
     In in = {.p = buf, .size = size};
     uint32_t magic, version;
-    int32_t n_ranks, pp, n_items, n_segs, n_refs;
+    int32_t n_ranks, pp, n_items, n_segs, n_refs, n_barriers = 0, n_delayed = 0;
     int64_t capacity, n_seqs;
     char policy[sizeof p->policy];
     double lower_bound;
@@ -110,12 +133,22 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
     get(&in, &n_refs, 4);
     get(&in, &lower_bound, 8);
     if (in.bad || magic != WIRE_MAGIC) return bs_fail("plan message: %zu bytes, not a packed plan", size);
-    if (version != WIRE_VERSION) return bs_fail("plan message: version %u, this build reads %u", version, WIRE_VERSION);
+    if (version != WIRE_VERSION && version != WIRE_VERSION_PEERS)
+        return bs_fail("plan message: version %u, this build reads %u and %u", version, WIRE_VERSION,
+                       WIRE_VERSION_PEERS);
+    int peers = version == WIRE_VERSION_PEERS;
+    if (peers) {
+        get(&in, &n_barriers, 4);
+        get(&in, &n_delayed, 4);
+        if (in.bad) return bs_fail("plan message: %zu bytes, not a packed plan", size);
+    }
     policy[sizeof policy - 1] = '\0';
     // every count must fit the bytes that follow: checked before anything is allocated
     size_t rest = size - in.at;
-    if (n_seqs < 0 || n_items < 0 || n_segs < 0 || n_refs < 0 ||
-        (uint64_t)n_seqs * 24 + (uint64_t)n_items * 28 + (uint64_t)n_segs * 20 + (uint64_t)n_refs * 4 != rest)
+    uint64_t peer_bytes = peers ? (uint64_t)n_barriers * 4 + (uint64_t)n_delayed * 4 + (uint64_t)n_items : 0;
+    if (n_seqs < 0 || n_items < 0 || n_segs < 0 || n_refs < 0 || n_barriers < 0 || n_delayed < 0 ||
+        (uint64_t)n_seqs * 24 + (uint64_t)n_items * 28 + (uint64_t)n_segs * 20 + (uint64_t)n_refs * 4 + peer_bytes !=
+            rest)
         return bs_fail("plan message: counts (%lld sequences, %d items, %d segments, %d rank refs) do not match its "
                        "%zu bytes",
                        (long long)n_seqs, n_items, n_segs, n_refs, size);
@@ -156,6 +189,23 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
         get(&in, &p->segs[j].len, 8);
     }
     get(&in, p->ranks, (size_t)n_refs * 4);
+    if (peers) {
+        p->barriers = bs_malloc((size_t)(n_barriers > 0 ? n_barriers : 1) * sizeof(int32_t));
+        p->delayed = bs_malloc((size_t)(n_delayed > 0 ? n_delayed : 1) * sizeof(int32_t));
+        if (!p->barriers || !p->delayed) {
+            plan_free(p);
+            return bs_fail_ctx("plan message");
+        }
+        p->n_barriers = p->cap_barriers = n_barriers;
+        p->n_delayed = p->cap_delayed = n_delayed;
+        get(&in, p->barriers, (size_t)n_barriers * 4);
+        get(&in, p->delayed, (size_t)n_delayed * 4);
+        for (int32_t k = 0; k < n_items; k++) {
+            uint8_t a = 0;
+            get(&in, &a, 1);
+            p->items[k].a2a = a;
+        }
+    }
     // item token counts are derived, as plan_add_item does, from segments checked to be in range
     for (int32_t k = 0; k < n_items && !in.bad; k++) {
         Item *it = &p->items[k];

@@ -21,6 +21,17 @@ static const Policy policies[] = {
     {"elastic", "bytescale's own: balance, then rings widened past ceil(s/C) (up to all ranks) where a ring sets the "
                 "step and ranks would idle; never longer than balance",
      policy_elastic},
+    // the peers, as published (docs/peers.md)
+    {"megatron-hcp", "Megatron-LM's hybrid DP x CP: power-of-two CP groups balanced by s^2/cp, in waves separated by "
+                     "barriers",
+     policy_megatron_hcp},
+    {"wlb", "WLB-LLM: static DP x CP mesh, micro-batches packed by attention-aware work, outlier documents delayed, "
+            "per-document CP sharding",
+     policy_wlb},
+    {"flexsp", "FlexSP: heterogeneous power-of-two Ulysses (all-to-all) groups, at most the heads of a TP shard "
+               "(rings beyond), sized by a MILP (GLPK); simulate "
+               "only, the engine runs no all-to-all",
+     policy_flexsp},
 };
 enum { N_POLICIES = sizeof policies / sizeof policies[0] };
 

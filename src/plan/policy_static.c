@@ -15,54 +15,13 @@
 #include "bytescale/error.h"
 #include "plan/policy_util.h"
 
-// What each member of the open ring micro-batch holds under the 2D-chunk layout (plan_chunk).
-// A sequence of len tokens gives member i of D: 2 (len / 2D), plus one if chunk i is among the first
-// rem = len mod 2D chunks (i < rem), plus one if chunk 2D-1-i is (i >= 2D - rem). The common part
-// goes to base; only members [0, min(rem, D)) gain more, so adding a sequence touches at most
-// min(len, D) members, and the fullest member afterwards is the old fullest or a touched one.
-// No count overflows: each is at most the batch's tokens.
-typedef struct {
-    int64_t D;
-    int64_t base;    // tokens every member holds
-    int64_t most;    // the largest extra[i]
-    int64_t *extra;  // (D,) member i holds base + extra[i]
-} RingFill;
-
-static void ring_fill_clear(RingFill *f) {
-    f->base = f->most = 0;
-    memset(f->extra, 0, (size_t)f->D * sizeof *f->extra);
-}
-
-// Add a sequence of len tokens; returns what the fullest member then holds. When that is more than
-// C the caller drops this fill (the sequence starts the next micro-batch), so nothing is undone.
-static int64_t ring_fill_add(RingFill *f, int64_t len) {
-    int64_t parts = 2 * f->D, rem = len % parts, touched = rem < f->D ? rem : f->D;
-    f->base += 2 * (len / parts);
-    for (int64_t i = 0; i < touched; i++) {
-        f->extra[i] += 1 + (i >= parts - rem);
-        if (f->extra[i] > f->most) f->most = f->extra[i];
-    }
-    return f->base + f->most;
-}
-
 int policy_static(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
     (void)cm;
-    int64_t C = cfg->capacity, longest = 0;
-    for (int64_t i = 0; i < b->n; i++)
-        if (b->seqs[i].len > longest) longest = b->seqs[i].len;
-    int64_t context = cfg->context > 0 ? cfg->context : longest;
-    for (int64_t i = 0; i < b->n; i++)
-        if (b->seqs[i].len > context)
-            return bs_fail("sequence %lld (id %lld) has %lld tokens, more than the context of %lld (cut the batch to "
-                           "the context first)",
-                           (long long)i, (long long)b->seqs[i].id, (long long)b->seqs[i].len, (long long)context);
+    int64_t C = cfg->capacity, d_cp;
+    int32_t d_dp;
+    if (policy_mesh(b, cfg, &d_cp, &d_dp) != 0) return -1;
     if (plan_init(out, b, cfg->n_ranks, C, cfg->pp, "static") != 0) return -1;
     if (b->n == 0) return 0;
-    int64_t d_cp = context / C + (context % C != 0);
-    if (d_cp > cfg->n_ranks)
-        return bs_fail("a sequence of %lld tokens needs %lld ranks of capacity %lld; only %d given", (long long)context,
-                       (long long)d_cp, (long long)C, cfg->n_ranks);
-    int32_t d_dp = cfg->n_ranks / (int32_t)d_cp;
 
     // micro-batches: mb_first[m] .. mb_first[m+1] are the sequences of micro-batch m
     int32_t *mb_first = bs_malloc((size_t)(b->n + 1) * sizeof(int32_t));

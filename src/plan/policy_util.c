@@ -271,3 +271,46 @@ static int by_rank(const void *a, const void *b) {
 }
 
 void policy_sort_ranks(int32_t *ranks, int n) { qsort(ranks, (size_t)n, sizeof(int32_t), by_rank); }
+
+void ring_fill_clear(RingFill *f) {
+    f->base = f->most = 0;
+    memset(f->extra, 0, (size_t)f->D * sizeof *f->extra);
+}
+
+int64_t ring_fill_add(RingFill *f, int64_t len) {
+    int64_t parts = 2 * f->D, rem = len % parts, touched = rem < f->D ? rem : f->D;
+    f->base += 2 * (len / parts);
+    for (int64_t i = 0; i < touched; i++) {
+        f->extra[i] += 1 + (i >= parts - rem);
+        if (f->extra[i] > f->most) f->most = f->extra[i];
+    }
+    return f->base + f->most;
+}
+
+int64_t ring_fill_peek(const RingFill *f, int64_t len) {
+    int64_t parts = 2 * f->D, rem = len % parts, touched = rem < f->D ? rem : f->D, most = f->most;
+    for (int64_t i = 0; i < touched; i++) {
+        int64_t e = f->extra[i] + 1 + (i >= parts - rem);
+        if (e > most) most = e;
+    }
+    return f->base + 2 * (len / parts) + most;
+}
+
+int policy_mesh(const GlobalBatch *b, const PlanConfig *cfg, int64_t *d_cp, int32_t *d_dp) {
+    int64_t C = cfg->capacity, longest = 0;
+    for (int64_t i = 0; i < b->n; i++)
+        if (b->seqs[i].len > longest) longest = b->seqs[i].len;
+    int64_t context = cfg->context > 0 ? cfg->context : longest;
+    for (int64_t i = 0; i < b->n; i++)
+        if (b->seqs[i].len > context)
+            return bs_fail("sequence %lld (id %lld) has %lld tokens, more than the context of %lld (cut the batch to "
+                           "the context first)",
+                           (long long)i, (long long)b->seqs[i].id, (long long)b->seqs[i].len, (long long)context);
+    *d_cp = context / C + (context % C != 0);
+    if (*d_cp < 1) *d_cp = 1;
+    if (b->n > 0 && *d_cp > cfg->n_ranks)
+        return bs_fail("a sequence of %lld tokens needs %lld ranks of capacity %lld; only %d given", (long long)context,
+                       (long long)*d_cp, (long long)C, cfg->n_ranks);
+    *d_dp = *d_cp <= cfg->n_ranks ? cfg->n_ranks / (int32_t)*d_cp : 0;
+    return 0;
+}

@@ -15,6 +15,14 @@ int policy_naive(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const C
 int policy_naive_eq3min(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+int policy_megatron_hcp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+int policy_wlb(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+int policy_flexsp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+
+// The static mesh's shape for a batch: d_cp = ceil(context / C) (context: cfg->context, or the
+// batch's longest sequence), d_dp = n_ranks / d_cp. -1 + error when a sequence is longer than the
+// context or d_cp > n_ranks (static, wlb).
+int policy_mesh(const GlobalBatch *b, const PlanConfig *cfg, int64_t *d_cp, int32_t *d_dp);
 
 // Algorithm 1's sharding: D[i] ranks and offload ratio r[i] for every sequence. s <= C: D = 1,
 // r = 0 (a pack). s > C: with offloading, Eq. 3 (cost_min_ranks); without, ceil(s / C) and r = 0.
@@ -77,5 +85,25 @@ int policy_order_by_time(const double *key, int32_t n, int32_t *order);
 
 // Sort ranks ascending (ring order of a freshly picked set of members).
 void policy_sort_ranks(int32_t *ranks, int n);
+
+// What each member of a ring micro-batch of D ranks holds under the 2D-chunk layout (plan_chunk),
+// as sequences are added: the validator's per-member capacity rule, kept incrementally (static, wlb,
+// megatron-hcp). A sequence of len tokens gives member i of D: 2 (len / 2D), plus one if chunk i is
+// among the first rem = len mod 2D chunks (i < rem), plus one if chunk 2D-1-i is (i >= 2D - rem).
+// The common part goes to base; only members [0, min(rem, D)) gain more, so adding a sequence touches
+// at most min(len, D) members, and the fullest member afterwards is the old fullest or a touched one.
+// No count overflows: each is at most the batch's tokens.
+typedef struct {
+    int64_t D;
+    int64_t base;    // tokens every member holds
+    int64_t most;    // the largest extra[i]
+    int64_t *extra;  // (D,) member i holds base + extra[i]; the caller allocates it
+} RingFill;
+
+void ring_fill_clear(RingFill *f);
+// Add a sequence of len tokens; returns what the fullest member then holds.
+int64_t ring_fill_add(RingFill *f, int64_t len);
+// What the fullest member would hold with a sequence of len tokens more; nothing changes.
+int64_t ring_fill_peek(const RingFill *f, int64_t len);
 
 #endif

@@ -24,6 +24,7 @@ static const SimMetricInfo metrics[SIM_N_METRICS] = {
     [SIM_M_RINGS] = {"rings", "rings", 1},
     [SIM_M_MAKESPAN_RATIO] = {"makespan_over_lower_bound", "makespan_over_lower_bound", 1},
     [SIM_M_MAKESPAN_HDP] = {"makespan_over_hdp_bound", "makespan_over_hdp_bound", 1},
+    [SIM_M_TOKENS] = {"tokens", "tokens", 1},
     // wall-clock times vary run to run: in the table and JSON (as the single run has them), not the CSV
     [SIM_M_PLAN_SECONDS] = {"plan_seconds", "", 1},
     [SIM_M_SIM_SECONDS] = {"sim_seconds", "", 1},
@@ -62,6 +63,7 @@ static void outcome_values(const SimOutcome *o, double *x) {
     x[SIM_M_RINGS] = r->n_rings;
     x[SIM_M_MAKESPAN_RATIO] = o->lower_bound > 0 ? o->planner_makespan / o->lower_bound : NAN;
     x[SIM_M_MAKESPAN_HDP] = o->hdp_bound > 0 ? o->planner_makespan / o->hdp_bound : NAN;
+    x[SIM_M_TOKENS] = r->tokens;
     x[SIM_M_PLAN_SECONDS] = o->plan_seconds;
     x[SIM_M_SIM_SECONDS] = o->sim_seconds;
 }
@@ -69,6 +71,40 @@ static void outcome_values(const SimOutcome *o, double *x) {
 void sim_seeds_free(SimSeedsResult *r) {
     for (int j = 0; j < SIM_SEEDS_MAX_VARIANTS; j++) free(r->v[j].values);
     memset(r, 0, sizeof *r);
+}
+
+double sim_seed_stats_run_tokens_per_s(const SimSeedStats *st) {
+    double t = st->stat[SIM_M_STEP_TIME].mean;
+    return st->ok && t > 0 ? st->stat[SIM_M_TOKENS].mean / t : NAN;
+}
+
+// The batch a policy plans at this step: the sequences its last step delayed (first, in order), then
+// the seed's own. *own is set when it had to be built (batch_free it).
+static int step_batch(const GlobalBatch *carry, const GlobalBatch *seed, GlobalBatch *out, int *own) {
+    *own = 0;
+    if (carry->n == 0) {
+        *out = *seed;
+        return 0;
+    }
+    if (batch_init(out, carry->n + seed->n) != 0) return -1;
+    *own = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        const GlobalBatch *b = pass ? seed : carry;
+        for (int64_t i = 0; i < b->n; i++)
+            if (batch_push(out, b->seqs[i].id, b->seqs[i].len, b->seqs[i].src) != 0) return -1;
+    }
+    return 0;
+}
+
+// The sequences plan p delays, as the next step's carry.
+static int take_delayed(GlobalBatch *carry, const Plan *p) {
+    batch_free(carry);
+    if (batch_init(carry, p->n_delayed > 0 ? p->n_delayed : 1) != 0) return -1;
+    for (int32_t d = 0; d < p->n_delayed; d++) {
+        const Sequence *q = &p->batch.seqs[p->delayed[d]];
+        if (batch_push(carry, q->id, q->len, q->src) != 0) return -1;
+    }
+    return 0;
 }
 
 static void advance(const SimSeedsConfig *cfg, int64_t by, const char *note) {
@@ -101,6 +137,8 @@ int sim_seeds_run(SimSeedsResult *out, const Scenario *sc, const SimVariant *v, 
     for (int j = 0; j < n_v; j++)
         if (!strcmp(v[j].label, "static")) js = j;
     double sequences[SIM_SEEDS_MAX];  // per seed
+    GlobalBatch carry[SIM_SEEDS_MAX_VARIANTS];  // per variant: the sequences its last step delayed
+    memset(carry, 0, sizeof carry);
     int rc = 0;
     for (int k = 0; k < n && rc == 0; k++) {
         uint64_t seed = cfg->seed + (uint64_t)k;
@@ -125,17 +163,28 @@ int sim_seeds_run(SimSeedsResult *out, const Scenario *sc, const SimVariant *v, 
             }
             SimOutcome o;
             Plan p;
-            if (sim_setup_run(&s, &v[j], &o, cfg->hook ? &p : NULL) != 0) {
+            // this variant's step: its carried sequences first; the last seed's step flushes
+            SimSetup t = s;
+            int own = 0;
+            t.flush = k == n - 1;
+            if (step_batch(&carry[j], &s.batch, &t.batch, &own) != 0) {
+                if (own) batch_free(&t.batch);
+                rc = bs_fail_ctx("seed %llu", (unsigned long long)seed);
+                break;
+            }
+            int run = sim_setup_run(&t, &v[j], &o, &p);
+            if (run != 0) {
+                if (own) batch_free(&t.batch);
                 st->ok = 0;
                 snprintf(st->why, sizeof st->why, "seed %llu: %s", (unsigned long long)seed, bs_errmsg());
                 advance(cfg, 1, sc->name);
                 continue;
             }
             outcome_values(&o, &st->values[(size_t)k * M]);
-            if (cfg->hook) {
-                if (cfg->hook(cfg->hook_ctx, &s, j, &o, &p) != 0) rc = -1;
-                plan_free(&p);
-            }
+            if (take_delayed(&carry[j], &p) != 0) rc = bs_fail_ctx("seed %llu", (unsigned long long)seed);
+            if (rc == 0 && cfg->hook && cfg->hook(cfg->hook_ctx, &t, j, &o, &p) != 0) rc = -1;
+            plan_free(&p);
+            if (own) batch_free(&t.batch);
             sim_outcome_free(&o);
             advance(cfg, 1, sc->name);
         }
@@ -147,6 +196,7 @@ int sim_seeds_run(SimSeedsResult *out, const Scenario *sc, const SimVariant *v, 
         }
         sim_setup_free(&s);
     }
+    for (int j = 0; j < n_v; j++) batch_free(&carry[j]);
     if (rc != 0) {
         sim_seeds_free(out);
         return -1;
@@ -210,9 +260,18 @@ void sim_seeds_table_print(FILE *f, const SimSeedsResult *r) {
                 x[SIM_M_OFFLOAD_BYTES].mean / 1e12, x[SIM_M_RINGS].mean, x[SIM_M_ITEMS].mean,
                 x[SIM_M_PLAN_SECONDS].mean, x[SIM_M_SIM_SECONDS].mean);
     }
-    if (several)
+    if (several) {
         fprintf(f, "mean over %d seeds (seeds %llu..%llu); min-max in brackets\n", r->n_seeds,
                 (unsigned long long)r->seed, (unsigned long long)(r->seed + (uint64_t)r->n_seeds - 1));
+        // the seeds as the steps of one run: total tokens over total time (seeds.h)
+        fprintf(f, "run of %d steps, total tokens / total time:", r->n_seeds);
+        for (int j = 0; j < r->n_v; j++) {
+            char a[16];
+            double run = sim_seed_stats_run_tokens_per_s(&r->v[j]);
+            if (!isnan(run)) fprintf(f, " %s %s", r->v[j].variant.label, count_text(a, sizeof a, run));
+        }
+        fprintf(f, "\n");
+    }
 }
 
 cJSON *sim_seed_stats_json(const SimSeedStats *st) {
@@ -230,6 +289,8 @@ cJSON *sim_seed_stats_json(const SimSeedStats *st) {
         cJSON_AddNumberToObject(lo, metrics[m].json, st->stat[m].min);
         cJSON_AddNumberToObject(hi, metrics[m].json, st->stat[m].max);
     }
+    double run = sim_seed_stats_run_tokens_per_s(st);
+    if (!isnan(run)) cJSON_AddNumberToObject(o, "run_tokens_per_s", run);
     return o;
 oom:
     cJSON_Delete(o);

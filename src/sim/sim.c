@@ -35,7 +35,16 @@ SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int sta
     double blk = phi * cm->attn_pair * item_area(p, it) / ((double)D * D);  // one ring step's block
     double attn = D * blk;                                           // attention compute per layer
     double attn_elapsed = attn;
-    if (D >= 2) {
+    if (D >= 2 && it->a2a) {
+        // a Ulysses group (flexsp): every member computes 1/D of the heads over whole segments, after
+        // and before the all-to-alls of Q, K, V and the output (the gradients of them backward), which
+        // nothing hides; an all-to-all costs (D-1)/D of the member's bytes over the group's slowest link
+        blk = phi * cm->attn_pair * item_area(p, it) * cost_a2a_head_share(cm, D);
+        attn = attn_elapsed = blk;
+        double bytes = cost_a2a_bytes(cm, D) * n * (D - 1) / D;
+        attn_elapsed += cluster_ring_hop_time(cfg->cluster, p->ranks + it->rank_begin, D, stage, bytes);
+        oc.ring_bytes = l * bytes;
+    } else if (D >= 2) {
         // forward: K/V travel; backward: K/V and the partial dK/dV travel together, then the
         // finished dK/dV make one last hop home. Block t waits for transfer t, so with equal blocks
         // the pipeline takes b + (D - 1) max(b, x).
@@ -210,29 +219,24 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
     out->res_begin = bs_calloc((size_t)n_res + 1, sizeof(int32_t));
     out->res_ops = bs_calloc((size_t)(2 * pp) * (size_t)p->n_refs, sizeof(int32_t));
     int32_t *slot = bs_calloc((size_t)n_items, sizeof(int32_t));
-    int32_t *last = bs_calloc((size_t)N, sizeof(int32_t));
     int32_t *fill = bs_calloc((size_t)n_res, sizeof(int32_t));
     double *freet = bs_calloc((size_t)n_res, sizeof(double));
     double *f_end = bs_calloc((size_t)n_items, sizeof(double));
     double *b_end = bs_calloc((size_t)n_items, sizeof(double));
+    int32_t *wave = bs_calloc((size_t)n_items + 1, sizeof(int32_t));
     OpKey *keys = bs_calloc((size_t)n_ops, sizeof(OpKey));
     int rc = -1;
     if (!out->busy || !out->comm || !out->wait || !out->offload || !out->stage_sync_start || !out->stage_sync ||
-        !out->ops || !out->res_begin || !out->res_ops || !slot || !last || !fill || !freet || !f_end || !b_end ||
-        !keys)
+        !out->ops || !out->res_begin || !out->res_ops || !slot || !fill || !freet || !f_end || !b_end ||
+        !keys || !wave)
         goto done;
 
-    // slots: the earliest "round" an item can be in, given the items before it on its ranks
-    for (int r = 0; r < N; r++) last[r] = -1;
-    for (int32_t i = 0; i < n_items; i++) {
-        const Item *it = &p->items[i];
-        int32_t s = 0;
-        for (int k = 0; k < it->n_ranks; k++) {
-            int32_t m = p->ranks[it->rank_begin + k];
-            if (last[m] + 1 > s) s = last[m] + 1;
-        }
-        slot[i] = s;
-        for (int k = 0; k < it->n_ranks; k++) last[p->ranks[it->rank_begin + k]] = s;
+    // slots: the earliest "round" an item can be in, given the items before it on its ranks; at a
+    // barrier (Plan.barriers) they jump past every key of the earlier waves (plan_pipeline_slots)
+    if (plan_pipeline_slots(p, slot) != 0) goto done;
+    for (int32_t i = 0, w = 0; i < n_items; i++) {
+        while (w < p->n_barriers && p->barriers[w] <= i) w++;
+        wave[i] = w;
     }
     int32_t k = 0;
     for (int32_t i = 0; i < n_items; i++)
@@ -249,18 +253,24 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
             out->res_begin[res + 1] = out->res_begin[res] + 2 * (p->rank_begin[r + 1] - p->rank_begin[r]);
         }
 
+    // a wave's first operation waits for the last end of the waves before it: sorted by keys, they
+    // all came first
+    double all_end = 0, floor_t = 0;
+    int32_t cur_wave = 0;
     for (int32_t o = 0; o < n_ops; o++) {
         OpKey ok = keys[o];
         const Item *it = &p->items[ok.item];
         const int32_t *members = p->ranks + it->rank_begin;
         int s = ok.stage;
+        if (wave[ok.item] > cur_wave) cur_wave = wave[ok.item], floor_t = all_end;
         double ready;
-        if (!ok.bwd) ready = s == 0 ? 0 : f_end[ok.item] + stage_hop(cfg, p, it, s - 1, s);
+        if (!ok.bwd) ready = s == 0 ? floor_t : f_end[ok.item] + stage_hop(cfg, p, it, s - 1, s);
         else ready = s == pp - 1 ? f_end[ok.item] : b_end[ok.item] + stage_hop(cfg, p, it, s + 1, s);
         double start = ready;
         for (int m = 0; m < it->n_ranks; m++) start = fmax(start, freet[members[m] * pp + s]);
         SimOpCost oc = sim_op_cost(cfg, p, ok.item, s, ok.bwd);
         double end = start + oc.compute + oc.comm + oc.offload;
+        all_end = fmax(all_end, end);
         for (int m = 0; m < it->n_ranks; m++) {
             int res = members[m] * pp + s;
             out->wait[res] += start - freet[res];
@@ -303,6 +313,7 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
     out->step_time = step;
     out->optimizer_time = cm->optimizer;
     out->tokens = (double)p->batch.n_tokens;
+    for (int32_t d = 0; d < p->n_delayed; d++) out->tokens -= (double)p->batch.seqs[p->delayed[d]].len;  // not trained
     out->tokens_per_s = step > 0 ? out->tokens / step : 0;
     if (cfg->model) out->model_flops = sim_model_flops(cfg->model, p);
     if (cfg->model && cfg->hw && step > 0 && cfg->hw->peak_flops > 0)
@@ -313,11 +324,11 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
     rc = 0;
 done:
     free(slot);
-    free(last);
     free(fill);
     free(freet);
     free(f_end);
     free(b_end);
+    free(wave);
     free(keys);
     if (rc != 0) sim_result_free(out);
     return rc;

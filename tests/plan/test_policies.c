@@ -481,11 +481,13 @@ static void test_errors(void **state) {
     expect_plan_error("static", &b, &cfg, &tiny, "sequence 1 (id 1) has 100000 tokens, more than the context of 5000");
     cfg.context = 0;
     expect_plan_error("fancy", &b, &cfg, &tiny,
-                      "unknown policy 'fancy' (policies: static, naive, naive-eq3min, balance, elastic)");
+                      "unknown policy 'fancy' (policies: static, naive, naive-eq3min, balance, elastic, megatron-hcp, "
+                      "wlb, flexsp)");
     assert_null(policy_find("fancy"));
     assert_non_null(policy_find("balance"));
     assert_non_null(policy_find("elastic"));
-    assert_int_equal(policy_count(), N_POLICIES + 1);  // + elastic, tested in test_policy_elastic.c
+    // + elastic, megatron-hcp, wlb, flexsp: tested in test_policy_<name>.c
+    assert_int_equal(policy_count(), N_POLICIES + 4);
     PlanConfig bad = cfg;
     bad.capacity = 0;
     expect_plan_error("naive", &b, &bad, &tiny, "capacity must be in [1,");

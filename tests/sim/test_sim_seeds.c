@@ -1,7 +1,8 @@
 // test_sim_seeds.c: results over seeds (seeds.h). The aggregate of N seeds equals the mean / min /
 // max computed here from N single runs (sim_setup_init + sim_setup_run, seed by seed); one seed is
 // the single run; the speedup is the mean of the per-seed ratios; failures, the hook and the
-// progress count.
+// progress count; the seeds as the steps of one run (wlb's delayed sequences come back, the last
+// step flushes, every policy trains every token once, the run's throughput is total over total).
 #include "test_util.h"
 
 #include <math.h>
@@ -227,6 +228,46 @@ static void test_hook_and_progress(void **state) {
     assert_int_equal(h.calls, 3);
 }
 
+// The seeds are the steps of one run: wlb's delayed sequences go into its next step and the last
+// step flushes, so over the run wlb trains exactly the tokens of all the seeds' batches, as balance
+// does step by step; the run's throughput is total tokens over total time.
+static void test_run_carries_delayed(void **state) {
+    (void)state;
+    enum { N = 4 };
+    Scenario sc = small();
+    SimVariant v[2];
+    assert_int_equal(sim_variant_find("balance", &v[0]), 0);
+    assert_int_equal(sim_variant_find("wlb", &v[1]), 0);
+    SimSeedsConfig cfg = {FIRST_SEED, N, NULL, NULL, NULL, NULL, NULL};
+    SimSeedsResult r;
+    if (sim_seeds_run(&r, &sc, v, 2, &cfg) != 0) fail_msg("%s", bs_errmsg());
+    double batch[N], total = 0;
+    for (int k = 0; k < N; k++) {
+        SimSetup s;
+        if (sim_setup_init(&s, &sc, FIRST_SEED + k) != 0) fail_msg("%s", bs_errmsg());
+        batch[k] = (double)s.batch.n_tokens;
+        total += batch[k];
+        sim_setup_free(&s);
+    }
+    int moved = 0;
+    for (int j = 0; j < 2; j++) {
+        const SimSeedStats *st = &r.v[j];
+        if (!st->ok) fail_msg("%s: %s", v[j].label, st->why);
+        double tokens = 0, time = 0;
+        for (int k = 0; k < N; k++) {
+            double t = st->values[k * SIM_N_METRICS + SIM_M_TOKENS];
+            if (j == 0) assert_true(t == batch[k]);  // balance trains its batch, every step
+            else moved += t != batch[k];
+            tokens += t;
+            time += st->values[k * SIM_N_METRICS + SIM_M_STEP_TIME];
+        }
+        assert_true(tokens == total);  // every token of the run once
+        assert_close(sim_seed_stats_run_tokens_per_s(st), tokens / time, 1e-12, 0);
+    }
+    assert_true(moved > 0);  // wlb delayed some sequences to a later step
+    sim_seeds_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_aggregate_equals_single_runs),
@@ -234,6 +275,7 @@ int main(void) {
         cmocka_unit_test(test_one_seed_is_the_single_run),
         cmocka_unit_test(test_a_failing_variant_is_marked_and_the_rest_run),
         cmocka_unit_test(test_hook_and_progress),
+        cmocka_unit_test(test_run_carries_delayed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
