@@ -10,6 +10,7 @@
 #ifndef BYTESCALE_COST_H
 #define BYTESCALE_COST_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "bytescale/hw.h"
@@ -150,6 +151,10 @@ int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int m
 // else (offloading, l > 2) 1 with *r the least ratio in [0, 1] with cost_rank_act(s/D, r) <=
 // cost_act_budget(C) whose copies hide (r <= cost_offload_hidden_max); else 0.
 int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double *r);
+// Why cost_offload_ratio says no for (s, C, D), in words that name the cost model's terms and
+// their values (the memory terms and the budget, or the copy bandwidth against the compute it must
+// hide behind), into buf (for a planner's "fits on no ring" error). buf is returned.
+const char *cost_offload_why(const CostModel *cm, int64_t s, int64_t C, int D, char *buf, size_t size);
 // The largest offload ratio whose copies hide for a sequence of s tokens on a ring of D ranks: a
 // layer's copy out (r Act(s/D) / offload_bw) takes no longer than the next layer's forward on that
 // ring, ring steps included. The one definition of "the copy hides": cost_item_time charges

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "bytescale/error.h"
@@ -354,6 +355,35 @@ int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double 
     return 1;
 }
 
+const char *cost_offload_why(const CostModel *cm, int64_t s, int64_t C, int D, char *buf, size_t size) {
+    double share = (double)s / (double)D, r;
+    if (cost_offload_ratio(cm, s, C, D, &r)) {
+        snprintf(buf, size, "%lld tokens fit on %d ranks (offload ratio %.3g)", (long long)s, D, r);
+        return buf;
+    }
+    int l = cm->n_layers;
+    if (l <= 2 || !(cm->act_token > 0)) {
+        snprintf(buf, size, "%.0f tokens per rank are over the capacity %lld and a stage of %d layers cannot offload "
+                 "(it needs >= 3)", share, (long long)C, l);
+        return buf;
+    }
+    double act_rank = cm->act_token * share + cm->act_const;
+    double room = cost_act_budget(cm, C) - (cm->act_shared_token * share + cm->act_shared_const);
+    double r_need = 1.0 - (room / act_rank - 2.0) / (l - 2);
+    if (r_need > 1.0) {
+        snprintf(buf, size, "%.0f tokens per rank need %.3g bytes with every layer offloaded: act_token %g x %.0f + "
+                 "act_const %g per layer x 2 resident layers, + act_shared_token %g x %.0f + act_shared_const %g, "
+                 "over the budget of %.3g bytes (capacity_bytes %g)",
+                 share, cost_rank_act(cm, share, 1.0), cm->act_token, share, cm->act_const, cm->act_shared_token, share,
+                 cm->act_shared_const, cost_act_budget(cm, C), cm->capacity_bytes);
+        return buf;
+    }
+    snprintf(buf, size, "offloading %.3g of each layer is needed but only %.3g hides: the copies at offload_bw %g "
+             "bytes/s take longer than a layer's forward (lin_token %g, attn_pair %g)",
+             r_need, cost_offload_hidden_max(cm, s, D), cm->offload_bw, cm->lin_token, cm->attn_pair);
+    return buf;
+}
+
 int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int max_ranks, double *r_out) {
     if (r_out) *r_out = 0.0;
     if (s < 1 || C < 1 || max_ranks < 1)
@@ -388,20 +418,47 @@ int cost_min_ranks(const CostModel *cm, int64_t s, int64_t C, int offload, int m
 
 // ---- profile files -----------------------------------------------------------------------------------
 
+// Each field's physical kind and the range a real machine can have (docs/cost-model.md, "Profile
+// files"): a number outside it is a typo or a broken measurement, refused at load time with its name,
+// before it can make every ring look infeasible with no word of why.
+typedef enum {
+    K_TIME_PER,   // seconds per token or per (query, key) pair of one layer: [0, 1]
+    K_TIME,       // seconds per micro-batch or per step: [0, 3600]
+    K_BYTES_PER,  // bytes per token: [0, 1e12]
+    K_BYTES,      // bytes: [0, 1e15]
+    K_BW,         // bytes per second: [1e3, 1e14] (1 KB/s .. 100 TB/s)
+    K_LAT,        // seconds per message: [0, 10]
+} FieldKind;
+
+typedef struct {
+    double lo, hi;
+    const char *unit;
+} KindRange;
+
+static const KindRange kind_range[] = {
+    [K_TIME_PER] = {0, 1, "s"},       [K_TIME] = {0, 3600, "s"},  [K_BYTES_PER] = {0, 1e12, "bytes"},
+    [K_BYTES] = {0, 1e15, "bytes"},   [K_BW] = {1e3, 1e14, "bytes/s"}, [K_LAT] = {0, 10, "s"},
+};
+
 typedef struct {
     const char *key;
     size_t offset;
     int positive;  // 1: must be > 0; 0: must be >= 0
     int optional;  // may be absent (fields added after the first draft)
+    FieldKind kind;
 } CostField;
 
-#define DFIELD(name, pos, opt) {#name, offsetof(CostModel, name), pos, opt}
+#define DFIELD(name, pos, opt, kind) {#name, offsetof(CostModel, name), pos, opt, kind}
 static const CostField cost_fields[] = {
-    DFIELD(attn_pair, 0, 0),      DFIELD(lin_token, 1, 0),  DFIELD(layer_const, 0, 0),   DFIELD(act_token, 1, 0),
-    DFIELD(act_const, 0, 0),      DFIELD(kv_token, 0, 0),   DFIELD(ring_bw, 1, 0),       DFIELD(ring_lat, 0, 0),
-    DFIELD(offload_bw, 1, 0),     DFIELD(grad_sync, 0, 0),  DFIELD(optimizer, 0, 0),     DFIELD(capacity_bytes, 1, 0),
-    DFIELD(ring_bw_intra, 0, 1),  DFIELD(ring_lat_intra, 0, 1), DFIELD(act_shared_token, 0, 1),
-    DFIELD(act_shared_const, 0, 1), DFIELD(head_token, 0, 1),   DFIELD(head_const, 0, 1),
+    DFIELD(attn_pair, 0, 0, K_TIME_PER),      DFIELD(lin_token, 1, 0, K_TIME_PER),
+    DFIELD(layer_const, 0, 0, K_TIME),        DFIELD(act_token, 1, 0, K_BYTES_PER),
+    DFIELD(act_const, 0, 0, K_BYTES),         DFIELD(kv_token, 0, 0, K_BYTES_PER),
+    DFIELD(ring_bw, 1, 0, K_BW),              DFIELD(ring_lat, 0, 0, K_LAT),
+    DFIELD(offload_bw, 1, 0, K_BW),           DFIELD(grad_sync, 0, 0, K_TIME),
+    DFIELD(optimizer, 0, 0, K_TIME),          DFIELD(capacity_bytes, 1, 0, K_BYTES),
+    DFIELD(ring_bw_intra, 0, 1, K_BW),        DFIELD(ring_lat_intra, 0, 1, K_LAT),
+    DFIELD(act_shared_token, 0, 1, K_BYTES_PER), DFIELD(act_shared_const, 0, 1, K_BYTES),
+    DFIELD(head_token, 0, 1, K_TIME_PER),     DFIELD(head_const, 0, 1, K_TIME),
 };
 #undef DFIELD
 enum { N_COST_FIELDS = (int)(sizeof cost_fields / sizeof cost_fields[0]) };
@@ -424,6 +481,12 @@ static int check_fields(const CostModel *cm, const char *where) {
         double v = field_val(cm, f);
         if (!isfinite(v) || v < 0 || (f->positive && v == 0))
             return bs_fail("%s: \"%s\" must be %s (got %g)", where, f->key, f->positive ? "> 0" : ">= 0", v);
+        const KindRange *k = &kind_range[f->kind];
+        if (v == 0) continue;  // allowed by the test above (an absent optional field, or a free term)
+        if (v < k->lo || v > k->hi)
+            return bs_fail("%s: \"%s\" is %g %s, outside what a machine can have [%g, %g] %s "
+                           "(docs/cost-model.md, \"Profile files\")",
+                           where, f->key, v, k->unit, k->lo, k->hi, k->unit);
     }
     if (cm->n_layers < 1) return bs_fail("%s: \"n_layers\" must be >= 1 (got %d)", where, cm->n_layers);
     if (cm->ranks_per_node < 1) return bs_fail("%s: \"ranks_per_node\" must be >= 1 (got %d)", where, cm->ranks_per_node);

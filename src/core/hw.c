@@ -69,6 +69,25 @@ int hw_check(const HardwareProfile *h) {
     for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; i++)
         if (!(isfinite(nonneg[i].value) && nonneg[i].value >= 0))
             return bs_fail("hardware profile \"%s\": %s must be >= 0 (got %g)", n, nonneg[i].field, nonneg[i].value);
+    // what a real device can have (docs/hardware.md, "Profile files"): a number outside is a typo or a
+    // unit mistake, refused here by name before it makes every plan infeasible with no word of why
+    struct {
+        const char *field, *unit;
+        double value, lo, hi;
+    } range[] = {
+        {"peak_flops", "FLOP/s", h->peak_flops, 1e6, 1e18}, {"mem_bytes", "bytes", h->mem_bytes, 1e6, 1e14},
+        {"intra_bw", "bytes/s", h->intra_bw, 1e3, 1e14},    {"inter_bw", "bytes/s", h->inter_bw, 1e3, 1e14},
+        {"host_bw", "bytes/s", h->host_bw, 1e3, 1e14},      {"mem_bw", "bytes/s", h->mem_bw, 1e3, 1e14},
+        {"intra_lat", "s", h->intra_lat, 0, 10},            {"inter_lat", "s", h->inter_lat, 0, 10},
+        {"gpus_per_node", "devices", h->gpus_per_node, 1, 65536},
+    };
+    for (size_t i = 0; i < sizeof range / sizeof range[0]; i++) {
+        double v = range[i].value;
+        if (v == 0 && !strcmp(range[i].field, "mem_bw")) continue;  // optional: 0 = not given
+        if (v < range[i].lo || v > range[i].hi)
+            return bs_fail("hardware profile \"%s\": %s is %g %s, outside what a device can have [%g, %g] %s", n,
+                           range[i].field, v, range[i].unit, range[i].lo, range[i].hi, range[i].unit);
+    }
     if (!(h->efficiency > 0 && h->efficiency <= 1))
         return bs_fail("hardware profile \"%s\": efficiency must be in (0, 1] (got %g)", n, h->efficiency);
     if (!(h->attn_efficiency >= 0 && h->attn_efficiency <= 1))

@@ -326,7 +326,11 @@ static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, 
             *r = rd;
         }
     }
-    if (*d < 0) return bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks", (long long)len, d_lo, *d_hi);
+    if (*d < 0) {
+        char why[512];
+        return bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks: on %d, %s", (long long)len, d_lo,
+                       *d_hi, *d_hi, cost_offload_why(cm, len, C, *d_hi, why, sizeof why));
+    }
     return 0;
 }
 
@@ -649,7 +653,9 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
             }
         }
         if (d < 0) {
-            bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks", (long long)len, d_lo, d_hi);
+            char why[512];
+            bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks: on %d, %s", (long long)len, d_lo, d_hi,
+                    d_hi, cost_offload_why(cm, len, C, d_hi, why, sizeof why));
             goto out;
         }
         // the ring takes the first d of them and starts when the last of those is free

@@ -37,7 +37,11 @@ static int pick_ring(const CostModel *cm, int64_t len, int64_t C, int d_lo, int 
             *d = dd, *r = rd, *start = free_at, *t = td;
         }
     }
-    if (*d < 0) return bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks", (long long)len, d_lo, d_hi);
+    if (*d < 0) {
+        char why[512];
+        return bs_fail("a sequence of %lld tokens fits on no ring of %d to %d ranks: on %d, %s", (long long)len, d_lo,
+                       d_hi, d_hi, cost_offload_why(cm, len, C, d_hi, why, sizeof why));
+    }
     return 0;
 }
 

@@ -638,6 +638,14 @@ static void test_load_errors_name_the_field(void **state) {
         {"\"layer_const\": 5e-5", "\"layer_const\": -1", "layer_const"},
         {"{", "{\"version\": 2, ", "version"},
         {"{", "{\"ranks_per_node\": 0, ", "ranks_per_node"},
+        // positive and finite but no machine's: each kind's range, the field and its value named
+        {"\"attn_pair\": 1e-11", "\"attn_pair\": 1e300", "\"attn_pair\" is 1e+300 s, outside"},
+        {"\"ring_bw\": 5e10", "\"ring_bw\": 1e-300", "\"ring_bw\" is 1e-300 bytes/s, outside"},
+        {"\"layer_const\": 5e-5", "\"layer_const\": 1e6", "\"layer_const\" is 1e+06 s, outside"},
+        {"\"act_token\": 15000", "\"act_token\": 1e13", "\"act_token\" is 1e+13 bytes, outside"},
+        {"\"capacity_bytes\": 4e9", "\"capacity_bytes\": 1e300", "\"capacity_bytes\" is 1e+300 bytes"},
+        {"\"ring_lat\": 1e-5", "\"ring_lat\": 60", "\"ring_lat\" is 60 s, outside"},
+        {"\"offload_bw\": 5e10", "\"offload_bw\": 1e15", "\"offload_bw\" is 1e+15 bytes/s"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[1024];
@@ -656,8 +664,37 @@ static void test_load_errors_name_the_field(void **state) {
     assert_non_null(strstr(bs_errmsg(), "no/such/profile.json"));
 }
 
+// A sequence that fits on no ring: the reason names the cost model's terms that made it so.
+static void test_offload_why_names_the_term(void **state) {
+    (void)state;
+    CostModel cm = {.n_layers = 8, .attn_pair = 1e-11, .lin_token = 2e-7, .act_token = 15000, .kv_token = 512,
+                    .ring_bw = 5e10, .offload_bw = 5e10, .capacity_bytes = 0};
+    int64_t C = 4096;
+    cm.capacity_bytes = cm.act_token * (double)C * cm.n_layers;  // C tokens of every layer resident
+    char why[512];
+    double r;
+    // 8 ranks hold 32K tokens without copies
+    assert_int_equal(cost_offload_ratio(&cm, 8 * C, C, 8, &r), 1);
+    assert_non_null(strstr(cost_offload_why(&cm, 8 * C, C, 8, why, sizeof why), "fit on 8 ranks"));
+    // 64 times the capacity on one rank: even with every layer offloaded the two resident ones are too big
+    assert_int_equal(cost_offload_ratio(&cm, 64 * C, C, 1, &r), 0);
+    cost_offload_why(&cm, 64 * C, C, 1, why, sizeof why);
+    assert_non_null(strstr(why, "act_token 15000"));
+    assert_non_null(strstr(why, "over the budget"));
+    // a little over the capacity, copies far too slow to hide: the bandwidth is named
+    cm.offload_bw = 1e3;
+    assert_int_equal(cost_offload_ratio(&cm, C + C / 2, C, 1, &r), 0);
+    cost_offload_why(&cm, C + C / 2, C, 1, why, sizeof why);
+    assert_non_null(strstr(why, "offload_bw 1000"));
+    // a stage of 2 layers cannot offload at all
+    cm.n_layers = 2;
+    cost_offload_why(&cm, 2 * C, C, 1, why, sizeof why);
+    assert_non_null(strstr(why, "needs >= 3"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offload_why_names_the_term),
         cmocka_unit_test(test_causal_area_against_counting),
         cmocka_unit_test(test_derive_is_consistent_with_flops),
         cmocka_unit_test(test_derive_scaling_with_tp_and_pp),

@@ -246,6 +246,13 @@ static void test_profile_file_round_trip_and_errors(void **state) {
         {"\"elem_bytes\": 2", "\"elem_bytes\": 3", "elem_bytes"},
         {"\"gpus_per_node\": 4", "\"gpus_per_node\": 0", "gpus_per_node"},
         {"\"intra_lat\": 1e-6", "\"intra_lat\": \"fast\"", "intra_lat"},
+        // positive and finite but no device's: refused by name, not left to make every plan infeasible
+        {"\"inter_bw\": 1e10", "\"inter_bw\": 1e-300", "inter_bw is 1e-300 bytes/s, outside"},
+        {"\"intra_bw\": 1e11", "\"intra_bw\": 1e300", "intra_bw is 1e+300 bytes/s, outside"},
+        {"\"peak_flops\": 1e14", "\"peak_flops\": 3", "peak_flops is 3 FLOP/s, outside"},
+        {"\"mem_bytes\": 4e10", "\"mem_bytes\": 1e20", "mem_bytes is 1e+20 bytes, outside"},
+        {"\"inter_lat\": 5e-6", "\"inter_lat\": 500", "inter_lat is 500 s, outside"},
+        {"\"host_bw\": 2e10", "\"host_bw\": 10", "host_bw is 10 bytes/s, outside"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[1024];
