@@ -74,6 +74,9 @@ void executor_free(Executor *e);
 // for. -1 + error naming the item.
 int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum,
                  ExecStats *st);
+// The GradReadyFn an executor (ctx) gives its model during the step's last backward: starts the
+// ZeRO-1 reduce-scatter of each finished range (zero1_start). The pipeline stage uses it too.
+void executor_grads_ready(void *ctx, size_t begin, size_t end);
 
 // ---- ZeRO-1 -----------------------------------------------------------------------------------------
 // The parameter vector is cut into comm->size contiguous shards (comm_split). Gradients are

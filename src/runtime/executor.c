@@ -93,7 +93,7 @@ void executor_free(Executor *e) {
     memset(e, 0, sizeof *e);
 }
 
-static void grads_ready(void *ctx, size_t begin, size_t end) {
+void executor_grads_ready(void *ctx, size_t begin, size_t end) {
     Executor *e = ctx;
     zero1_start(e->zero, e->comm, e->llama->grads, begin, end);
 }
@@ -126,7 +126,7 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
                          .T = (int)T};
         // the last item's backward finishes every gradient range: sync each as soon as it is final
         if (e->zero && i == rows->n_items - 1) {
-            m->grad_ready = grads_ready;
+            m->grad_ready = executor_grads_ready;
             m->grad_ready_ctx = e;
         }
         m->offload_ratio = it->offload;  // the plan's r for this micro-batch (the model's budget applies)

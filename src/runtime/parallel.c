@@ -107,16 +107,6 @@ LlamaShard parallel_shard_of(const Parallel *p, int stage, int tp) {
 
 enum { PAR_TAG_GATHER = 301 };
 
-size_t parallel_full_params(const ModelConfig *mc) {
-    LlamaShard full = llama_shard_full(mc);
-    ParamRun *runs = NULL;
-    size_t n = 0, total = 0;
-    if (llama_shard_runs(mc, &full, &runs, &n) != 0) return 0;
-    for (size_t i = 0; i < n; i++) total += runs[i].len;
-    free(runs);
-    return total;
-}
-
 // Put a shard's local floats where its runs say (to_full) or take them from there.
 static int place(const ModelConfig *mc, const LlamaShard *sh, float *local, float *full, int to_full) {
     ParamRun *runs = NULL;
@@ -145,6 +135,11 @@ static size_t shard_floats(const ModelConfig *mc, const LlamaShard *sh) {
     for (size_t i = 0; i < n; i++) total += runs[i].len;
     free(runs);
     return total;
+}
+
+size_t parallel_full_params(const ModelConfig *mc) {
+    LlamaShard full = llama_shard_full(mc);
+    return shard_floats(mc, &full);
 }
 
 int parallel_gather_full(const Parallel *p, const ModelConfig *mc, const float *local, float *full) {

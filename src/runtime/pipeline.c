@@ -99,11 +99,6 @@ static int set_attention(Pipeline *pl, Llama *m, const Plan *p, int32_t k, ExecS
     return 0;
 }
 
-static void grads_ready(void *ctx, size_t begin, size_t end) {
-    Executor *e = ctx;
-    zero1_start(e->zero, e->comm, e->llama->grads, begin, end);
-}
-
 int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum, ExecStats *st,
                  PipeStats *ps) {
     Executor *e = pl->exec;
@@ -170,7 +165,7 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
             }
             // the last backward of the step finishes every gradient range: sync each as it is final
             if (e->zero && i == n - 1) {
-                m->grad_ready = grads_ready;
+                m->grad_ready = executor_grads_ready;
                 m->grad_ready_ctx = e;
             }
             float *dx_in = NULL;

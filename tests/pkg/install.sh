@@ -73,8 +73,8 @@ step "examples/plan_example.c with pkg-config"
 cc -std=c17 -Wall -Werror -o "$work/plan_example_pc" "$src/examples/plan_example.c" \
   $(pkg-config --cflags --libs bytescale) -Wl,-rpath,"$(pkg-config --variable=libdir bytescale)"
 "$work/plan_example_pc" balance | tee "$work/pc.out"
-# ldd's output kept whole, then searched: `ldd | grep -q` under pipefail fails at random, since grep -q
-# exits at its first match and ldd may then die of SIGPIPE
+# ldd's output kept whole, then searched: piping ldd into an early-exiting grep fails at random
+# under pipefail (grep stops at its first match and ldd may then die of SIGPIPE)
 libs=$(ldd "$work/plan_example_pc")
 grep -q "libbytescale.so.0 => $libdir" <<<"$libs" || fail "the example did not load the installed library"
 
