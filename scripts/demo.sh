@@ -42,8 +42,9 @@ if [ ! -f "$DATA_DIR/index.bin" ]; then
 fi
 rm -rf "$OUT/ckpt"  # a fresh run: no checkpoints of an earlier demo left beside the new ones
 mkdir -p "$OUT"
-TRAIN="$BIN train --data $DATA_DIR --model tiny --context 16K --capacity 8K --tokens 32K --lr 3e-3 --warmup 10"
-$MPIRUN $TRAIN --steps 60 --ckpt-dir "$OUT/ckpt" --ckpt-every 30 --metrics "$OUT/metrics.jsonl" \
+# flags common to both runs below; each run adds its own (a flag may be given only once)
+TRAIN="$BIN train --data $DATA_DIR --model tiny --context 16K --lr 3e-3 --warmup 10"
+$MPIRUN $TRAIN --capacity 8K --tokens 32K --steps 60 --ckpt-dir "$OUT/ckpt" --ckpt-every 30 --metrics "$OUT/metrics.jsonl" \
     --plot "$OUT/loss" --trace "$OUT/trace.json"
 
 echo
