@@ -106,6 +106,9 @@ void sim_setup_describe(FILE *f, const SimSetup *s);
 // JSON forms for --json (the caller cJSON_Delete's them); NULL + error when out of memory.
 cJSON *sim_setup_json(const SimSetup *s);
 cJSON *sim_outcome_json(const SimOutcome *o);
+// {"peak_bytes", "static_bytes", "activation_bytes", "rank", "stage", "mem_bytes", "fits"} of a step's
+// memory peak (sim.h, sim_memory); mem_bytes <= 0 (not known) gives null for mem_bytes and fits.
+cJSON *sim_memory_json(const SimMemPeak *m, double mem_bytes);
 
 // ---- sweeps, the paper grid, plots ---------------------------------------------------------------
 

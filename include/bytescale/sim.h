@@ -21,7 +21,7 @@
 // causal area of the item's segments, l = cm->n_layers layers on the stage, phi the forward
 // (fwd_fraction) or backward (1 - fwd_fraction) share of the fwd+bwd coefficients:
 //   per layer: linear   phi * (lin_token * n + layer_const)
-//              attention D blocks of b = phi * attn_pair * A / D^2, pipelined with D - 1 K/V
+//              attention D blocks of b = phi * (attn_pair * A / D^2 + attn_step), pipelined with D - 1 K/V
 //                        transfers x (forward: kv_token * n bytes; backward: K/V and dK/dV,
 //                        2 * kv_token * n bytes) over the ring's slowest hop:
 //                        b + (D - 1) * max(b, x);  backward adds the last dK/dV hop home
@@ -125,6 +125,42 @@ int sim_trace_write(const SimResult *r, const Plan *p, const char *path, int max
 
 // The step in numbers, one line per field, for a person.
 void sim_result_print(FILE *f, const SimResult *r);
+
+// ---- memory (memory.c; docs/simulator.md, "Memory") -------------------------------------------
+// Peak device memory of a simulated step, bytes per device of every resource (HDP rank x stage):
+// the static part (parameters, gradients, optimizer state: cost_memory's most loaded stage, the
+// same on every stage) plus the activation peak of the resource's timeline: walking its operations
+// in execution order, a forward adds what its item keeps on one member (cost_rank_act of n =
+// tokens / D at the item's offload ratio, without the shared buffers), the item's backward frees
+// it; the shared buffers (act_shared_*) count once per resource, sized for its largest micro-batch.
+// With pp > 1, 1F1B keeps up to pp - s micro-batches in flight on stage s, and the walk holds them.
+
+typedef struct {
+    int32_t rank, stage;    // the resource with the largest peak (the first one, on a tie)
+    double act_bytes;       // its activation peak
+    double static_bytes;    // parameters, gradients and optimizer state (0 without cfg->model and cfg->hw)
+    double peak_bytes;      // static_bytes + act_bytes
+} SimMemPeak;
+
+typedef struct {
+    int32_t n_res, pp;      // res = rank * pp + stage, as in SimResult
+    double static_bytes;    // per device, on every resource
+    double *act_peak;       // (n_res,) activation peak of each resource, per device
+    SimMemPeak peak;        // the largest over the resources
+} SimMemory;
+
+// r must be sim_run's result for p and cfg. -1 + error when it is not, or when cost_memory refuses
+// the layout (e.g. tp does not divide the model's heads).
+int sim_memory(SimMemory *out, const SimResult *r, const Plan *p, const SimConfig *cfg);
+void sim_memory_free(SimMemory *m);
+// The peak for a person, e.g. "31.2 GB at rank 0, stage 0 (static 13.6 GB + activations 17.6 GB),
+// 39% of mem_bytes 80.0 GB: fits" ("... DOES NOT FIT"; mem_bytes <= 0: "..., mem_bytes unknown").
+// Returns buf.
+const char *sim_memory_text(char *buf, size_t n, const SimMemPeak *m, double mem_bytes);
+// 1 when the peak exceeds a known mem_bytes (> 0); 0 when it fits or mem_bytes is unknown.
+int sim_memory_exceeds(const SimMemPeak *m, double mem_bytes);
+// 80e9 -> "80.0 GB", 512 -> "512 B": decimal units, for bytes in tables and messages. Returns buf.
+const char *sim_bytes_text(char *buf, size_t n, double bytes);
 
 BS_API_END
 

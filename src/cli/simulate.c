@@ -63,10 +63,17 @@ static void usage(FILE *f) {
             "  --grid              the whole paper grid, every policy: <out>/paper-grid.md, .csv, .png, .svg\n"
             "  --out DIR           where sweeps and the grid write (default sim-out; docs/results for --grid)\n"
             "  --no-plot           write the CSV only (plots need gnuplot)\n"
+            "  --strict            a step whose peak device memory exceeds the hardware's mem_bytes is an\n"
+            "                      error (exit 1) rather than a warning\n"
             "  --help              this text\n"
             "\n"
-            "Exit status: 0 done, 1 a run failed (message on stderr), 2 bad flags. BS_QUIET=1 hides the\n"
-            "progress line of sweeps and the grid.\n");
+            "Memory: every single run reports the peak memory per device (the largest over HDP ranks x\n"
+            "stages, and over the seeds): parameters, gradients and optimizer state plus the activations\n"
+            "the simulated 1F1B schedule holds at once, against mem_bytes of --hardware (unknown with --cost\n"
+            "and no --hardware). A step that does not fit is a warning on stderr, an error with --strict.\n"
+            "\n"
+            "Exit status: 0 done, 1 a run failed or, with --strict, did not fit in memory (message on\n"
+            "stderr), 2 bad flags. BS_QUIET=1 hides the progress line of sweeps and the grid.\n");
 }
 
 static int bad_usage(const char *fmt, const char *arg) {
@@ -157,11 +164,62 @@ static int set_text(char *dst, size_t cap, const char *flag, const char *value, 
 
 typedef struct {
     const char *scenario, *model, *hardware, *dist, *policy, *plan, *cost, *trace, *sweep, *out;
-    int gpus, ranks, tp, pp, trace_ranks, json, grid, no_plot, seeds;
+    int gpus, ranks, tp, pp, trace_ranks, json, grid, no_plot, seeds, strict;
     int64_t capacity, context, tokens, seed;
     int set_gpus, set_ranks, set_tp, set_pp, set_capacity, set_context, set_tokens;
     unsigned char given[32];  // given[F_x - F_FIRST]: the flag was on the command line
 } Flags;
+
+// ---- memory: the peak per device against the hardware's mem_bytes (docs/simulator.md, "Memory") ----
+
+// The device memory the check compares with, 0 when it is not known: a cost file (--cost) describes
+// a measured machine, and without --hardware the preset's profile only stands in for its links,
+// element size and peak FLOP/s, not for that machine's memory.
+static double known_mem_bytes(const Flags *fl, const HardwareProfile *hw) {
+    return fl->cost && !fl->hardware ? 0.0 : hw->mem_bytes;
+}
+
+// The memory peak of one simulated step (sim_memory's largest resource).
+static int step_memory(SimMemPeak *out, const SimResult *r, const Plan *p, const SimConfig *cfg) {
+    SimMemory mem;
+    if (sim_memory(&mem, r, p, cfg) != 0) return -1;
+    *out = mem.peak;
+    sim_memory_free(&mem);
+    return 0;
+}
+
+// A step that does not fit: a warning on stderr naming the peak, where it is, mem_bytes and what to
+// change; with --strict the same message as an error, and -1 (the caller exits 1). `what` names the
+// run ("policy balance", "plan.json"); `where` (may be "") adds to the location ("seed 3").
+static int memory_verdict(const Flags *fl, const char *what, const char *where, const SimMemPeak *m,
+                          double mem_bytes, const char *hw_name) {
+    if (!sim_memory_exceeds(m, mem_bytes)) return 0;
+    char peak[24], stat[24], act[24], mem[24];
+    sim_bytes_text(peak, sizeof peak, m->peak_bytes);
+    sim_bytes_text(stat, sizeof stat, m->static_bytes);
+    sim_bytes_text(act, sizeof act, m->act_bytes);
+    sim_bytes_text(mem, sizeof mem, mem_bytes);
+    // what helps depends on which part is too large: activations shrink with the capacity and
+    // offloading, the parameters, gradients and optimizer state only with more devices per copy; a
+    // plan file fixes the capacity, the offload ratios and pp, so those need a new plan
+    const char *advice;
+    if (m->static_bytes > mem_bytes)
+        advice = fl->plan ? "the parameters, gradients and optimizer state alone exceed it: raise --tp, or make the "
+                            "plan again with more --pp (bytescale plan)"
+                          : "the parameters, gradients and optimizer state alone exceed it: split the model over "
+                            "more devices (--tp, --pp)";
+    else
+        advice = fl->plan ? "make the plan again (bytescale plan) with a smaller --capacity, with offloading or with "
+                            "more --pp, or raise --tp"
+                          : "plan with a smaller capacity (--capacity) or with offloading (naive, balance, elastic), "
+                            "or split the model over more devices (--tp, --pp)";
+    fprintf(stderr,
+            "bytescale simulate: %s: %s: the peak memory per device, %s at rank %d, stage %d%s%s (static %s + "
+            "activations %s), exceeds mem_bytes %s of %s; %s\n",
+            fl->strict ? "error" : "warning", what, peak, m->rank, m->stage, where[0] ? ", " : "", where, stat, act,
+            mem, hw_name, advice);
+    return fl->strict ? -1 : 0;
+}
 
 // Simulate a plan file on the cluster the flags describe.
 static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
@@ -187,7 +245,7 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
     s.sc = *sc;
     snprintf(s.sc.name, sizeof s.sc.name, "plan file");
     const ModelConfig *m = model_find(sc->model);
-    int rc = -1;
+    int rc = -1, fits = 0;
     if (!m) goto done;
     s.model = *m;
     if (hw_resolve(sc->hardware, &s.hw) != 0) goto done;
@@ -215,8 +273,15 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
         sim_outcome_free(&o);
         goto done;
     }
+    SimMemPeak mem;
+    double mem_bytes = known_mem_bytes(fl, &s.hw);
+    if (step_memory(&mem, &o.res, &p, &cfg) != 0) {
+        sim_outcome_free(&o);
+        goto done;
+    }
     if (fl->json) {
         cJSON *j = sim_outcome_json(&o);
+        if (j) cJSON_AddItemToObject(j, "memory", sim_memory_json(&mem, mem_bytes));
         char *text = j ? cJSON_Print(j) : NULL;
         int printed = text != NULL;
         if (printed) printf("%s\n", text);
@@ -231,15 +296,20 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
         printf("%s: %d items on %d HDP ranks (%d GPUs, tp %d, pp %d, %s, %s)\n", fl->plan, p.n_items, p.n_ranks, gpus,
                tp, pp, s.model.name, s.hw.name);
         sim_result_print(stdout, &o.res);
+        char line[320];
+        printf("memory           peak per device %s\n", sim_memory_text(line, sizeof line, &mem, mem_bytes));
         printf("planner: makespan %.4f s, lower bound %.4f s, HDP-aware bound %.4f s\n", p.makespan, p.lower_bound,
                p.hdp_bound);
         if (fl->trace) printf("trace: %s\n", fl->trace);
     }
+    fflush(stdout);  // the report before a warning or error about it
     sim_outcome_free(&o);
     rc = 0;
+    fits = memory_verdict(fl, fl->plan, "", &mem, mem_bytes, s.hw.name);
 done:
     plan_free(&p);
-    return rc == 0 ? 0 : fail();
+    if (rc != 0) return fail();
+    return fits == 0 ? 0 : 1;  // the verdict said why
 }
 
 // --trace FILE for one policy's step: FILE, or FILE-<policy>.json when several policies run.
@@ -251,6 +321,32 @@ static int write_trace(const Flags *fl, const char *label, int several, const Si
     return 0;
 }
 
+// Under a table of policies: each one's memory peak (seed: the seed it came from, or NULL).
+static void print_memory_lines(const char *over, const SimVariant *v, const SimMemPeak *m, const uint64_t *seed,
+                               int n, double mem_bytes) {
+    printf("memory: peak per device, the largest over HDP ranks x stages%s\n", over);
+    for (int j = 0; j < n; j++) {
+        char line[320];
+        printf("  %-12s %s", v[j].label, sim_memory_text(line, sizeof line, &m[j], mem_bytes));
+        if (seed) printf(" (seed %llu)", (unsigned long long)seed[j]);
+        printf("\n");
+    }
+}
+
+// Every policy's verdict (each one that does not fit is named); -1 under --strict when any did not.
+static int memory_verdicts(const Flags *fl, const SimVariant *v, const SimMemPeak *m, const uint64_t *seed, int n,
+                           double mem_bytes, const char *hw_name) {
+    fflush(stdout);  // the report before a warning or error about it
+    int rc = 0;
+    for (int j = 0; j < n; j++) {
+        char what[64], where[48] = "";
+        snprintf(what, sizeof what, "policy %s", v[j].label);
+        if (seed) snprintf(where, sizeof where, "seed %llu", (unsigned long long)seed[j]);
+        if (memory_verdict(fl, what, where, &m[j], mem_bytes, hw_name) != 0) rc = -1;
+    }
+    return rc;
+}
+
 // One seed as a table: the report's single-run table (sim_table_print), so that --seeds 1 shows just
 // what one run shows, whatever columns that table grows.
 static int simulate_one_seed(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
@@ -260,6 +356,8 @@ static int simulate_one_seed(const Flags *fl, const Scenario *sc, const SimVaria
         return fail();
     }
     SimOutcome o[MAX_VARIANTS];
+    SimMemPeak mem[MAX_VARIANTS];
+    SimConfig cfg = sim_setup_config(&s);
     int n_done = 0, rc = 0;
     for (int j = 0; j < n_v && rc == 0; j++) {
         Plan p;
@@ -269,15 +367,20 @@ static int simulate_one_seed(const Flags *fl, const Scenario *sc, const SimVaria
         }
         n_done++;
         if (fl->trace && write_trace(fl, v[j].label, n_v > 1, &o[j].res, &p) != 0) rc = -1;
+        if (rc == 0 && step_memory(&mem[j], &o[j].res, &p, &cfg) != 0) rc = -1;
         plan_free(&p);
     }
+    double mem_bytes = known_mem_bytes(fl, &s.hw);
     if (rc == 0) {
         sim_setup_describe(stdout, &s);
         sim_table_print(stdout, o, n_done);
+        print_memory_lines("", v, mem, NULL, n_done, mem_bytes);
     }
+    int fits = rc == 0 ? memory_verdicts(fl, v, mem, NULL, n_done, mem_bytes, s.hw.name) : 0;
     for (int j = 0; j < n_done; j++) sim_outcome_free(&o[j]);
     sim_setup_free(&s);
-    return rc == 0 ? 0 : fail();
+    if (rc != 0) return fail();
+    return fits == 0 ? 0 : 1;  // the verdict said why
 }
 
 // What the seeds runner hands back per run: the first seed's traces and, for --json, every run's
@@ -287,6 +390,11 @@ typedef struct {
     int n_v;
     cJSON *setup;                   // the first seed's set-up
     cJSON *per_seed[MAX_VARIANTS];  // per policy, one object per seed
+    double mem_bytes;               // the device's memory, 0 when not known (known_mem_bytes)
+    char hw_name[32];
+    SimMemPeak mem[MAX_VARIANTS];   // per policy, the largest memory peak over the seeds
+    uint64_t mem_seed[MAX_VARIANTS];  // and the seed it came from
+    int has_mem[MAX_VARIANTS];
 } SeedsOut;
 
 static int on_run(void *ctx, const SimSetup *s, int j, const SimOutcome *o, const Plan *p) {
@@ -294,6 +402,16 @@ static int on_run(void *ctx, const SimSetup *s, int j, const SimOutcome *o, cons
     const Flags *fl = so->fl;
     int first = s->seed == (uint64_t)fl->seed;
     if (first && fl->trace && write_trace(fl, o->variant.label, so->n_v > 1, &o->res, p) != 0) return -1;
+    // the memory peak of this step; the policy's worst over the seeds is what the report shows
+    SimConfig cfg = sim_setup_config(s);
+    SimMemPeak mem;
+    if (step_memory(&mem, &o->res, p, &cfg) != 0) return -1;
+    if (first) {
+        so->mem_bytes = known_mem_bytes(fl, &s->hw);
+        snprintf(so->hw_name, sizeof so->hw_name, "%s", s->hw.name);
+    }
+    if (!so->has_mem[j] || mem.peak_bytes > so->mem[j].peak_bytes)
+        so->mem[j] = mem, so->mem_seed[j] = s->seed, so->has_mem[j] = 1;
     if (!fl->json) return 0;
     if (first && !so->setup && !(so->setup = sim_setup_json(s))) return -1;
     if (!so->per_seed[j] && !(so->per_seed[j] = cJSON_CreateArray())) return bs_fail("out of memory building JSON");
@@ -301,6 +419,7 @@ static int on_run(void *ctx, const SimSetup *s, int j, const SimOutcome *o, cons
     if (!r) return -1;
     cJSON_AddNumberToObject(r, "seed", (double)s->seed);
     cJSON_AddNumberToObject(r, "sequences", (double)s->batch.n);
+    cJSON_AddItemToObject(r, "memory", sim_memory_json(&mem, known_mem_bytes(fl, &s->hw)));
     cJSON_AddItemToArray(so->per_seed[j], r);
     return 0;
 }
@@ -326,6 +445,10 @@ static int print_seeds_json(SeedsOut *so, const SimSeedsResult *r) {
             double x = r->v[j].values[(size_t)k * SIM_N_METRICS + SIM_M_SPEEDUP];
             if (!isnan(x)) cJSON_AddNumberToObject(run, "speedup_vs_static", x);
         }
+        // the largest memory peak over the seeds, and the seed it came from
+        cJSON *mem = sim_memory_json(&so->mem[j], so->mem_bytes);
+        if (mem) cJSON_AddNumberToObject(mem, "seed", (double)so->mem_seed[j]);
+        cJSON_AddItemToObject(o, "memory", mem);
         cJSON_AddItemToObject(o, "per_seed", so->per_seed[j]);
         so->per_seed[j] = NULL;
         cJSON_AddItemToArray(results, o);
@@ -342,21 +465,31 @@ static int print_seeds_json(SeedsOut *so, const SimSeedsResult *r) {
 static int simulate_seeds(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
     CostModel cm;  // the same coefficients for every seed: the batch does not change them
     if (fl->cost && cost_load(&cm, fl->cost) != 0) return fail();
-    SeedsOut so = {fl, n_v, NULL, {0}};
+    SeedsOut so;
+    memset(&so, 0, sizeof so);
+    so.fl = fl;
+    so.n_v = n_v;
     SimSeedsConfig cfg = {(uint64_t)fl->seed, fl->seeds, fl->cost ? &cm : NULL, NULL, NULL, on_run, &so};
     SimSeedsResult r;
     int rc = sim_seeds_run(&r, sc, v, n_v, &cfg);
     for (int j = 0; rc == 0 && j < n_v; j++)
         if (!r.v[j].ok) rc = bs_fail("%s", r.v[j].why);  // a single run compares all it was asked for
+    // every policy ran on every seed (else rc != 0), so each has its memory peak
     if (rc == 0 && fl->json) rc = print_seeds_json(&so, &r);
     else if (rc == 0) {
         sim_seeds_describe(stdout, &r);
         sim_seeds_table_print(stdout, &r);
+        print_memory_lines(fl->seeds > 1 ? " and the seeds" : "", v, so.mem, fl->seeds > 1 ? so.mem_seed : NULL,
+                           n_v, so.mem_bytes);
     }
+    int fits = rc == 0 ? memory_verdicts(fl, v, so.mem, fl->seeds > 1 ? so.mem_seed : NULL, n_v, so.mem_bytes,
+                                         so.hw_name)
+                       : 0;
     sim_seeds_free(&r);
     cJSON_Delete(so.setup);
     for (int j = 0; j < n_v; j++) cJSON_Delete(so.per_seed[j]);
-    return rc == 0 ? 0 : fail();
+    if (rc != 0) return fail();
+    return fits == 0 ? 0 : 1;  // the verdict said why
 }
 
 static int simulate_scenario(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
@@ -373,7 +506,7 @@ int cmd_simulate(int argc, char **argv) {
     fl.trace_ranks = 64;
     enum { F_FIRST = 256, F_SCENARIO = F_FIRST, F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS,
            F_SEED, F_SEEDS, F_POLICY, F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON,
-           F_HELP };
+           F_STRICT, F_HELP };
     static const struct option opts[] = {
         {"scenario", required_argument, 0, F_SCENARIO}, {"model", required_argument, 0, F_MODEL},
         {"hardware", required_argument, 0, F_HW},       {"gpus", required_argument, 0, F_GPUS},
@@ -387,7 +520,8 @@ int cmd_simulate(int argc, char **argv) {
         {"trace-ranks", required_argument, 0, F_TRACE_RANKS}, {"sweep", required_argument, 0, F_SWEEP},
         {"grid", no_argument, 0, F_GRID},               {"out", required_argument, 0, F_OUT},
         {"no-plot", no_argument, 0, F_NOPLOT},          {"json", no_argument, 0, F_JSON},
-        {"help", no_argument, 0, F_HELP},               {0, 0, 0, 0},
+        {"strict", no_argument, 0, F_STRICT},           {"help", no_argument, 0, F_HELP},
+        {0, 0, 0, 0},
     };
     opterr = 0;
     optind = 1;
@@ -423,6 +557,7 @@ int cmd_simulate(int argc, char **argv) {
         case F_OUT: fl.out = a; break;
         case F_NOPLOT: fl.no_plot = 1; break;
         case F_JSON: fl.json = 1; break;
+        case F_STRICT: fl.strict = 1; break;
         case ':': return bad_usage("%s needs a value", argv[optind - 1]);
         default:
             if (cli_retired_flag(argv[optind - 1])) return bad_usage("%s", cli_retired_flag(argv[optind - 1]));
@@ -445,15 +580,17 @@ int cmd_simulate(int argc, char **argv) {
          {F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS, F_SEED, F_POLICY, F_PLAN,
           F_COST, F_TRACE, 0}},
         {list, "--scenario list", "it only lists the presets",
-         {F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_SEEDS, 0}},
+         {F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_SEEDS, F_STRICT, 0}},
         {fl.plan != NULL, "--plan", "the plan file fixes the batch, the capacity and the schedule",
          {F_CAP, F_CTX, F_DIST, F_TOKENS, F_SEED, F_SEEDS, F_POLICY, F_OUT, F_NOPLOT, 0}},
         {fl.grid, "--grid",
          "the grid runs the paper's presets (only --hardware, --policy, --seed and --seeds change it)",
          {F_SCENARIO, F_MODEL, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS, F_TRACE_RANKS, 0}},
+        {fl.grid, "--grid", "the memory check is for single runs", {F_STRICT, 0}},
         {fl.sweep && !strcmp(fl.sweep, "contexts"), "--sweep contexts", "the sweep sets the context of each point",
          {F_CTX, F_TRACE_RANKS, 0}},
         {fl.sweep && !strcmp(fl.sweep, "gpus"), "--sweep gpus", "a sweep writes no trace", {F_TRACE_RANKS, 0}},
+        {fl.sweep != NULL, "--sweep", "the memory check is for single runs", {F_STRICT, 0}},
         {!fl.grid && !fl.sweep, "a single run", "only sweeps and the grid write files there", {F_OUT, F_NOPLOT, 0}},
         {!fl.trace, "a run without --trace", "it only applies to a trace", {F_TRACE_RANKS, 0}},
     };

@@ -13,6 +13,31 @@ const char *sim_tokens_text(char *buf, size_t n, int64_t t) {
     return buf;
 }
 
+const char *sim_bytes_text(char *buf, size_t n, double x) {
+    static const char *units[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+    int u = 0;
+    while (x >= 1000 && u < 6) x /= 1000, u++;
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", x, units[u]);
+    return buf;
+}
+
+int sim_memory_exceeds(const SimMemPeak *m, double mem_bytes) { return mem_bytes > 0 && m->peak_bytes > mem_bytes; }
+
+const char *sim_memory_text(char *buf, size_t n, const SimMemPeak *m, double mem_bytes) {
+    char peak[24], stat[24], act[24], mem[24];
+    int used = snprintf(buf, n, "%s at rank %d, stage %d (static %s + activations %s), ",
+                        sim_bytes_text(peak, sizeof peak, m->peak_bytes), m->rank, m->stage,
+                        sim_bytes_text(stat, sizeof stat, m->static_bytes),
+                        sim_bytes_text(act, sizeof act, m->act_bytes));
+    if (used < 0 || (size_t)used >= n) return buf;
+    if (mem_bytes > 0)
+        snprintf(buf + used, n - (size_t)used, "%.0f%% of mem_bytes %s: %s", 100 * m->peak_bytes / mem_bytes,
+                 sim_bytes_text(mem, sizeof mem, mem_bytes),
+                 sim_memory_exceeds(m, mem_bytes) ? "DOES NOT FIT" : "fits");
+    else snprintf(buf + used, n - (size_t)used, "mem_bytes unknown");
+    return buf;
+}
+
 void sim_result_print(FILE *f, const SimResult *r) {
     fprintf(f, "step time        %.4f s  (compute phase %.4f s, gradient sync %.4f s, optimizer %.4f s)\n",
             r->step_time, r->compute_end, r->sync_time, r->optimizer_time);
@@ -122,5 +147,27 @@ cJSON *sim_outcome_json(const SimOutcome *oc) {
     cJSON_AddNumberToObject(o, "hdp_bound", oc->hdp_bound);
     cJSON_AddNumberToObject(o, "plan_seconds", oc->plan_seconds);
     cJSON_AddNumberToObject(o, "sim_seconds", oc->sim_seconds);
+    return o;
+}
+
+cJSON *sim_memory_json(const SimMemPeak *m, double mem_bytes) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) {
+        bs_fail("out of memory building JSON");
+        return NULL;
+    }
+    cJSON_AddNumberToObject(o, "peak_bytes", m->peak_bytes);
+    cJSON_AddNumberToObject(o, "static_bytes", m->static_bytes);
+    cJSON_AddNumberToObject(o, "activation_bytes", m->act_bytes);
+    cJSON_AddNumberToObject(o, "rank", m->rank);
+    cJSON_AddNumberToObject(o, "stage", m->stage);
+    // not known (a cost file without a hardware profile): null, not a guess
+    if (mem_bytes > 0) {
+        cJSON_AddNumberToObject(o, "mem_bytes", mem_bytes);
+        cJSON_AddBoolToObject(o, "fits", !sim_memory_exceeds(m, mem_bytes));
+    } else {
+        cJSON_AddNullToObject(o, "mem_bytes");
+        cJSON_AddNullToObject(o, "fits");
+    }
     return o;
 }

@@ -187,7 +187,10 @@ static void test_cost_file_in_both(void **state) {
     expect_same_plan(a, "--ranks 8 --tp 2 --hardware h100-sxm " BATCH);
     snprintf(a, sizeof a, "--gpus 16 --tp 2 " BATCH " --cost %s", cost);  // --tp counts the ranks here
     expect_same_plan(a, "--ranks 8 --tp 2 --hardware h100-sxm " BATCH);
-    snprintf(a, sizeof a, "simulate --gpus 16 --tp 2 " BATCH " --policy static,balance --json --cost %s", cost);
+    // --hardware names the device on the --cost side too: a cost file alone leaves the device's memory
+    // unknown (docs/simulator.md, "Memory"), and the JSON would say so
+    snprintf(a, sizeof a,
+             "simulate --gpus 16 --tp 2 " BATCH " --policy static,balance --json --cost %s --hardware h100-sxm", cost);
     expect_same_json(a, "simulate --gpus 16 --tp 2 " BATCH " --policy static,balance --json");
 }
 

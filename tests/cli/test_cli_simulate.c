@@ -63,6 +63,7 @@ static void test_help_and_list(void **state) {
     for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++)
         if (!strstr(cli_out, shared[i])) fail_msg("--help does not mention %s", shared[i]);
     assert_null(strstr(cli_out, "--dataset"));
+    assert_non_null(strstr(cli_out, "--strict"));
     assert_int_equal(run("--scenario list"), 0);
     assert_non_null(strstr(cli_out, "case-study"));
     assert_non_null(strstr(cli_out, "8x22b-16384-github-2m"));
@@ -531,6 +532,170 @@ static void test_directories_pipes_and_fifos(void **state) {
     unlink(fifo);
 }
 
+// A copy of h100-sxm with mem_bytes `mem` as a profile file <dir>/<name>.json; its path in buf.
+static const char *small_profile(char *buf, size_t n, const char *name, double mem) {
+    HardwareProfile hw = *hw_find("h100-sxm");
+    snprintf(hw.name, sizeof hw.name, "%s", name);
+    hw.mem_bytes = mem;
+    snprintf(buf, n, "%s/%s.json", dir, name);
+    if (hw_save_file(&hw, buf) != 0) fail_msg("%s", bs_errmsg());
+    return buf;
+}
+
+static void run_ok(const char *args) {
+    int rc = run(args);
+    if (rc != 0) fail_msg("simulate %s: exit %d: %s", args, rc, cli_err);
+}
+
+// results[0].memory of a --json run over seeds, and the largest peak_bytes of its per_seed runs.
+static const cJSON *memory_of(const cJSON *root, double *largest_per_seed) {
+    const cJSON *r = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "results"), 0);
+    const cJSON *mem = cJSON_GetObjectItem(r, "memory"), *run_k;
+    assert_non_null(mem);
+    *largest_per_seed = 0;
+    cJSON_ArrayForEach(run_k, cJSON_GetObjectItem(r, "per_seed")) {
+        double x;
+        assert_int_equal(json_get_double(cJSON_GetObjectItem(run_k, "memory"), "peak_bytes", &x, "per_seed"), 0);
+        *largest_per_seed = fmax(*largest_per_seed, x);
+    }
+    return mem;
+}
+
+// Issue 21, item 4, "memory that does not fit": every single run reports the peak memory per device
+// against the hardware's mem_bytes. A 1 GB device cannot hold llama-7b's step: a warning on stderr
+// naming the peak, mem_bytes, where and what to change, exit 0; with --strict the same as an error,
+// exit 1; on every path (one seed's table, the table over seeds, JSON, a plan file). The default
+// h100-sxm fits and says so; with --cost and no --hardware mem_bytes is unknown.
+static void test_memory_that_does_not_fit(void **state) {
+    (void)state;
+    char tiny[700], mid[700], args[2048];
+    small_profile(tiny, sizeof tiny, "gpu-1gb", 1e9);
+    small_profile(mid, sizeof mid, "gpu-20gb", 20e9);
+    const char *base = "--gpus 16 --tp 2 --tokens 64K --context 8K --policy balance";
+    // one seed, the table: a line under it, a warning naming the peak and mem_bytes, exit 0
+    snprintf(args, sizeof args, "%s --seeds 1 --hardware %s", base, tiny);
+    run_ok(args);
+    assert_non_null(strstr(cli_out, "memory: peak per device"));
+    assert_non_null(strstr(cli_out, "of mem_bytes 1.0 GB: DOES NOT FIT"));
+    if (!strstr(cli_err, "warning: policy balance: the peak memory per device, ") ||
+        !strstr(cli_err, "exceeds mem_bytes 1.0 GB of gpu-1gb") || !strstr(cli_err, "at rank ") ||
+        !strstr(cli_err, "alone exceed it"))  // 1 GB: the parameters alone are too much
+        fail_msg("warning: %s", cli_err);
+    // --strict: the same message as an error, exit 1 (the table still printed)
+    snprintf(args, sizeof args, "%s --seeds 1 --hardware %s --strict", base, tiny);
+    expect(args, 1, "error: policy balance: the peak memory per device");
+    assert_non_null(strstr(cli_err, "exceeds mem_bytes 1.0 GB of gpu-1gb"));
+    assert_null(strstr(cli_err, "warning"));
+    // the table over seeds names the seed of the largest peak; 20 GB holds the parameters but not
+    // the activations: the advice is about capacity and offloading
+    snprintf(args, sizeof args, "%s --seeds 2 --hardware %s", base, mid);
+    run_ok(args);
+    assert_non_null(strstr(cli_out, "the largest over HDP ranks x stages and the seeds"));
+    if (!strstr(cli_err, "warning: policy balance") || !strstr(cli_err, ", seed ") ||
+        !strstr(cli_err, "exceeds mem_bytes 20.0 GB") || !strstr(cli_err, "smaller capacity (--capacity)"))
+        fail_msg("warning: %s", cli_err);
+    snprintf(args, sizeof args, "%s --seeds 2 --hardware %s --strict", base, mid);
+    expect(args, 1, "error: policy balance: the peak memory per device");
+    // JSON over seeds: the worst seed's peak with its seed, each seed's own
+    snprintf(args, sizeof args, "%s --seeds 2 --json --hardware %s", base, tiny);
+    run_ok(args);
+    assert_non_null(strstr(cli_err, "exceeds mem_bytes 1.0 GB"));
+    cJSON *root = cJSON_Parse(cli_out);
+    assert_non_null(root);
+    double peak, stat, act, mem_bytes, largest;
+    int64_t seed, rank, stage;
+    const cJSON *mem = memory_of(root, &largest);
+    assert_int_equal(json_get_double(mem, "peak_bytes", &peak, "memory"), 0);
+    assert_int_equal(json_get_double(mem, "static_bytes", &stat, "memory"), 0);
+    assert_int_equal(json_get_double(mem, "activation_bytes", &act, "memory"), 0);
+    assert_int_equal(json_get_double(mem, "mem_bytes", &mem_bytes, "memory"), 0);
+    assert_int_equal(json_get_int(mem, "seed", &seed, "memory"), 0);
+    assert_int_equal(json_get_int(mem, "rank", &rank, "memory"), 0);
+    assert_int_equal(json_get_int(mem, "stage", &stage, "memory"), 0);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(mem, "fits")));
+    assert_true(mem_bytes == 1e9 && peak > mem_bytes && stat > 0 && act > 0);
+    assert_close(peak, stat + act, 1e-12, 0);
+    assert_true(peak == largest && (seed == 1 || seed == 2) && rank >= 0 && rank < 8 && stage == 0);
+    cJSON_Delete(root);
+    snprintf(args, sizeof args, "%s --seeds 2 --json --hardware %s --strict", base, tiny);
+    expect(args, 1, "error: policy balance");
+    // a plan file: the summary's memory line, the warning naming the file, --strict
+    const ModelConfig *m = model_find("llama-7b");
+    CostModel cm;
+    assert_int_equal(cost_derive(&cm, m, hw_find("h100-sxm"), 2, 1, 8, 8 << 10), 0);
+    GlobalBatch b;
+    assert_int_equal(batch_generate(&b, "byted", 1, 64 << 10, 8 << 10), 0);
+    PlanConfig pc = {8, 8 << 10, 8 << 10, 1, 1, 0, 0, 0};
+    Plan p;
+    if (policy_plan(&p, "balance", &b, &pc, &cm) != 0) fail_msg("%s", bs_errmsg());
+    char plan_path[700];
+    snprintf(plan_path, sizeof plan_path, "%s/mem-plan.json", dir);
+    if (plan_write_json(&p, plan_path) != 0) fail_msg("%s", bs_errmsg());
+    plan_free(&p);
+    batch_free(&b);
+    snprintf(args, sizeof args, "--plan %s --tp 2 --hardware %s", plan_path, tiny);
+    run_ok(args);
+    assert_non_null(strstr(cli_out, "\nmemory           peak per device "));
+    assert_non_null(strstr(cli_out, "DOES NOT FIT"));
+    assert_non_null(strstr(cli_err, "warning: "));
+    assert_non_null(strstr(cli_err, "mem-plan.json: the peak memory per device"));
+    assert_non_null(strstr(cli_err, "exceeds mem_bytes 1.0 GB of gpu-1gb"));
+    snprintf(args, sizeof args, "--plan %s --tp 2 --hardware %s --strict", plan_path, tiny);
+    expect(args, 1, "mem-plan.json: the peak memory per device");
+    snprintf(args, sizeof args, "--plan %s --tp 2 --hardware %s --json", plan_path, tiny);
+    run_ok(args);
+    root = cJSON_Parse(cli_out);
+    assert_non_null(root);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "memory"), "fits")));
+    cJSON_Delete(root);
+    // the default profile (80 GB) fits: reported, no warning, --strict passes
+    snprintf(args, sizeof args, "%s --seeds 1 --strict", base);
+    run_ok(args);
+    assert_non_null(strstr(cli_out, "of mem_bytes 80.0 GB: fits"));
+    assert_null(strstr(cli_err, "mem_bytes"));
+    snprintf(args, sizeof args, "--plan %s --tp 2 --strict", plan_path);
+    run_ok(args);
+    assert_non_null(strstr(cli_out, "of mem_bytes 80.0 GB: fits"));
+    snprintf(args, sizeof args, "%s --seeds 2 --json --strict", base);
+    run_ok(args);
+    root = cJSON_Parse(cli_out);
+    assert_non_null(root);
+    mem = memory_of(root, &largest);
+    assert_int_equal(json_get_double(mem, "peak_bytes", &peak, "memory"), 0);
+    assert_int_equal(json_get_double(mem, "mem_bytes", &mem_bytes, "memory"), 0);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(mem, "fits")));
+    assert_true(mem_bytes == 80e9 && peak > 1e9 && peak < mem_bytes && peak == largest);
+    cJSON_Delete(root);
+    // --cost and no --hardware: the cost file's machine has no known memory; the peak alone, and
+    // --strict has nothing to refuse
+    char cost_path[700];
+    snprintf(cost_path, sizeof cost_path, "%s/mem-cost.json", dir);
+    if (cost_save(&cm, cost_path) != 0) fail_msg("%s", bs_errmsg());
+    snprintf(args, sizeof args, "%s --seeds 1 --cost %s --strict", base, cost_path);
+    run_ok(args);
+    assert_non_null(strstr(cli_out, "mem_bytes unknown"));
+    snprintf(args, sizeof args, "%s --seeds 1 --json --cost %s", base, cost_path);
+    run_ok(args);
+    root = cJSON_Parse(cli_out);
+    assert_non_null(root);
+    mem = memory_of(root, &largest);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(mem, "mem_bytes")) && cJSON_IsNull(cJSON_GetObjectItem(mem, "fits")));
+    assert_int_equal(json_get_double(mem, "peak_bytes", &peak, "memory"), 0);
+    assert_true(peak > 0);
+    cJSON_Delete(root);
+    snprintf(args, sizeof args, "--plan %s --tp 2 --cost %s", plan_path, cost_path);
+    run_ok(args);
+    assert_non_null(strstr(cli_out, "mem_bytes unknown"));
+    // with --cost, --hardware still names the device whose memory counts
+    snprintf(args, sizeof args, "%s --seeds 1 --cost %s --hardware %s --strict", base, cost_path, tiny);
+    expect(args, 1, "exceeds mem_bytes 1.0 GB of gpu-1gb");
+    // the memory check is for single runs: --strict with a sweep or the grid is refused
+    expect("--grid --strict", 2, "--strict has no effect with --grid");
+    expect("--sweep gpus --strict", 2, "--strict has no effect with --sweep");
+    expect("--scenario list --strict", 2, "--strict has no effect with --scenario list");
+    expect("--strict --strict", 2, "given twice");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_and_list),
@@ -545,6 +710,7 @@ int main(void) {
         cmocka_unit_test(test_extreme_plan_files),
         cmocka_unit_test(test_ignored_flags_are_errors),
         cmocka_unit_test(test_directories_pipes_and_fifos),
+        cmocka_unit_test(test_memory_that_does_not_fit),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
