@@ -8,13 +8,18 @@
 //   2. per s, the measured layer forward + backward beside cost_layer_time on h100-sxm (datasheet)
 //      and h100-measured, with relative errors; the largest error per profile;
 //   3. the forward alone beside the cost model's forward (a third of the layer);
-//   4. saved activation bytes per token beside act_token.
+//   4. saved activation bytes per token beside act_token;
+//   5. one ring step's block compute (docs/measured/h100-ring-step.json: n queries against n keys,
+//      16 to 16K tokens per chunk) beside the cost model's attn_step + pairs x attn_pair, the fit of
+//      attn_step (profile_lstsq, weights 1/t^2, as `bytescale profile` fits it on the engine), and
+//      what the floor does to one micro-batch of short sequences on rings of growing width.
 // Predictions use llama-7b with 32 K/V heads: the measured layer is LLaMA-7B as released (multi-head),
 // while the catalogue's llama-7b has the paper's 8 K/V groups and 12% fewer linear FLOPs per token.
 // Like is compared with like; the file's linear_flops_fwd is checked against the cost model's count.
 //
-// usage: bench_costcheck [FILE]   (default docs/measured/h100-llama7b-layer.json, looked up in the
-//        current directory, then $BS_SOURCE_DIR, then the source tree above the build directory)
+// usage: bench_costcheck [FILE [RING_FILE]]   (defaults docs/measured/h100-llama7b-layer.json and
+//        docs/measured/h100-ring-step.json, looked up in the current directory, then $BS_SOURCE_DIR,
+//        then the source tree above the build directory)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +32,10 @@
 #include "bytescale/hw.h"
 #include "bytescale/json.h"
 #include "bytescale/model.h"
+#include "bytescale/profile.h"
 
 #define MEASURED_FILE "docs/measured/h100-llama7b-layer.json"
+#define RING_FILE "docs/measured/h100-ring-step.json"
 // h100-measured is fitted on the lengths from here up (the attention kernel's plateau, the lengths
 // HDP's long-sequence decisions depend on); the shorter ones are held out to test the fit.
 #define FIT_MIN_TOKENS 16384
@@ -85,6 +92,47 @@ static int read_measured(const char *path, Measured *M) {
     return rc;
 }
 
+// One ring step's block compute, measured (h100-ring-step.json): n queries against n keys, causal
+// (the diagonal block) or full (every other block), seconds.
+typedef struct {
+    int n;
+    struct {
+        int64_t n;
+        int causal;
+        double fwd, fwdbwd;
+    } rows[MAX_ROWS];
+} RingSteps;
+
+static int read_ring_steps(const char *path, RingSteps *R) {
+    memset(R, 0, sizeof *R);
+    cJSON *root;
+    if (json_read_file(path, &root) != 0) return -1;
+    int rc = cJSON_IsArray(root) ? 0 : bs_fail("%s: expected an array of ring steps", path);
+    const cJSON *it;
+    if (rc == 0) cJSON_ArrayForEach(it, root) {
+        if (R->n == MAX_ROWS) { rc = bs_fail("%s: more than %d ring steps", path, MAX_ROWS); break; }
+        char where[600];
+        snprintf(where, sizeof where, "%s: [%d]", path, R->n);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "causal");
+        double fwd_us, fwdbwd_us;
+        if ((rc = json_get_int(it, "n", &R->rows[R->n].n, where)) != 0) break;
+        if ((rc = json_get_double(it, "fwd_us", &fwd_us, where)) != 0) break;
+        if ((rc = json_get_double(it, "fwdbwd_us", &fwdbwd_us, where)) != 0) break;
+        if (!cJSON_IsBool(c)) { rc = bs_fail("%s: \"causal\" must be true or false", where); break; }
+        if (R->rows[R->n].n < 1 || !(fwd_us > 0) || !(fwdbwd_us > fwd_us)) {
+            rc = bs_fail("%s: implausible ring step (n %lld, fwd %g us, fwd+bwd %g us)", where,
+                         (long long)R->rows[R->n].n, fwd_us, fwdbwd_us);
+            break;
+        }
+        R->rows[R->n].causal = cJSON_IsTrue(c);
+        R->rows[R->n].fwd = fwd_us * 1e-6;
+        R->rows[R->n++].fwdbwd = fwdbwd_us * 1e-6;
+    }
+    cJSON_Delete(root);
+    if (rc == 0 && R->n < 2) rc = bs_fail("%s: fewer than 2 ring steps to fit", path);
+    return rc;
+}
+
 // (predicted - measured) / measured; below 0.005% it is shown as zero, not as "-0.00%"
 static double rel_err(double predicted, double measured) {
     double e = (predicted - measured) / measured;
@@ -92,12 +140,15 @@ static double rel_err(double predicted, double measured) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 2) bs_die("usage: bench_costcheck [FILE]   (default %s)", MEASURED_FILE);
-    char path[4096];
-    if (argc == 2) snprintf(path, sizeof path, "%s", argv[1]);
+    if (argc > 3) bs_die("usage: bench_costcheck [FILE [RING_FILE]]   (defaults %s, %s)", MEASURED_FILE, RING_FILE);
+    char path[4096], ring_path[4096];
+    if (argc >= 2) snprintf(path, sizeof path, "%s", argv[1]);
     else if (file_find_source(MEASURED_FILE, path, sizeof path) != 0) bs_die_errmsg();
+    if (argc == 3) snprintf(ring_path, sizeof ring_path, "%s", argv[2]);
+    else if (file_find_source(RING_FILE, ring_path, sizeof ring_path) != 0) bs_die_errmsg();
     Measured M;
-    if (read_measured(path, &M) != 0) bs_die_errmsg();
+    RingSteps R;
+    if (read_measured(path, &M) != 0 || read_ring_steps(ring_path, &R) != 0) bs_die_errmsg();
 
     // the layer that was measured: LLaMA-7B as released, 32 query heads and 32 K/V heads
     ModelConfig m = *model_find("llama-7b");
@@ -120,8 +171,9 @@ int main(int argc, char **argv) {
                    (long long)M.rows[i].s, M.rows[i].linear_flops_fwd, lin_flops * (double)M.rows[i].s);
 
     // ---- 1. the fit --------------------------------------------------------------------------
-    // attn_efficiency: the attention kernel's forward + backward alone, in the cost model's FLOP
-    // convention (3 x 4 x heads x head_dim per visible pair). efficiency: what is left of the layer
+    // attn_efficiency: the attention kernel's forward + backward alone, less its per-call floor
+    // (attn_step, section 5: one call per length), in the cost model's FLOP convention (3 x 4 x heads
+    // x head_dim per visible pair). efficiency: what is left of the layer
     // after the attention and the model's fixed per-layer cost, against the linear FLOPs. Both as
     // total FLOPs / total seconds over the fit lengths: the rate that reproduces their summed time.
     double attn_flop = 0, attn_sec = 0, lin_flop = 0, lin_sec = 0;
@@ -129,7 +181,7 @@ int main(int argc, char **argv) {
         const Row *r = &M.rows[i];
         if (r->s < FIT_MIN_TOKENS) continue;
         attn_flop += 3.0 * pair_flops * cost_causal_area(r->s);
-        attn_sec += r->attn_fwdbwd;
+        attn_sec += r->attn_fwdbwd - meas->attn_step;
         lin_flop += 3.0 * lin_flops * (double)r->s;
         lin_sec += r->fwdbwd - r->attn_fwdbwd - cmeas.layer_const;
     }
@@ -138,8 +190,9 @@ int main(int argc, char **argv) {
     printf("## The fit behind h100-measured (s >= %d; shorter lengths held out)\n\n", FIT_MIN_TOKENS);
     printf("| quantity | FLOPs | seconds | TFLOP/s | / peak %.0f TFLOP/s | profile |\n|---|---:|---:|---:|---:|---:|\n",
            peak / 1e12);
-    printf("| attention fwd+bwd (3 x %.0f x pairs) | %.4e | %.4f | %.1f | %.4f | %.3f |\n", pair_flops, attn_flop,
-           attn_sec, attn_flop / attn_sec / 1e12, attn_flop / attn_sec / peak, meas->attn_efficiency);
+    printf("| attention fwd+bwd - %.0f us floor (3 x %.0f x pairs) | %.4e | %.4f | %.1f | %.4f | %.3f |\n",
+           meas->attn_step * 1e6, pair_flops, attn_flop, attn_sec, attn_flop / attn_sec / 1e12, attn_flop / attn_sec / peak,
+           meas->attn_efficiency);
     printf("| layer - attention - %.0f us (3 x %.4g x s) | %.4e | %.4f | %.1f | %.4f | %.3f |\n",
            cmeas.layer_const * 1e6, lin_flops, lin_flop, lin_sec, lin_flop / lin_sec / 1e12, lin_flop / lin_sec / peak,
            meas->efficiency);
@@ -154,7 +207,7 @@ int main(int argc, char **argv) {
         const Row *r = &M.rows[i];
         double rest = r->fwdbwd - r->attn_fwdbwd - cmeas.layer_const;
         printf("| %lld | %.3f | %.3f | %.3f | %.3f | %s |\n", (long long)r->s, r->attn_fwdbwd * 1e3,
-               3.0 * pair_flops * cost_causal_area(r->s) / r->attn_fwdbwd / peak, rest * 1e3,
+               3.0 * pair_flops * cost_causal_area(r->s) / (r->attn_fwdbwd - meas->attn_step) / peak, rest * 1e3,
                3.0 * lin_flops * (double)r->s / rest / peak, r->s >= FIT_MIN_TOKENS ? "yes" : "held out");
     }
 
@@ -225,5 +278,64 @@ int main(int argc, char **argv) {
         printf("| %lld | %.1f | %.0f | %.3f | %.0f | %+.2f%% |\n", (long long)r->s, per, cmeas.act_token,
                cmeas.act_token / per, cmeas.act_token + eager_extra, 100 * rel_err(cmeas.act_token + eager_extra, per));
     }
+
+    // ---- 5. one ring step -------------------------------------------------------------------------
+    // t = attn_step + pairs x rate over every measured block, weights 1/t^2 (relative error): the
+    // constant is the floor a block pays whatever its size, the slope the kernel's rate once it is
+    // large. The same solver `bytescale profile` fits the engine's ring steps with.
+    double X[2 * MAX_ROWS], y[MAX_ROWS], w[MAX_ROWS], coef[2];
+    for (int i = 0; i < R.n; i++) {
+        double pairs = R.rows[i].causal ? cost_causal_area(R.rows[i].n) : (double)R.rows[i].n * R.rows[i].n;
+        X[2 * i] = 1.0, X[2 * i + 1] = pairs;
+        y[i] = R.rows[i].fwdbwd, w[i] = 1.0 / (y[i] * y[i]);
+    }
+    if (profile_lstsq(X, y, w, R.n, 2, coef) != 0) bs_die_errmsg();
+    double fit_eff = 3.0 * pair_flops / coef[1] / peak;
+    printf("\n## One ring step: measured block compute vs attn_step + pairs x attn_pair\n\n");
+    printf("%s: queries of n tokens against keys of n tokens, LLaMA-7B heads (32 x 128), bf16, fused attention "
+           "called from Python, median of 20. Fit over all %d blocks, weights 1/t^2: attn_step = **%.1f us** "
+           "(profile %.1f us), rate %.4f of peak (the layer fit's attn_efficiency: %.3f).\n\n",
+           ring_path, R.n, coef[0] * 1e6, meas->attn_step * 1e6, fit_eff, meas->attn_efficiency);
+    printf("| n | block | pairs | measured fwd+bwd us | h100-measured us | error | without the floor us | error | "
+           "measured TFLOP/s | model TFLOP/s |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    double worst_step = 0;
+    for (int i = 0; i < R.n; i++) {
+        double pairs = X[2 * i + 1], t = R.rows[i].fwdbwd;
+        double model = cmeas.attn_step + cmeas.attn_pair * pairs, bare = cmeas.attn_pair * pairs;
+        double flops = 3.0 * pair_flops * pairs;
+        if (R.rows[i].n >= 64) worst_step = fmax(worst_step, fabs(rel_err(model, t)));
+        printf("| %lld | %s | %.4g | %.1f | %.1f | %+.1f%% | %.1f | %+.1f%% | %.2f | %.2f |\n", (long long)R.rows[i].n,
+               R.rows[i].causal ? "causal" : "full", pairs, t * 1e6, model * 1e6, 100 * rel_err(model, t), bare * 1e6,
+               100 * rel_err(bare, t), flops / t / 1e12, flops / model / 1e12);
+    }
+    printf("\nLargest |error| from 64 tokens per chunk up: %.1f%% (16 tokens: Python's launch noise, the causal "
+           "block slower than at 64).\n", 100 * worst_step);
+    printf("The forward alone is %.0f%%-%.0f%% of a small block's forward + backward (the model splits it 1/3 : "
+           "2/3 like the rest of the layer).\n", 100 * R.rows[0].fwd / R.rows[0].fwdbwd, 100 * R.rows[1].fwd / R.rows[1].fwdbwd);
+
+    // what it does to a static mesh: the catalogue's llama-7b (32 layers, 8 K/V groups) on h100-measured.
+    // A static CP mesh of degree D runs micro-batches of D x C tokens of packed short sequences as rings of
+    // D, C = 8K tokens per member; HDP packs the same C tokens on each rank. Sequences of 1K tokens.
+    CostModel c7, c7bare;
+    if (cost_derive(&c7, model_find("llama-7b"), meas, 1, 1, 1024, 8192) != 0) bs_die_errmsg();
+    c7bare = c7;
+    c7bare.attn_step = 0;
+    enum { SEQ = 1024, C = 8192, MAX_D = 256 };
+    static int64_t segs[MAX_D * C / SEQ];
+    for (int k = 0; k < MAX_D * C / SEQ; k++) segs[k] = SEQ;
+    double pack = cost_item_time(&c7, segs, C / SEQ, 1, 0), pack_bare = cost_item_time(&c7bare, segs, C / SEQ, 1, 0);
+    printf("\n### What the floor does to a static mesh: llama-7b (%d layers) on h100-measured, %d tokens per "
+           "rank of %d-token sequences\n\n", c7.n_layers, C, SEQ);
+    printf("| CP degree D | micro-batch tokens | per-rank time ms | without the floor ms | the floor adds | "
+           "vs HDP's pack | without the floor |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int D = 1; D <= MAX_D; D *= 4) {
+        int n = D * C / SEQ;
+        double t = cost_item_time(&c7, segs, n, D, 0), tb = cost_item_time(&c7bare, segs, n, D, 0);
+        printf("| %d | %d | %.1f | %.1f | %+.1f%% | %.2fx | %.2fx |\n", D, D * C, t * 1e3, tb * 1e3,
+               100 * (t / tb - 1), t / pack, tb / pack_bare);
+    }
+    printf("\n(`vs HDP's pack`: the ring member's time over the same %d tokens packed on one rank. D = 256 is "
+           "the static mesh of the paper's 2M context at C = 8K. Where the K/V transfers outlast the blocks "
+           "(RDMA, D > 8) they hide the floor: a block waits for its K/V either way.)\n", C);
     return 0;
 }

@@ -65,6 +65,13 @@ typedef struct {
     // file, which does not know the model) means not known: no limit, no replication.
     int a2a_heads;
     int a2a_kv_heads;
+    // added with the ring-step floor (docs/cost-model.md section 4): seconds one attention block costs
+    // per layer, forward + backward, on top of its pairs (kernel launches and fixed work; the H100's
+    // fused attention: ~0.25 ms below ~1K tokens per chunk, whatever the FLOPs). A layer of a pack
+    // computes one block, a member of a ring of D ranks D blocks (one per ring step), a member of an
+    // all-to-all group one. Split forward / backward like the rest of the layer. Optional in a file, 0
+    // when absent (not modelled); TP does not shrink it (every TP device launches its own kernel).
+    double attn_step;
 } CostModel;
 
 // Derive from a model and hardware. tp and pp >= 1; hdp_ranks = devices / (tp * pp), used for the
@@ -97,7 +104,7 @@ double cost_train_flops(const ModelConfig *m, const int64_t *segs, int n_segs);
 // Visible (query, key) pairs of a causal segment of s tokens: s(s+1)/2.
 double cost_causal_area(int64_t s);
 
-// T(s) and Act(s) of one layer.
+// T(s) and Act(s) of one layer (T: one sequence as a pack, so one attention block: attn_step once).
 double cost_layer_time(const CostModel *cm, int64_t s);
 double cost_layer_act(const CostModel *cm, int64_t s);
 // The embedding, head and loss of a micro-batch of n tokens: head_token * n + head_const.

@@ -22,6 +22,10 @@ typedef struct {
     // added after the first draft; 0 in a hand-built profile means "not given" (see each field)
     double attn_efficiency;  // achievable fraction of peak in attention kernels (0: use efficiency)
     double mem_bw;           // bytes/s of device memory (HBM), for the optimizer step (0: not modelled)
+    // added with the ring-step floor (docs/cost-model.md section 4): seconds one attention kernel call
+    // costs per layer, forward + backward, whatever its size (launches, fixed work); a ring of D ranks
+    // makes D such calls per layer, a pack one (0: not modelled)
+    double attn_step;
 } HardwareProfile;
 
 int hw_count(void);

@@ -14,6 +14,10 @@
 //   links     ping-pong between ranks 0 and 1 of an MPI job through the Comm API at the sizes of
 //             ring blocks, fitted to lat + bytes / bw (one process: the `cpu` profile's figures);
 //   tier      the write and read bandwidth of the offload file tier (offload.h, O_DIRECT);
+//   ring step one attention block's forward + backward as a ring step computes it (ring_attn.c's
+//             attn_forward + attn_merge, attn_backward per block) on n x n blocks, full and causal,
+//             fitted to attn_step + pairs x rate: the per-block floor attn_step, which the layer's
+//             constant then no longer counts (layer_const = max(0, c - attn_step));
 // and takes the rest (kv_token, grad_sync, optimizer, n_layers, ranks_per_node) from cost_derive on
 // the `cpu` hardware profile. The result is a CostModel and a profile file that cost_load reads, with
 // the measurements beside the coefficients (members cost_load ignores).
@@ -32,6 +36,9 @@ enum {
     PROFILE_MAX_LENGTHS = 64,
     PROFILE_MAX_SIZES = 32,   // message sizes of the ping-pong
     PROFILE_PATH_MAX = 1024,
+    PROFILE_MAX_RING = 32,    // ring-step points: block sizes x {full, causal}
+    PROFILE_RING_MIN_ROWS = 16,    // the ring-step blocks: n = 16, 32, ... up to min(C, 1024), at least 32
+    PROFILE_RING_MAX_ROWS = 1024,  // (past ~1K rows the floor is lost in the pairs' time)
 };
 
 // ---- least squares ----------------------------------------------------------------------------------
@@ -57,6 +64,9 @@ int profile_fit_time(const int64_t *s, const double *t, int n, CostModel *cm);
 int profile_engine_act(const ModelConfig *m, CostModel *cm, double *layer_margin, double *shared_margin);
 // t = lat + bytes / bw, weights 1/t^2. -1 + error when the fit gives no finite bandwidth.
 int profile_fit_link(const double *bytes, const double *t, int n, double *lat, double *bw);
+// One ring step's block time t = attn_step + pairs x rate (cost.h attn_step), weights 1/t^2 (relative
+// error), both >= 0. -1 + error when the fit gives no rate > 0 (the time does not grow with the pairs).
+int profile_fit_ring_step(const double *pairs, const double *t, int n, double *attn_step, double *rate);
 // Whether the i-th of n lengths (ascending) is held out of the time fit: every `every`-th one
 // (i % every == every - 1), never the shortest or the longest, so the fit never extrapolates.
 // every <= 0: none.
@@ -113,6 +123,23 @@ typedef struct {
     double core_share;      // the lesser CPU / wall seconds of ranks 0 and 1 over the samples
 } ProfileLinkPoint;
 
+// One block of a ring step: n query rows against n key rows of one segment, forward + backward as
+// ring_attn.c computes a block (profile_measure_ring). Times are seconds of the one layer's block.
+typedef struct {
+    int n;                  // query rows = key rows
+    int causal;             // 1: the diagonal block, a member's own (step 0: keys at the queries' positions,
+                            // written straight into the result); 0: a full block, another member's
+                            // (step t > 0: every key before every query, merged into the result)
+    double pairs;           // visible (query, key) pairs: n(n+1)/2 causal, n^2 full (attn_visible_pairs)
+    double measured;        // median seconds of one block's forward + backward
+    double fitted;          // attn_step + pairs x ring_rate
+    double residual;        // fitted / measured - 1
+    double *samples;        // (n_samples,) seconds per block: every rank's timed groups
+    int n_samples;
+    int iters;              // blocks per timed group (small blocks repeat, so a sample is long enough)
+    double core_share;      // median CPU seconds / wall seconds of the groups
+} ProfileRingPoint;
+
 typedef struct {
     ProfileConfig cfg;
     CostModel cm;           // the profile: measured and derived fields together
@@ -122,6 +149,13 @@ typedef struct {
     ProfilePoint pts[PROFILE_MAX_LENGTHS];
     int n_pts;
     double max_fit_err, max_holdout_err;  // largest |residual| on the fit lengths / held-out lengths
+    double layer_c;         // the T(s) fit's constant c; cm.layer_const = max(0, c - cm.attn_step)
+    // ring step (cm.attn_step is its floor)
+    ProfileRingPoint ring[PROFILE_MAX_RING];
+    int n_ring;             // 0: not measured (cm.attn_step stays the `cpu` profile's)
+    double ring_rate;       // seconds per visible pair of a block (compare cm.attn_pair, the layer's)
+    double max_ring_err;    // largest |residual| of the ring-step fit
+    double ring_seconds;    // wall time of the ring-step part
     // activations
     double act_margin;         // bytes act_const was raised by to cover the engine's rounding
     double act_shared_margin;  // the same for act_shared_const
@@ -162,6 +196,14 @@ int profile_run(Profile *p, const ProfileConfig *c, Comm *comm);
 // The parts of profile_run, for tests: the compute timings (collective) and their fit; the
 // activation accounting (no timing).
 int profile_measure_compute(Profile *p, Comm *comm, Progress *pr, int64_t *done);
+// The ring step (collective): every block size of the ladder, full and causal, cfg.warmup + cfg.reps
+// times on every rank, the medians fitted by profile_fit_ring_step into cm.attn_step and ring_rate.
+int profile_measure_ring(Profile *p, Comm *comm, Progress *pr, int64_t *done);
+// The T(s) fit of the compute points (profile_fit_time; layer_c = its c), and the head. The layer's
+// measured time includes its one attention block's floor, which cost_layer_time adds as attn_step
+// on top of layer_const: so layer_const = max(0, c - cm.attn_step) (cm.attn_step from
+// profile_measure_ring, run first; 0: c as fitted), and the points' fitted values and residuals are
+// cost_layer_time's.
 int profile_fit_compute(Profile *p);
 int profile_measure_act(Profile *p);
 void profile_free(Profile *p);

@@ -149,6 +149,7 @@ int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, 
     c.attn_pair = 3.0 * cost_attn_flops_per_pair(m) / attn_rate;
     c.lin_token = 3.0 * cost_linear_flops_per_token(m) / matmul_rate;
     c.layer_const = COST_LAYER_CONST;
+    c.attn_step = hw->attn_step;  // per kernel call: the same on every TP device and stage
 
     c.n_layers = (m->n_layers + pp - 1) / pp;
     c.act_token = act_bytes_per_token(m, hw->elem_bytes, tp);
@@ -183,7 +184,8 @@ int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, 
 // ---- T(s), Act(s) and item times -------------------------------------------------------------------
 
 double cost_layer_time(const CostModel *cm, int64_t s) {
-    return cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)(s > 0 ? s : 0) + cm->layer_const;
+    return cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)(s > 0 ? s : 0) + cm->layer_const +
+           cm->attn_step;
 }
 
 double cost_layer_act(const CostModel *cm, int64_t s) { return cm->act_token * (double)(s > 0 ? s : 0) + cm->act_const; }
@@ -242,23 +244,25 @@ static double transfer_time(double bytes, double bw, double lat) { return (bw > 
 static void item_layer_times(const CostModel *cm, double tokens, double area, int D, double *fwd, double *bwd) {
     double attn = cm->attn_pair * area;
     double lin = cm->lin_token * tokens + cm->layer_const;
-    if (D == 1) {  // forward is a third of the layer's work, backward two thirds
-        *fwd = (attn + lin) / 3.0;
-        *bwd = 2.0 * (attn + lin) / 3.0;
+    if (D == 1) {  // forward is a third of the layer's work, backward two thirds; one attention block
+        *fwd = (attn + cm->attn_step + lin) / 3.0;
+        *bwd = 2.0 * (attn + cm->attn_step + lin) / 3.0;
         return;
     }
     // The symmetric 2D-chunk layout gives every rank 1/D of every segment and 1/D of its mask
     // area, and every ring step the same 1/D^2 of the area. Step k computes on the K/V block
     // that arrived in step k-1 while the next block travels; the local block (step 0) hides
     // the first transfer. Backward sends K/V and the partial dK/dV together (twice the bytes)
-    // and, after the last step, the summed dK/dV travel home once more: exposed.
+    // and, after the last step, the summed dK/dV travel home once more: exposed. Every block
+    // pays the per-call floor attn_step, however few pairs it holds: a wide ring over short
+    // chunks is D floors per layer, not its FLOPs.
     double bw, lat;
     ring_link(cm, D, &bw, &lat);
     double kv_bytes = cm->kv_token * tokens / D;  // one rank's K/V block
     double x_fwd = transfer_time(kv_bytes, bw, lat);
     double x_bwd = transfer_time(2.0 * kv_bytes, bw, lat);
-    double blk_fwd = attn / (3.0 * D * D);
-    double blk_bwd = 2.0 * attn / (3.0 * D * D);
+    double blk_fwd = (attn / ((double)D * D) + cm->attn_step) / 3.0;
+    double blk_bwd = 2.0 * (attn / ((double)D * D) + cm->attn_step) / 3.0;
     double lin_rank = cm->lin_token * tokens / D;
     *fwd = (lin_rank + cm->layer_const) / 3.0 + blk_fwd + (D - 1) * fmax(blk_fwd, x_fwd);
     *bwd = 2.0 * (lin_rank + cm->layer_const) / 3.0 + blk_bwd + (D - 1) * fmax(blk_bwd, x_bwd) + x_fwd;
@@ -330,7 +334,8 @@ double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, 
     double bw, lat;
     ring_link(cm, D, &bw, &lat);
     double x = transfer_time(cost_a2a_bytes(cm, D) * tokens / D * (D - 1) / D, bw, lat);
-    double layer = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D);
+    double layer = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D) +
+                   cm->attn_step;  // one attention call over whole segments
     return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D);
 }
 
@@ -428,6 +433,7 @@ typedef enum {
     K_BYTES,      // bytes: [0, 1e15]
     K_BW,         // bytes per second: [1e3, 1e14] (1 KB/s .. 100 TB/s)
     K_LAT,        // seconds per message: [0, 10]
+    K_CALL,       // seconds per kernel call of one layer: [0, 1]
 } FieldKind;
 
 typedef struct {
@@ -438,6 +444,7 @@ typedef struct {
 static const KindRange kind_range[] = {
     [K_TIME_PER] = {0, 1, "s"},       [K_TIME] = {0, 3600, "s"},  [K_BYTES_PER] = {0, 1e12, "bytes"},
     [K_BYTES] = {0, 1e15, "bytes"},   [K_BW] = {1e3, 1e14, "bytes/s"}, [K_LAT] = {0, 10, "s"},
+    [K_CALL] = {0, 1, "s"},
 };
 
 typedef struct {
@@ -459,6 +466,7 @@ static const CostField cost_fields[] = {
     DFIELD(ring_bw_intra, 0, 1, K_BW),        DFIELD(ring_lat_intra, 0, 1, K_LAT),
     DFIELD(act_shared_token, 0, 1, K_BYTES_PER), DFIELD(act_shared_const, 0, 1, K_BYTES),
     DFIELD(head_token, 0, 1, K_TIME_PER),     DFIELD(head_const, 0, 1, K_TIME),
+    DFIELD(attn_step, 0, 1, K_CALL),
 };
 #undef DFIELD
 enum { N_COST_FIELDS = (int)(sizeof cost_fields / sizeof cost_fields[0]) };

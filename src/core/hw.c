@@ -10,21 +10,23 @@
 #include "bytescale/json.h"
 
 // name, gpus/node, peak, efficiency, mem, intra_bw, inter_bw, intra_lat, inter_lat, host_bw, elem_bytes,
-// attn_efficiency, mem_bw
+// attn_efficiency, mem_bw, attn_step
 static const HardwareProfile profiles[] = {
     // 8x H100 SXM5 80GB (DGX/HGX H100): 989 TFLOP/s dense bf16; NVLink 4 900 GB/s bidirectional;
     // one ConnectX-7 400 Gb/s NIC per GPU; PCIe Gen5 x16 to the host; HBM3 3.35 TB/s.
-    {"h100-sxm", 8, 989e12, 0.5, 80e9, 450e9, 50e9, 5e-6, 10e-6, 50e9, 2, 0.35, 3.35e12},
+    {"h100-sxm", 8, 989e12, 0.5, 80e9, 450e9, 50e9, 5e-6, 10e-6, 50e9, 2, 0.35, 3.35e12, 0},
     // h100-sxm with what one H100 measurement fixes (docs/measured/): efficiency and attn_efficiency
     // fitted to a LLaMA-7B layer's forward + backward at 16K-64K tokens (2K-8K held out), host_bw
-    // the slower of the pinned copy directions. NVLink, RDMA and latencies cannot be measured on one
-    // GPU: h100-sxm's. Bench bench_costcheck re-derives the fit; tests/core/test_measured_h100.c checks it.
-    {"h100-measured", 8, 989e12, 0.535, 80e9, 450e9, 50e9, 5e-6, 10e-6, 54.7e9, 2, 0.478, 3.35e12},
+    // the slower of the pinned copy directions, attn_step fitted to one ring step's block compute at
+    // 16 to 16K tokens per chunk (h100-ring-step.json). NVLink, RDMA and latencies cannot be measured
+    // on one GPU: h100-sxm's. Bench bench_costcheck re-derives the fit; tests/core/test_measured_h100.c
+    // checks it.
+    {"h100-measured", 8, 989e12, 0.535, 80e9, 450e9, 50e9, 5e-6, 10e-6, 54.7e9, 2, 0.479, 3.35e12, 248e-6},
     // H800 SXM5: the H100 with NVLink cut to 400 GB/s bidirectional (sold in China).
-    {"h800-sxm", 8, 989e12, 0.5, 80e9, 200e9, 50e9, 5e-6, 10e-6, 50e9, 2, 0.35, 3.35e12},
+    {"h800-sxm", 8, 989e12, 0.5, 80e9, 200e9, 50e9, 5e-6, 10e-6, 50e9, 2, 0.35, 3.35e12, 0},
     // this machine: one core per rank, fp32 AVX2 FMA (2 x 8 lanes x 2 FLOPs x 2.6 GHz), 2 cores per node;
     // "links" are MPI shared-memory copies and "host" offload is a memcpy.
-    {"cpu", 2, 83.2e9, 0.7, 8e9, 5e9, 5e9, 1e-6, 1e-6, 10e9, 4, 0.7, 20e9},
+    {"cpu", 2, 83.2e9, 0.7, 8e9, 5e9, 5e9, 1e-6, 1e-6, 10e9, 4, 0.7, 20e9, 0},
 };
 
 enum { N_PROFILES = (int)(sizeof profiles / sizeof profiles[0]) };
@@ -65,7 +67,8 @@ int hw_check(const HardwareProfile *h) {
     struct {
         const char *field;
         double value;
-    } nonneg[] = {{"intra_lat", h->intra_lat}, {"inter_lat", h->inter_lat}, {"mem_bw", h->mem_bw}};
+    } nonneg[] = {{"intra_lat", h->intra_lat}, {"inter_lat", h->inter_lat}, {"mem_bw", h->mem_bw},
+                  {"attn_step", h->attn_step}};
     for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; i++)
         if (!(isfinite(nonneg[i].value) && nonneg[i].value >= 0))
             return bs_fail("hardware profile \"%s\": %s must be >= 0 (got %g)", n, nonneg[i].field, nonneg[i].value);
@@ -79,6 +82,7 @@ int hw_check(const HardwareProfile *h) {
         {"intra_bw", "bytes/s", h->intra_bw, 1e3, 1e14},    {"inter_bw", "bytes/s", h->inter_bw, 1e3, 1e14},
         {"host_bw", "bytes/s", h->host_bw, 1e3, 1e14},      {"mem_bw", "bytes/s", h->mem_bw, 1e3, 1e14},
         {"intra_lat", "s", h->intra_lat, 0, 10},            {"inter_lat", "s", h->inter_lat, 0, 10},
+        {"attn_step", "s", h->attn_step, 0, 1},
         {"gpus_per_node", "devices", h->gpus_per_node, 1, 65536},
     };
     for (size_t i = 0; i < sizeof range / sizeof range[0]; i++) {
@@ -123,6 +127,7 @@ static int load_fields(const cJSON *root, HardwareProfile *h, const char *where)
         if (json_get_double(root, required[i].key, required[i].dst, where) != 0) return -1;
     if (json_opt_double(root, "attn_efficiency", &h->attn_efficiency, where) != 0) return -1;
     if (json_opt_double(root, "mem_bw", &h->mem_bw, where) != 0) return -1;
+    if (json_opt_double(root, "attn_step", &h->attn_step, where) != 0) return -1;
     return 0;
 }
 
@@ -171,6 +176,7 @@ int hw_save_file(const HardwareProfile *h, const char *path) {
     ok = ok && json_add_exact(root, "intra_lat", h->intra_lat);
     ok = ok && json_add_exact(root, "inter_lat", h->inter_lat);
     ok = ok && json_add_exact(root, "host_bw", h->host_bw);
+    ok = ok && json_add_exact(root, "attn_step", h->attn_step);
     ok = ok && json_add_exact(root, "elem_bytes", h->elem_bytes);
     int rc = ok ? json_write_file(path, root, 1) : bs_fail("%s: out of memory building JSON", path);
     cJSON_Delete(root);

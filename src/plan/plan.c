@@ -370,8 +370,11 @@ static double seq_work(const CostModel *cm, int64_t s) {
            cm->head_token * (double)s;
 }
 
-// What every (item, member) slot pays once whatever it holds: each layer's constant and the head's.
-static double slot_const(const CostModel *cm) { return cm->n_layers * cm->layer_const + cm->head_const; }
+// What every (item, member) slot pays once whatever it holds: each layer's constant and at least one
+// attention block's floor (a pack has one, a ring member D), and the head's constant.
+static double slot_const(const CostModel *cm) {
+    return cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const;
+}
 
 // The two parts of the policy-independent bound for one stage: *avg, the average work per rank,
 // and *single, the longest sequence's fastest time on any ring it fits (docs/planner.md).

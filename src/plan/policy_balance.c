@@ -67,7 +67,7 @@ typedef struct {
     int32_t n_made_segs;
     int32_t *made_ranks; // (cap_made_ranks,), grown when rings take more than counted
     int64_t n_made_ranks, cap_made_ranks;
-    double open_cost;  // what opening a micro-batch adds: one layer_const per layer
+    double open_cost;  // what opening a micro-batch adds: one layer_const and attention floor per layer
     double lift;       // pp - 1: the stages a forward fills and a backward drains before the last
     double *last_free; // (n_ranks,) when each rank's last stage is done with its micro-batches so far
     double *last_t;    // (n_ranks,) per-stage time of each rank's latest micro-batch (0: none yet)
@@ -366,7 +366,7 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     bb->b = b;
     bb->cfg = cfg;
     bb->cm = cm;
-    bb->open_cost = cm->n_layers * cm->layer_const;
+    bb->open_cost = cm->n_layers * (cm->layer_const + cm->attn_step);
     size_t nn = (size_t)(b->n > 0 ? b->n : 1);
     bb->d_min = bs_malloc(nn * sizeof(int32_t));
     bb->r_min = bs_malloc(nn * sizeof(double));

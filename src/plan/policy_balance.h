@@ -14,7 +14,7 @@ typedef struct {
     const GlobalBatch *b;
     const PlanConfig *cfg;
     const CostModel *cm;
-    double open_cost;   // what opening a micro-batch adds: one layer_const per layer
+    double open_cost;   // what opening a micro-batch adds: one layer_const and attention floor per layer
     int32_t *d_min;     // (n,) Eq. 3's fewest ranks for each sequence (policy_shard; 1 when s <= C)
     double *r_min;      // (n,) the offload ratio at d_min
     int32_t n_long;     // sequences longer than C: each one a ring of its own

@@ -26,6 +26,7 @@
 #include "bytescale/rng.h"
 #include "bytescale/scenario.h"
 #include "bytescale/timer.h"
+#include "profile_internal.h"
 
 #define P2P_TAG 7101            // the ping-pong's messages; nothing else is in flight meanwhile
 #define P2P_SAMPLE_BYTES (4 << 20)  // a sample moves about this much, so small messages repeat
@@ -38,8 +39,8 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// The median of v[0..n), v left as it was.
-static double median_of(const double *v, int n) {
+// (profile_internal.h)
+double profile_median(const double *v, int n) {
     if (n < 1) return NAN;
     double *c = malloc((size_t)n * sizeof *c);
     if (!c) return NAN;
@@ -237,14 +238,9 @@ int profile_config_check(const ProfileConfig *c) {
 
 // ---- progress ---------------------------------------------------------------------------------------
 // Units are estimated milliseconds (the `cpu` profile's T(s) for the compute), so the ETA holds
-// although the longest lengths take most of the time.
+// although the longest lengths take most of the time (profile_internal.h).
 
-typedef struct {
-    Progress *pr;
-    int64_t done;
-} Tick;
-
-static void tick(Tick *t, int64_t units, const char *note) {
+void profile_tick(ProfileTick *t, int64_t units, const char *note) {
     t->done += units > 0 ? units : 1;
     if (t->pr) progress_update(t->pr, t->done, note);
 }
@@ -258,8 +254,8 @@ static int64_t tier_units(const ProfileConfig *c) { return 2 * c->tier_bytes / (
 
 // ---- compute --------------------------------------------------------------------------------------------
 
-// All ranks' n values (the same n on each), in rank order, into a fresh buffer.
-static double *gather(Comm *comm, const double *mine, int n) {
+// (profile_internal.h)
+double *profile_gather(Comm *comm, const double *mine, int n) {
     double *all = bs_malloc(sizeof(double) * (size_t)n * (size_t)comm->size);
     if (all && comm_allgather(comm, mine, all, sizeof(double) * (size_t)n) != 0) {
         free(all);
@@ -320,7 +316,7 @@ int profile_measure_compute(Profile *p, Comm *comm, Progress *pr, int64_t *done)
         if (rc == 0) llama_init_weights(&m[i], 1337);
     }
     if (rc == 0) rc = tokens_init(&tk, max_T, c->model->vocab_size);
-    Tick t = {pr, done ? *done : 0};
+    ProfileTick t = {pr, done ? *done : 0};
     char note[96];
     // Every repetition runs every length once, so a change in the machine's load spreads over all
     // lengths instead of landing on a few. Within one (repetition, length) the two models run back to
@@ -342,10 +338,10 @@ int profile_measure_compute(Profile *p, Comm *comm, Progress *pr, int64_t *done)
             }
             snprintf(note, sizeof note, "compute: s = %d, %s %d of %d", T, r < c->warmup ? "warm-up" : "run",
                      r < c->warmup ? r + 1 : r - c->warmup + 1, r < c->warmup ? c->warmup : reps);
-            tick(&t, compute_units(p, T), note);
+            profile_tick(&t, compute_units(p, T), note);
         }
     }
-    if (rc == 0 && !(all = gather(comm, mine, NV * n * reps))) rc = -1;
+    if (rc == 0 && !(all = profile_gather(comm, mine, NV * n * reps))) rc = -1;
     int ns = reps * comm->size;
     double *ta = rc == 0 ? bs_malloc(sizeof(double) * (size_t)ns * 3) : NULL, *tb = ta ? ta + ns : NULL;
     double *share = ta ? ta + 2 * ns : NULL;
@@ -366,10 +362,10 @@ int profile_measure_compute(Profile *p, Comm *comm, Progress *pr, int64_t *done)
                 pt->samples[k * reps + j] = at[0], ta[k * reps + j] = at[1], tb[k * reps + j] = at[2];
                 share[k * reps + j] = at[3];
             }
-        pt->measured = median_of(pt->samples, ns);
-        pt->core_share = median_of(share, ns);
-        pt->model_t[0] = median_of(ta, ns);
-        pt->model_t[1] = median_of(tb, ns);
+        pt->measured = profile_median(pt->samples, ns);
+        pt->core_share = profile_median(share, ns);
+        pt->model_t[0] = profile_median(ta, ns);
+        pt->model_t[1] = profile_median(tb, ns);
         if (!(pt->measured > 0))
             rc = bs_fail("s = %d: the %d-layer model took no longer than the %d-layer one (median %g s): too noisy "
                          "to measure; raise --reps or the lengths",
@@ -417,6 +413,13 @@ int profile_fit_compute(Profile *p) {
     for (int i = 0; i < p->n_pts; i++)
         if (!p->pts[i].held_out) s[n] = p->pts[i].s, t[n] = p->pts[i].measured, n++;
     if (profile_fit_time(s, t, n, &p->cm) != 0) return -1;
+    // The measured layer ran one attention block, so its constant c holds that block's floor, which
+    // the ring step measured as attn_step and cost_layer_time adds on top of layer_const: counted
+    // once, the model's T(s) is the fit. (c < attn_step: the floor is more than the layer fit could
+    // resolve in its constant; layer_const is then 0 and T(s) exceeds the fit by attn_step - c, which
+    // the residuals below show.)
+    p->layer_c = p->cm.layer_const;
+    p->cm.layer_const = fmax(0.0, p->layer_c - p->cm.attn_step);
     p->max_fit_err = p->max_holdout_err = 0;
     for (int i = 0; i < p->n_pts; i++) {
         ProfilePoint *pt = &p->pts[i];
@@ -491,7 +494,7 @@ int profile_measure_act(Profile *p) {
 // member holds between C/2 and C tokens without offloading, more with it; smaller messages (where
 // MPI switches protocols and latency dominates) would pull the fit away from the sizes rings send.
 // Rank 0 times groups of `iters` round trips; one group first as warm-up.
-static int measure_p2p(Profile *p, Comm *comm, Tick *t) {
+static int measure_p2p(Profile *p, Comm *comm, ProfileTick *t) {
     const ProfileConfig *c = &p->cfg;
     if (comm->size < 2) return 0;
     double kv_bytes = 2.0 * c->model->n_kv_heads * c->model->head_dim * sizeof(float);
@@ -540,7 +543,7 @@ static int measure_p2p(Profile *p, Comm *comm, Tick *t) {
         // partner waited for the scheduler, not for the link
         double share = me <= 1 && wall > 0 ? cpu / wall : 1, *shares = NULL;
         if (rc == 0) rc = comm_bcast(comm, samples, sizeof(double) * (size_t)c->p2p_reps, 0);
-        if (rc == 0 && !(shares = gather(comm, &share, 1))) rc = -1;
+        if (rc == 0 && !(shares = profile_gather(comm, &share, 1))) rc = -1;
         if (rc != 0) break;
         ProfileLinkPoint *lp = &p->link[i];
         lp->core_share = fmin(shares[0], shares[1]);
@@ -554,11 +557,11 @@ static int measure_p2p(Profile *p, Comm *comm, Tick *t) {
             break;
         }
         memcpy(lp->samples, samples, sizeof(double) * (size_t)c->p2p_reps);
-        lp->seconds = median_of(samples, c->p2p_reps);
+        lp->seconds = profile_median(samples, c->p2p_reps);
         p->n_link = i + 1;
         char note[64];
         snprintf(note, sizeof note, "links: %zu bytes", bytes);
-        tick(t, 1, note);
+        profile_tick(t, 1, note);
     }
     free(buf), free(samples);
     if (rc != 0) return bs_fail_ctx("ping-pong between ranks 0 and 1");
@@ -579,7 +582,7 @@ static int measure_p2p(Profile *p, Comm *comm, Tick *t) {
 // The file tier as the model uses it: page-aligned chunks of one layer's activations at the
 // capacity (what r = 1 moves per layer), written at increasing offsets and read back. One untimed
 // write pass first gives the file its blocks; training overwrites the same offsets every micro-batch.
-static int measure_tier(Profile *p, Comm *comm, Tick *t) {
+static int measure_tier(Profile *p, Comm *comm, ProfileTick *t) {
     const ProfileConfig *c = &p->cfg;
     size_t total_cap = arena_page_round((size_t)c->tier_bytes);
     size_t chunk = arena_page_round((size_t)cost_layer_act(&p->cm, c->capacity));
@@ -608,12 +611,12 @@ static int measure_tier(Profile *p, Comm *comm, Tick *t) {
         double t2 = now_seconds();
         if (rc == 0 && r > 0) mine[2 * (r - 1)] = total / (t1 - t0), mine[2 * (r - 1) + 1] = total / (t2 - t1);
         snprintf(note, sizeof note, "offload tier: %s %d of %d", r ? "pass" : "first write", r, c->tier_reps);
-        tick(t, tier_units(c) / 2, note);
+        profile_tick(t, tier_units(c) / 2, note);
     }
     if (rc != 0) bs_fail_ctx("%s", tier.name);
     offload_tier_close(&tier);
     arena_free(&a);
-    if (rc == 0 && !(all = gather(comm, mine, 2 * c->tier_reps))) rc = -1;
+    if (rc == 0 && !(all = profile_gather(comm, mine, 2 * c->tier_reps))) rc = -1;
     int ns = c->tier_reps * comm->size;
     if (rc == 0) {
         p->tier_write = bs_malloc(sizeof(double) * (size_t)ns);
@@ -623,8 +626,8 @@ static int measure_tier(Profile *p, Comm *comm, Tick *t) {
     for (int i = 0; rc == 0 && i < ns; i++) p->tier_write[i] = all[2 * i], p->tier_read[i] = all[2 * i + 1];
     if (rc == 0) {
         p->n_tier = ns;
-        p->tier_write_bw = median_of(p->tier_write, ns);
-        p->tier_read_bw = median_of(p->tier_read, ns);
+        p->tier_write_bw = profile_median(p->tier_write, ns);
+        p->tier_read_bw = profile_median(p->tier_read, ns);
     }
     free(mine), free(all);
     return rc;
@@ -676,13 +679,15 @@ int profile_run(Profile *p, const ProfileConfig *c, Comm *comm) {
     int64_t units = 0;
     for (int i = 0; i < c->n_lengths; i++)
         units += (int64_t)(c->warmup + c->reps) * compute_units(p, c->lengths[i]);
-    units += (comm->size > 1 ? 32 : 0) + tier_units(c) * (c->tier_reps + 1) / 2;
+    units += profile_ring_units(p) + (comm->size > 1 ? 32 : 0) + tier_units(c) * (c->tier_reps + 1) / 2;
     progress_start(&pr, "profile", units);
     pr.quiet |= c->quiet || comm->rank != 0;
-    Tick t = {&pr, 0};
+    ProfileTick t = {&pr, 0};
 
     if (profile_measure_act(p) != 0) return -1;
     if (profile_measure_compute(p, comm, &pr, &t.done) != 0) return -1;
+    // the ring step before the layer's fit: its floor comes out of the layer's constant
+    if (profile_measure_ring(p, comm, &pr, &t.done) != 0) return -1;
     if (profile_fit_compute(p) != 0) return -1;
     if (measure_p2p(p, comm, &t) != 0) return -1;
     if (measure_tier(p, comm, &t) != 0) return -1;
@@ -703,16 +708,17 @@ int profile_run(Profile *p, const ProfileConfig *c, Comm *comm) {
 void profile_free(Profile *p) {
     for (int i = 0; i < PROFILE_MAX_LENGTHS; i++) free(p->pts[i].samples);
     for (int i = 0; i < PROFILE_MAX_SIZES; i++) free(p->link[i].samples);
+    for (int i = 0; i < PROFILE_MAX_RING; i++) free(p->ring[i].samples);
     free(p->tier_write), free(p->tier_read);
     memset(p, 0, sizeof *p);
 }
 
 // ---- printing ----------------------------------------------------------------------------------------------
 
-static double spread_of(const ProfilePoint *pt) {  // (max - min) / median of the samples
+double profile_spread(const double *v, int n, double median) {
     double lo = INFINITY, hi = -INFINITY;
-    for (int j = 0; j < pt->n_samples; j++) lo = fmin(lo, pt->samples[j]), hi = fmax(hi, pt->samples[j]);
-    return (hi - lo) / pt->measured;
+    for (int j = 0; j < n; j++) lo = fmin(lo, v[j]), hi = fmax(hi, v[j]);
+    return (hi - lo) / median;
 }
 
 void profile_print(FILE *f, const Profile *p) {
@@ -739,7 +745,7 @@ void profile_print(FILE *f, const Profile *p) {
         const ProfilePoint *pt = &p->pts[i];
         fprintf(f, "%8lld %11.3f %11.3f %11.3f %11.3f %+8.1f%% %6.0f%% %5.2f  %s\n", (long long)pt->s,
                 1e3 * pt->model_t[0], 1e3 * pt->model_t[1], 1e3 * pt->measured, 1e3 * pt->fitted, 100 * pt->residual,
-                100 * spread_of(pt), pt->core_share, pt->held_out ? "held out" : "");
+                100 * profile_spread(pt->samples, pt->n_samples, pt->measured), pt->core_share, pt->held_out ? "held out" : "");
     }
     double a1 = cm->attn_pair / 2, b1 = cm->lin_token + cm->attn_pair / 2;
     fprintf(f, "(model A: %d layer%s, B: %d layers; residual = fitted / measured - 1; spread = (max - min) / median of "
@@ -749,14 +755,19 @@ void profile_print(FILE *f, const Profile *p) {
     fprintf(f, "fit on %d lengths (%d held out), least squares weighted by 1/T^2 (relative error), "
                "coefficients >= 0:\n",
             p->n_pts - n_held, n_held);
-    fprintf(f, "  T(s) = a1 s^2 + b1 s + c:  a1 = %.4e s, b1 = %.4e s, c = %.4e s\n", a1, b1, cm->layer_const);
-    fprintf(f, "  attn_pair = 2 a1 = %.4e s, lin_token = b1 - a1 = %.4e s, layer_const = c = %.4e s\n", cm->attn_pair,
-            cm->lin_token, cm->layer_const);
+    fprintf(f, "  T(s) = a1 s^2 + b1 s + c:  a1 = %.4e s, b1 = %.4e s, c = %.4e s\n", a1, b1, p->layer_c);
+    fprintf(f, "  attn_pair = 2 a1 = %.4e s, lin_token = b1 - a1 = %.4e s, layer_const = max(0, c - attn_step) = %.4e "
+               "s, attn_step = %.4e s (the ring step below)\n",
+            cm->attn_pair, cm->lin_token, cm->layer_const, cm->attn_step);
+    if (p->layer_c < cm->attn_step)  // then cost_layer_time, the fitted column, is above the fit
+        fprintf(f, "  (c < attn_step: the cost model's T(s) is the fit + %.4e s, as the fitted column shows)\n",
+                cm->attn_step - p->layer_c);
     fprintf(f, "  largest |residual|: %.1f%% on the fitted lengths", 100 * p->max_fit_err);
     if (n_held) fprintf(f, ", %.1f%% on the held-out lengths", 100 * p->max_holdout_err);
     fprintf(f, "\n  the `cpu` profile derives attn_pair %.4e, lin_token %.4e, layer_const %.4e: measured / derived "
                "%.2f, %.2f\n\n",
             d->attn_pair, d->lin_token, d->layer_const, cm->attn_pair / d->attn_pair, cm->lin_token / d->lin_token);
+    profile_ring_print(f, p);
 
     fprintf(f, "head: the embedding, output head and loss = model A - %d x layer, fitted to head_token s + "
                "head_const:\n  head_token = %.4e s, head_const = %.4e s; largest |fitted - measured| %.1f%% of "
@@ -780,11 +791,9 @@ void profile_print(FILE *f, const Profile *p) {
         double kv = 2.0 * c->model->n_kv_heads * c->model->head_dim * sizeof(float);
         for (int i = 0; i < p->n_link; i++) {
             const ProfileLinkPoint *lp = &p->link[i];
-            double lo = INFINITY, hi = -INFINITY;
-            for (int j = 0; j < lp->n_samples; j++) lo = fmin(lo, lp->samples[j]), hi = fmax(hi, lp->samples[j]);
             fprintf(f, "%12.0f %8.0f %11.2f %11.2f %+8.1f%% %6.0f%% %5.2f\n", lp->bytes, lp->bytes / kv,
-                    1e6 * lp->seconds, 1e6 * lp->fitted, 100 * lp->residual, 100 * (hi - lo) / lp->seconds,
-                    lp->core_share);
+                    1e6 * lp->seconds, 1e6 * lp->fitted, 100 * lp->residual,
+                    100 * profile_spread(lp->samples, lp->n_samples, lp->seconds), lp->core_share);
         }
         fprintf(f, "  (core: the lesser share of its core rank 0 or 1 had; below ~0.9 the times are the "
                    "scheduler's)\n");
@@ -817,8 +826,15 @@ void profile_print(FILE *f, const Profile *p) {
 // Where each field of the file came from.
 static const char *field_source(const Profile *p, const char *key, int *measured) {
     *measured = 1;
-    if (!strcmp(key, "attn_pair") || !strcmp(key, "lin_token") || !strcmp(key, "layer_const"))
+    if (!strcmp(key, "attn_pair") || !strcmp(key, "lin_token"))
         return "fit of T(s) to the per-layer times (compute.points)";
+    if (!strcmp(key, "layer_const"))
+        return "fit of T(s) to the per-layer times (compute.points): max(0, its constant c - attn_step)";
+    if (!strcmp(key, "attn_step")) {
+        *measured = p->n_ring > 0;
+        return p->n_ring > 0 ? "fit of attn_step + pairs x rate to one ring step's block times (ring_step.points)"
+                             : "the `cpu` hardware profile (not measured)";
+    }
     if (!strncmp(key, "act_", 4))
         return "the engine's accounting, llama_activation_bytes and llama_resident_bytes (activations)";
     if (!strncmp(key, "head_", 5)) return "fit of the model's time beyond its layers (head.points)";
@@ -834,7 +850,7 @@ static const char *field_source(const Profile *p, const char *key, int *measured
     return "cost_derive on the `cpu` hardware profile";
 }
 
-static cJSON *number_array(const double *v, int n) {
+cJSON *profile_number_array(const double *v, int n) {
     cJSON *a = cJSON_CreateArray();
     for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
     return a;
@@ -859,11 +875,11 @@ static cJSON *profile_json(const Profile *p) {
     cJSON *set = cJSON_AddObjectToObject(o, "settings");
     double lens[PROFILE_MAX_LENGTHS];
     for (int i = 0; i < c->n_lengths; i++) lens[i] = (double)c->lengths[i];
-    cJSON_AddItemToObject(set, "lengths", number_array(lens, c->n_lengths));
+    cJSON_AddItemToObject(set, "lengths", profile_number_array(lens, c->n_lengths));
     cJSON_AddNumberToObject(set, "reps", c->reps);
     cJSON_AddNumberToObject(set, "warmup", c->warmup);
     double layers[2] = {c->layers[0], c->layers[1]};
-    cJSON_AddItemToObject(set, "layers", number_array(layers, 2));
+    cJSON_AddItemToObject(set, "layers", profile_number_array(layers, 2));
     cJSON_AddNumberToObject(set, "holdout", c->holdout);
     cJSON_AddStringToObject(set, "clock", c->wall_clock ? "wall" : "cpu");
     cJSON_AddNumberToObject(set, "capacity", (double)c->capacity);
@@ -889,12 +905,14 @@ static cJSON *profile_json(const Profile *p) {
                                             "layers[0]), llama_forward_backward on one causal sequence of s tokens, "
                                             "paired runs, settings.clock seconds; median over every rank's "
                                             "runs");
-    cJSON_AddStringToObject(comp, "fit", "T(s) = attn_pair s(s+1)/2 + lin_token s + layer_const = a1 s^2 + b1 s + c, "
-                                         "least squares weighted by 1/T^2, coefficients >= 0, held-out lengths "
-                                         "excluded");
+    cJSON_AddStringToObject(comp, "fit", "T(s) = attn_pair s(s+1)/2 + lin_token s + c = a1 s^2 + b1 s + c, least "
+                                         "squares weighted by 1/T^2, coefficients >= 0, held-out lengths excluded; "
+                                         "layer_const = max(0, c - attn_step): the layer's one attention block's "
+                                         "floor is attn_step (ring_step), which cost_layer_time adds; fitted = "
+                                         "cost_layer_time");
     json_add_exact(comp, "a1", cm->attn_pair / 2);
     json_add_exact(comp, "b1", cm->lin_token + cm->attn_pair / 2);
-    json_add_exact(comp, "c", cm->layer_const);
+    json_add_exact(comp, "c", p->layer_c);
     cJSON_AddNumberToObject(comp, "max_fit_residual", p->max_fit_err);
     cJSON_AddNumberToObject(comp, "max_held_out_residual", p->max_holdout_err);
     cJSON *pts = cJSON_AddArrayToObject(comp, "points");
@@ -907,10 +925,12 @@ static cJSON *profile_json(const Profile *p) {
         cJSON_AddNumberToObject(e, "fitted", pt->fitted);
         cJSON_AddNumberToObject(e, "residual", pt->residual);
         cJSON_AddNumberToObject(e, "core_share", pt->core_share);
-        cJSON_AddItemToObject(e, "model_seconds", number_array(pt->model_t, 2));
-        cJSON_AddItemToObject(e, "samples", number_array(pt->samples, pt->n_samples));
+        cJSON_AddItemToObject(e, "model_seconds", profile_number_array(pt->model_t, 2));
+        cJSON_AddItemToObject(e, "samples", profile_number_array(pt->samples, pt->n_samples));
         cJSON_AddItemToArray(pts, e);
     }
+
+    cJSON_AddItemToObject(o, "ring_step", profile_ring_json(p));
 
     cJSON *hd = cJSON_AddObjectToObject(o, "head");
     cJSON_AddStringToObject(hd, "method", "head(s) = compute.points[].model_seconds[0] - layers[0] x the per-layer "
@@ -960,7 +980,7 @@ static cJSON *profile_json(const Profile *p) {
             cJSON_AddNumberToObject(e, "residual", lp->residual);
             cJSON_AddNumberToObject(e, "round_trips_per_sample", lp->iters);
             cJSON_AddNumberToObject(e, "core_share", lp->core_share);
-            cJSON_AddItemToObject(e, "samples", number_array(lp->samples, lp->n_samples));
+            cJSON_AddItemToObject(e, "samples", profile_number_array(lp->samples, lp->n_samples));
             cJSON_AddItemToArray(lpts, e);
         }
     } else {
@@ -973,8 +993,8 @@ static cJSON *profile_json(const Profile *p) {
     cJSON_AddNumberToObject(off, "chunk_bytes", (double)p->tier_chunk);
     cJSON_AddNumberToObject(off, "write_bw", p->tier_write_bw);
     cJSON_AddNumberToObject(off, "read_bw", p->tier_read_bw);
-    cJSON_AddItemToObject(off, "write_samples", number_array(p->tier_write, p->n_tier));
-    cJSON_AddItemToObject(off, "read_samples", number_array(p->tier_read, p->n_tier));
+    cJSON_AddItemToObject(off, "write_samples", profile_number_array(p->tier_write, p->n_tier));
+    cJSON_AddItemToObject(off, "read_samples", profile_number_array(p->tier_read, p->n_tier));
 
     cJSON *der = cJSON_AddObjectToObject(o, "cpu_profile");  // for comparison: what the analytic model says
     for (int i = 0; i < cost_field_count(); i++) cJSON_AddNumberToObject(der, cost_field_name(i), cost_field_value(&p->derived, i));
@@ -1035,10 +1055,11 @@ int profile_plot(const Profile *p, const char *prefix) {
         }
         fprintf(f, "EOD\n");
     }
+    // cost_layer_time: one attention block, so its floor attn_step on top of layer_const
     fprintf(f, "fit(x) = 1e3 * (%.17g * x * (x + 1) / 2 + %.17g * x + %.17g)\n", cm->attn_pair, cm->lin_token,
-            cm->layer_const);
+            cm->layer_const + cm->attn_step);
     fprintf(f, "cpu(x) = 1e3 * (%.17g * x * (x + 1) / 2 + %.17g * x + %.17g)\n", d->attn_pair, d->lin_token,
-            d->layer_const);
+            d->layer_const + d->attn_step);
     int n_held = 0;
     for (int i = 0; i < p->n_pts; i++) n_held += p->pts[i].held_out;
     double lo = (double)p->pts[0].s / 1.25, hi = (double)p->pts[p->n_pts - 1].s * 1.25;
@@ -1058,7 +1079,7 @@ int profile_plot(const Profile *p, const char *prefix) {
                "else { set terminal png size 800,500 noenhanced }\n");
     fprintf(f, "set output \"%s\"\n", base_name(png));
     fprintf(f, "plot fit(x) with lines lw 2 lc rgb \"#08519c\" title \"fit: T(s) = %.3g s^2 + %.3g s + %.3g\", \\\n",
-            cm->attn_pair / 2, cm->lin_token + cm->attn_pair / 2, cm->layer_const);
+            cm->attn_pair / 2, cm->lin_token + cm->attn_pair / 2, cm->layer_const + cm->attn_step);
     fprintf(f, "     cpu(x) with lines dt 2 lc rgb \"#969696\" title \"cpu profile (derived, not measured)\", \\\n");
     fprintf(f, "     $fit using 1:2:3:4 with yerrorbars pt 7 lc rgb \"#e6550d\" title \"measured (fitted)\"%s\n",
             n_held ? ", \\" : "");

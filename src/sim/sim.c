@@ -32,14 +32,15 @@ SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int sta
     double phi = bwd ? 1.0 - fwd_share(cfg) : fwd_share(cfg);
     double n = (double)it->tokens / D;                               // tokens on each member
     double lin = phi * (cm->lin_token * n + cm->layer_const);        // per layer
-    double blk = phi * cm->attn_pair * item_area(p, it) / ((double)D * D);  // one ring step's block
+    // one ring step's block: its pairs, plus the floor every attention call pays (cost.h attn_step)
+    double blk = phi * (cm->attn_pair * item_area(p, it) / ((double)D * D) + cm->attn_step);
     double attn = D * blk;                                           // attention compute per layer
     double attn_elapsed = attn;
     if (D >= 2 && it->a2a) {
         // a Ulysses group (flexsp): every member computes 1/D of the heads over whole segments, after
         // and before the all-to-alls of Q, K, V and the output (the gradients of them backward), which
         // nothing hides; an all-to-all costs (D-1)/D of the member's bytes over the group's slowest link
-        blk = phi * cm->attn_pair * item_area(p, it) * cost_a2a_head_share(cm, D);
+        blk = phi * (cm->attn_pair * item_area(p, it) * cost_a2a_head_share(cm, D) + cm->attn_step);
         attn = attn_elapsed = blk;
         double bytes = cost_a2a_bytes(cm, D) * n * (D - 1) / D;
         attn_elapsed += cluster_ring_hop_time(cfg->cluster, p->ranks + it->rank_begin, D, stage, bytes);

@@ -1,7 +1,8 @@
 // test_profile.c: the measuring and fitting behind `bytescale profile` (profile.h, docs/profile.md).
 // The fits recover known coefficients exactly from exact data and closely from noisy data; Act(s)
-// is the engine's own accounting, exactly; the profile file loads with cost_load, bit for bit; and a
-// fit on real engine timings predicts the lengths it was not fitted on within 10%.
+// is the engine's own accounting, exactly; the ring step's floor comes back from synthetic block times
+// and leaves the layer's constant; the profile file loads with cost_load, bit for bit; and a fit on
+// real engine timings predicts the lengths it was not fitted on within 10%.
 // ctest: slow (measured timings: their accuracy is checked in the Release pass only)
 #include "test_util.h"
 
@@ -16,7 +17,6 @@
 #include "bytescale/json.h"
 #include "bytescale/llama.h"
 #include "bytescale/profile.h"
-#include "bytescale/rng.h"
 #include "bytescale/rng.h"
 
 static const int64_t LENGTHS[] = {256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384};
@@ -68,6 +68,7 @@ static void test_time_fit_recovers_exact_coefficients(void **state) {
 static void test_time_fit_with_noise(void **state) {
     (void)state;
     CostModel want = truth(), got;
+    memset(&got, 0, sizeof got);  // profile_fit_time fills 3 fields; cost_layer_time reads attn_step too
     Rng rng;
     rng_seed(&rng, 99);
     for (int trial = 0; trial < 20; trial++) {
@@ -88,6 +89,7 @@ static void test_time_fit_with_noise(void **state) {
 static void test_fit_keeps_coefficients_non_negative(void **state) {
     (void)state;
     CostModel want = truth(), got;
+    memset(&got, 0, sizeof got);  // profile_fit_time fills 3 fields; cost_layer_time reads attn_step too
     want.layer_const = 0;
     double t[N_LENGTHS];
     for (int i = 0; i < N_LENGTHS; i++) t[i] = cost_layer_time(&want, LENGTHS[i]) - 2e-5;  // pulls c below 0
@@ -127,6 +129,135 @@ static void test_link_fit(void **state) {
     assert_close(bw, 4e9, 1e-9, 0);
     for (int i = 0; i < 8; i++) t[i] = 1e-5;  // no growth with the size: no bandwidth to speak of
     assert_int_not_equal(profile_fit_link(bytes, t, 8, &lat, &bw), 0);
+}
+
+// ---- the ring step ------------------------------------------------------------------------------------
+
+// A ring-step ladder as profile_measure_ring's at C >= 1K: n = 16 .. 1024, full (n^2 pairs) and causal
+// (n(n+1)/2), with an H100-like floor relative to a CPU's rate per pair.
+enum { N_RING = 14 };
+static const double RING_STEP = 5e-6, RING_RATE = 1.4e-8;
+
+static void ring_pairs(double *pairs) {
+    for (int i = 0; i < N_RING; i++) {
+        int64_t n = 16 << (i / 2);
+        pairs[i] = i % 2 ? cost_causal_area(n) : (double)(n * n);
+    }
+}
+
+// Exact t = attn_step + pairs x rate comes back to the last few bits; data whose unconstrained fit has
+// a negative floor gets 0 (cost_load requires attn_step >= 0); times that do not grow with the pairs
+// are refused.
+static void test_ring_fit_recovers_exact_coefficients(void **state) {
+    (void)state;
+    double pairs[N_RING], t[N_RING], step = -1, rate = -1;
+    ring_pairs(pairs);
+    for (int i = 0; i < N_RING; i++) t[i] = RING_STEP + RING_RATE * pairs[i];
+    assert_int_equal(profile_fit_ring_step(pairs, t, N_RING, &step, &rate), 0);
+    assert_close(step, RING_STEP, 1e-9, 0);
+    assert_close(rate, RING_RATE, 1e-9, 0);
+    for (int i = 0; i < N_RING; i++) t[i] = RING_RATE * pairs[i] * (1 - 0.1 * (i < 4));  // small blocks too fast
+    assert_int_equal(profile_fit_ring_step(pairs, t, N_RING, &step, &rate), 0);
+    assert_true(step == 0 && rate > 0);
+    for (int i = 0; i < N_RING; i++) t[i] = 1e-5;
+    assert_int_not_equal(profile_fit_ring_step(pairs, t, N_RING, &step, &rate), 0);
+    assert_non_null(strstr(bs_errmsg(), "does not grow"));
+}
+
+// 3% multiplicative noise: the fitted line stays within the noise at every block, the rate within 5%
+// and the floor within 25% (the floor is 2/3 of the smallest block's time and a few % of the rest).
+static void test_ring_fit_with_noise(void **state) {
+    (void)state;
+    double pairs[N_RING], t[N_RING], step, rate;
+    ring_pairs(pairs);
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (int trial = 0; trial < 20; trial++) {
+        for (int i = 0; i < N_RING; i++)
+            t[i] = (RING_STEP + RING_RATE * pairs[i]) * (1 + 0.03 * (2 * rng_uniform(&rng) - 1));
+        assert_int_equal(profile_fit_ring_step(pairs, t, N_RING, &step, &rate), 0);
+        for (int i = 0; i < N_RING; i++)
+            assert_close(step + rate * pairs[i], RING_STEP + RING_RATE * pairs[i], 0.03, 0);
+        assert_close(rate, RING_RATE, 0.05, 0);
+        assert_close(step, RING_STEP, 0.25, 0);
+    }
+}
+
+// The layer's measured time holds its one attention block's floor in the fit's constant c, and
+// cost_layer_time adds attn_step on top of layer_const: so layer_const = c - attn_step, and the
+// profile's cost_layer_time is the T(s) fit at every length (residuals as fitted). When attn_step
+// exceeds c, layer_const is 0 and T(s) is the fit + (attn_step - c), which the residuals show.
+static void test_layer_const_leaves_the_ring_step_out(void **state) {
+    (void)state;
+    CostModel want = truth();  // c = 3e-4
+    const double steps[] = {0, 5e-5, 5e-4};
+    for (int k = 0; k < 3; k++) {
+        Profile *p = calloc(1, sizeof *p);
+        assert_non_null(p);
+        profile_defaults(&p->cfg, model("small"));
+        p->cm.attn_step = steps[k];  // as profile_measure_ring leaves it
+        p->n_pts = N_LENGTHS;
+        for (int i = 0; i < N_LENGTHS; i++) {
+            ProfilePoint *pt = &p->pts[i];
+            pt->s = LENGTHS[i];
+            pt->held_out = profile_held_out(i, N_LENGTHS, 3);
+            pt->measured = cost_layer_time(&want, LENGTHS[i]);
+            pt->model_t[0] = pt->measured + 1e-6 * (double)pt->s;  // a head of 1 us per token
+        }
+        if (profile_fit_compute(p) != 0) fail_msg("%s", bs_errmsg());
+        assert_close(p->layer_c, want.layer_const, 1e-9, 0);
+        assert_close(p->cm.layer_const, fmax(0, want.layer_const - steps[k]), 1e-9, 1e-15);
+        double a1 = p->cm.attn_pair / 2, b1 = p->cm.lin_token + p->cm.attn_pair / 2;
+        double over = fmax(0, steps[k] - want.layer_const);  // what the clamp adds
+        for (int i = 0; i < N_LENGTHS; i++) {
+            double s = (double)LENGTHS[i], fit = a1 * s * s + b1 * s + p->layer_c;
+            assert_close(cost_layer_time(&p->cm, LENGTHS[i]), fit + over, 1e-9, 0);
+            assert_true(p->pts[i].fitted == cost_layer_time(&p->cm, LENGTHS[i]));
+            assert_close(p->pts[i].residual, over / p->pts[i].measured, 0, 1e-9);
+        }
+        profile_free(p);
+        free(p);
+    }
+}
+
+// The real thing, briefly: tiny's attention on blocks of 16 .. 128 rows (C = 128), two runs after a
+// warm-up. Every point measured, the floor >= 0 and finite, the rate > 0. (No figure is asserted:
+// the machine is shared, and the floor is the CPU's, whatever it is.)
+static void test_ring_step_measured(void **state) {
+    (void)state;
+    Profile *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    profile_defaults(&p->cfg, model("tiny"));
+    p->cfg.capacity = 128;
+    p->cfg.reps = 2;
+    p->cfg.warmup = 1;
+    if (profile_measure_ring(p, comm_local(), NULL, NULL) != 0) fail_msg("%s", bs_errmsg());
+    assert_int_equal(p->n_ring, 8);  // 16, 32, 64, 128, each full and causal
+    for (int i = 0; i < p->n_ring; i++) {
+        const ProfileRingPoint *pt = &p->ring[i];
+        int64_t n = 16 << (i / 2);
+        assert_int_equal(pt->n, n);
+        assert_int_equal(pt->causal, i % 2);
+        assert_true(pt->pairs == (pt->causal ? cost_causal_area(n) : (double)(n * n)));
+        assert_int_equal(pt->n_samples, 2);
+        assert_true(pt->iters >= 1);
+        for (int j = 0; j < pt->n_samples; j++) assert_true(pt->samples[j] > 0 && isfinite(pt->samples[j]));
+        assert_true(pt->measured > 0 && isfinite(pt->measured));
+        assert_true(isfinite(pt->fitted) && isfinite(pt->residual));
+        printf("%4d x %-4d %-6s %10.0f pairs: %8.2f us, fitted %8.2f us (%+.1f%%)\n", pt->n, pt->n,
+               pt->causal ? "causal" : "full", pt->pairs, 1e6 * pt->measured, 1e6 * pt->fitted, 100 * pt->residual);
+    }
+    printf("attn_step %.3f us, rate %.4g s per pair\n", 1e6 * p->cm.attn_step, p->ring_rate);
+    assert_true(p->cm.attn_step >= 0 && isfinite(p->cm.attn_step));
+    assert_true(p->ring_rate > 0 && isfinite(p->ring_rate));
+    // a short ladder still has two sizes: C = 8 measures 16 and 32
+    profile_free(p);
+    profile_defaults(&p->cfg, model("tiny"));
+    p->cfg.capacity = 8, p->cfg.reps = 1, p->cfg.warmup = 0;
+    if (profile_measure_ring(p, comm_local(), NULL, NULL) != 0) fail_msg("%s", bs_errmsg());
+    assert_int_equal(p->n_ring, 4);
+    profile_free(p);
+    free(p);
 }
 
 static void test_held_out_lengths(void **state) {
@@ -202,6 +333,15 @@ static void test_profile_file_round_trip(void **state) {
     p->cm.attn_pair = 1.0 / 3e7, p->cm.lin_token = 7.123456789e-6, p->cm.layer_const = 1.0 / 7e3;
     p->cm.act_token = 2840, p->cm.ring_bw = p->cm.ring_bw_intra = 4.1e9, p->cm.offload_bw = 1.0 / 3e-10;
     p->n_ranks = 2, p->p2p_measured = 1, p->link_bw = 4.1e9, p->link_lat = 2e-6;
+    p->cm.attn_step = 1.0 / 3e5, p->ring_rate = 1.0 / 7e7, p->n_ring = 2;  // two ring-step points
+    for (int i = 0; i < 2; i++) {
+        ProfileRingPoint *rp = &p->ring[i];
+        rp->n = 16, rp->causal = i, rp->pairs = i ? 136 : 256, rp->iters = 64;
+        rp->measured = rp->fitted = p->cm.attn_step + p->ring_rate * rp->pairs;
+        rp->n_samples = 1;
+        rp->samples = calloc(1, sizeof(double));
+        rp->samples[0] = rp->measured;
+    }
     p->n_pts = 3;
     for (int i = 0; i < 3; i++) {
         ProfilePoint *pt = &p->pts[i];
@@ -221,7 +361,7 @@ static void test_profile_file_round_trip(void **state) {
 #define SAME(f) assert_true(back.f == w->f)
     SAME(attn_pair), SAME(lin_token), SAME(layer_const), SAME(act_token), SAME(act_const), SAME(n_layers);
     SAME(kv_token), SAME(ring_bw), SAME(ring_lat), SAME(offload_bw), SAME(grad_sync), SAME(optimizer);
-    SAME(capacity_bytes), SAME(ring_bw_intra), SAME(ring_lat_intra), SAME(ranks_per_node);
+    SAME(capacity_bytes), SAME(ring_bw_intra), SAME(ring_lat_intra), SAME(ranks_per_node), SAME(attn_step);
 #undef SAME
     // the measurements are there, and say what was measured
     cJSON *root;
@@ -232,6 +372,14 @@ static void test_profile_file_round_trip(void **state) {
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "ring_bw"), "measured")));
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "attn_pair"), "measured")));
     assert_true(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "grad_sync"), "measured")));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "attn_step"), "measured")));
+    const cJSON *ring = cJSON_GetObjectItem(prof, "ring_step");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(ring, "measured")));
+    assert_true(cJSON_GetObjectItem(ring, "attn_step")->valuedouble == p->cm.attn_step);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(ring, "points")), 2);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(ring, "points"), 1), "kind")
+                            ->valuestring,
+                        "causal");
     const cJSON *pts = cJSON_GetObjectItem(cJSON_GetObjectItem(prof, "compute"), "points");
     assert_int_equal(cJSON_GetArraySize(pts), 3);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(pts, 0), "samples")), 2);
@@ -342,6 +490,10 @@ int main(void) {
         cmocka_unit_test(test_time_fit_with_noise),
         cmocka_unit_test(test_fit_keeps_coefficients_non_negative),
         cmocka_unit_test(test_link_fit),
+        cmocka_unit_test(test_ring_fit_recovers_exact_coefficients),
+        cmocka_unit_test(test_ring_fit_with_noise),
+        cmocka_unit_test(test_layer_const_leaves_the_ring_step_out),
+        cmocka_unit_test(test_ring_step_measured),
         cmocka_unit_test(test_held_out_lengths),
         cmocka_unit_test(test_act_terms_bound_the_engine),
         cmocka_unit_test(test_profile_file_round_trip),
