@@ -26,6 +26,9 @@
 static int run_profile(const char *args, const char *cmd) {
     int rc = -1;
     for (int attempt = 1; attempt <= 3; attempt++) {
+        // every attempt starts where the first did: the --plot directory a refused attempt made would
+        // otherwise be there already, and the retry would (rightly) not say it made it
+        if (system("rm -rf " DIR "/fig") != 0) fail_msg("could not remove %s/fig", DIR);
         if (cmd) {
             int st = system(cmd);
             cli_slurp(DIR "/stdout", cli_out, sizeof cli_out);
