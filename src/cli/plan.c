@@ -14,6 +14,7 @@
 #include "bytescale/model.h"
 #include "bytescale/plan.h"
 #include "bytescale/policy.h"
+#include "bytescale/sim.h"
 #include "bytescale/timer.h"
 #include "cli/cli.h"
 
@@ -200,13 +201,6 @@ static int load_batch(const PlanArgs *a, GlobalBatch *b) {
 
 // ---- output -------------------------------------------------------------------------------------------
 
-static void fmt_bytes(char *buf, size_t n, double x) {
-    static const char *units[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
-    int u = 0;
-    while (x >= 1000 && u < 6) x /= 1000, u++;
-    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", x, units[u]);
-}
-
 static void hist_label(char *buf, size_t n, int k) {
     if (k == 0) snprintf(buf, n, "1");
     else if (k == 1) snprintf(buf, n, "2");
@@ -258,7 +252,7 @@ static void print_summary(const PlanArgs *a, const GlobalBatch *b, const Result 
            ratio(p->makespan, p->hdp_bound));
     if (p->makespan < p->hdp_bound) printf("(below the HDP bound: some rings are wider than ceil(s/C), past HDP's rule)\n");
     char bytes[32];
-    fmt_bytes(bytes, sizeof bytes, st->ring_bytes);
+    sim_bytes_text(bytes, sizeof bytes, st->ring_bytes);
     printf("ring traffic: %s of K/V (forward + backward, per TP device)\n", bytes);
     if (st->n_long > 0)
         printf("offload ratio over %d rings and long items: min %.3f, mean %.3f, max %.3f (%d offload)\n", st->n_long,
@@ -274,7 +268,7 @@ static void print_table(const Result *rs, int n) {
         const Plan *p = &rs[i].plan;
         const PlanStats *st = &rs[i].st;
         char bytes[32], busy[64];
-        fmt_bytes(bytes, sizeof bytes, st->ring_bytes);
+        sim_bytes_text(bytes, sizeof bytes, st->ring_bytes);
         snprintf(busy, sizeof busy, "%.4g / %.4g / %.4g", st->busy_min, st->busy_median, st->busy_max);
         printf("%-12s %7d %6d %12.4g %12.4g %8.4f %12.4g %8.4f %28s %12s %8d %9.2f\n", rs[i].policy, p->n_items,
                st->n_rings, p->makespan, p->lower_bound, ratio(p->makespan, p->lower_bound), p->hdp_bound,

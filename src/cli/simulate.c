@@ -405,9 +405,10 @@ static int on_run(void *ctx, const SimSetup *s, int j, const SimOutcome *o, cons
     // the memory peak of this step; the policy's worst over the seeds is what the report shows
     SimConfig cfg = sim_setup_config(s);
     SimMemPeak mem;
+    double mem_bytes = known_mem_bytes(fl, &s->hw);
     if (step_memory(&mem, &o->res, p, &cfg) != 0) return -1;
     if (first) {
-        so->mem_bytes = known_mem_bytes(fl, &s->hw);
+        so->mem_bytes = mem_bytes;
         snprintf(so->hw_name, sizeof so->hw_name, "%s", s->hw.name);
     }
     if (!so->has_mem[j] || mem.peak_bytes > so->mem[j].peak_bytes)
@@ -419,7 +420,7 @@ static int on_run(void *ctx, const SimSetup *s, int j, const SimOutcome *o, cons
     if (!r) return -1;
     cJSON_AddNumberToObject(r, "seed", (double)s->seed);
     cJSON_AddNumberToObject(r, "sequences", (double)s->batch.n);
-    cJSON_AddItemToObject(r, "memory", sim_memory_json(&mem, known_mem_bytes(fl, &s->hw)));
+    cJSON_AddItemToObject(r, "memory", sim_memory_json(&mem, mem_bytes));
     cJSON_AddItemToArray(so->per_seed[j], r);
     return 0;
 }

@@ -341,16 +341,21 @@ double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, 
 
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------
 
-int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double *r) {
-    *r = 0.0;
-    if (s <= (int64_t)D * C) return 1;  // fits without copying
-    int l = cm->n_layers;
-    if (l <= 2 || !(cm->act_token > 0)) return 0;
-    // memory per rank: shared(s/D) + (2 + (1 - r)(l - 2)) Act(s/D) <= budget, solved for the least r
+// The least offload ratio whose memory fits, unclamped (> 1: not even offloading every layer; < 0: no
+// copy needed). Memory per rank: shared(s/D) + (2 + (1 - r)(l - 2)) Act(s/D) <= budget, solved for r.
+// Needs l > 2 and act_token > 0.
+static double offload_ratio_needed(const CostModel *cm, int64_t s, int64_t C, int D) {
     double share = (double)s / (double)D;
     double act_rank = cm->act_token * share + cm->act_const;
     double room = cost_act_budget(cm, C) - (cm->act_shared_token * share + cm->act_shared_const);
-    double r_need = 1.0 - (room / act_rank - 2.0) / (l - 2);
+    return 1.0 - (room / act_rank - 2.0) / (cm->n_layers - 2);
+}
+
+int cost_offload_ratio(const CostModel *cm, int64_t s, int64_t C, int D, double *r) {
+    *r = 0.0;
+    if (s <= (int64_t)D * C) return 1;  // fits without copying
+    if (cm->n_layers <= 2 || !(cm->act_token > 0)) return 0;
+    double r_need = offload_ratio_needed(cm, s, C, D);
     if (r_need > 1.0) return 0;
     if (r_need < 0.0) r_need = 0.0;
     // overlap: the copy must hide behind the next layer's forward on this ring (cost_item_time's
@@ -372,9 +377,7 @@ const char *cost_offload_why(const CostModel *cm, int64_t s, int64_t C, int D, c
                  "(it needs >= 3)", share, (long long)C, l);
         return buf;
     }
-    double act_rank = cm->act_token * share + cm->act_const;
-    double room = cost_act_budget(cm, C) - (cm->act_shared_token * share + cm->act_shared_const);
-    double r_need = 1.0 - (room / act_rank - 2.0) / (l - 2);
+    double r_need = offload_ratio_needed(cm, s, C, D);
     if (r_need > 1.0) {
         snprintf(buf, size, "%.0f tokens per rank need %.3g bytes with every layer offloaded: act_token %g x %.0f + "
                  "act_const %g per layer x 2 resident layers, + act_shared_token %g x %.0f + act_shared_const %g, "

@@ -241,9 +241,7 @@ int profile_measure_ring(Profile *p, Comm *comm, Progress *pr, int64_t *done) {
     double *share = rc == 0 ? bs_malloc(sizeof(double) * (size_t)ns) : NULL;
     if (rc == 0 && !share) rc = -1;
     for (int i = 0; rc == 0 && i < n; i++) {
-        ProfileRingPoint *pt = &p->ring[i];
-        AttnRows qr = query_rows(&b, pt->n, pt->causal), kr = key_rows(&b, pt->n);
-        pt->pairs = (double)attn_visible_pairs(qr, kr);  // the kernel's own count (= the ladder's)
+        ProfileRingPoint *pt = &p->ring[i];  // pairs: set by ring_ladder
         if (!(pt->samples = bs_malloc(sizeof(double) * (size_t)ns))) {
             rc = -1;
             break;
