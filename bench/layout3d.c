@@ -28,6 +28,7 @@
 #include "bytescale/timer.h"
 #include "bytescale/train.h"
 #include "bench_util.h"
+#include "nn/blas_core.h"
 
 enum { N_LAYOUTS = 3, MAX_STEPS = 64 };
 static const struct {
@@ -49,6 +50,7 @@ static int64_t tokens_flag(const char *flag, const char *v) {
 }
 
 int main(int argc, char **argv) {
+    blas_core_reexec("bench_layout3d", argv);  // OpenBLAS's fastest kernels for this CPU (nn/blas_core.h)
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: bench_layout3d [--quick] [--model NAME] [--tokens N] [--capacity N] [--steps N] [--data DIR]\n"

@@ -26,6 +26,7 @@
 #include "bytescale/timer.h"
 #include "bytescale/train.h"
 #include "bench_util.h"
+#include "nn/blas_core.h"
 
 enum { MAX_STEPS = 64, N_SERVERS = 2 };
 
@@ -126,6 +127,7 @@ static int part(int argc, char **argv, const char *data, int steps) {
 }
 
 int main(int argc, char **argv) {
+    blas_core_reexec("bench_loader", argv);  // OpenBLAS's fastest kernels for this CPU (nn/blas_core.h)
     const char *data = "data/go-byte";
     int steps = 8, quick = 0, part_clients = 0;
     for (int i = 1; i < argc; i++) {

@@ -66,6 +66,7 @@
 #include "bytescale/timer.h"
 #include "bytescale/train.h"
 #include "bench_util.h"
+#include "nn/blas_core.h"
 
 
 static const double RATIOS[] = {0, 0.25, 0.5, 0.75, 1};
@@ -264,6 +265,7 @@ static void run_train_part(const char *data, int steps) {
 }
 
 int main(int argc, char **argv) {
+    blas_core_reexec("bench_offload", argv);  // OpenBLAS's fastest kernels for this CPU (nn/blas_core.h)
     const char *model = "small", *dir = NULL, *cost = NULL, *data = "data/go-byte";
     int T = 8192, reps = 3, steps = 6, train_only = 0;
     for (int i = 1; i < argc; i++) {

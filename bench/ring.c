@@ -53,6 +53,7 @@
 #include "bytescale/rng.h"
 #include "bytescale/timer.h"
 #include "bench_util.h"
+#include "nn/blas_core.h"
 
 static Comm *world;
 static Progress progress;
@@ -378,6 +379,7 @@ static void print_rows(const ModelConfig *mc, const Row *rows, int n, int D, int
 // ---- main ---------------------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
+    blas_core_reexec("bench_ring", argv);  // OpenBLAS's fastest kernels for this CPU (nn/blas_core.h)
     int quick = 0, reps = 5, slice = 0, max_tokens = 32768;
     const char *model = NULL;
     for (int i = 1; i < argc; i++) {

@@ -49,6 +49,7 @@
 #include "bytescale/timer.h"
 #include "bytescale/train.h"
 #include "bench_util.h"
+#include "nn/blas_core.h"
 
 #define N_POLICIES 3
 static const char *POLICIES[N_POLICIES] = {"static", "naive", "balance"};  // static first: the baseline
@@ -411,6 +412,7 @@ static void report(const Opts *o, int R, const StepRec *all, double n_params, do
 }
 
 int main(int argc, char **argv) {
+    blas_core_reexec("bench_train", argv);  // OpenBLAS's fastest kernels for this CPU (nn/blas_core.h)
     Opts o = parse_args(argc, argv);
     if (find_data(&o) != 0) {  // before starting ranks: one clear line instead of one per rank
         fprintf(stderr, "bench_train: %s\n", bs_errmsg());

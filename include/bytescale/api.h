@@ -9,8 +9,9 @@
 // int64_t, so that a binding passes one integer type and the range checks see the caller's real value
 // (a narrower type would wrap first). Nothing prints or exits.
 //
-// The functions live in two layers: cost models, batches and plans in src/plan/plan_api.c (bs_plan),
-// the simulator in src/sim/sim_api.c (bs_sim). docs/python.md describes them through the Python API.
+// The functions live in three layers: cost models, batches and plans in src/plan/plan_api.c (bs_plan),
+// the simulator in src/sim/sim_api.c (bs_sim), the BLAS check in src/nn/blas_core.c (bs_nn).
+// docs/python.md describes them through the Python API.
 #ifndef BYTESCALE_API_H
 #define BYTESCALE_API_H
 
@@ -24,6 +25,13 @@
 // The library's version, "MAJOR.MINOR.PATCH" (the project's version in CMakeLists.txt; the shared
 // library's SONAME carries MAJOR).
 BS_API const char *bs_version(void);
+
+// The OPENBLAS_CORETYPE this machine should run, "SkylakeX" or "Haswell", when the OpenBLAS this
+// library loaded fell back to kernels older than the CPU (a CPU model newer than its table: Debian 12's
+// OpenBLAS on Intel's Emerald Rapids); NULL when OpenBLAS's own choice stands. OpenBLAS reads the
+// variable only when it is loaded, so it is for the environment of processes yet to start
+// (docs/training.md, "BLAS kernels").
+BS_API const char *bs_blas_coretype(void);
 
 // ---- catalogues --------------------------------------------------------------------------------
 // The i-th policy, model and built-in hardware profile (0 <= i < count), NULL when out of range.

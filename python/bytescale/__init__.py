@@ -11,6 +11,8 @@ from Python, over the C library libbytescale.so (docs/python.md).
 Every failure the library reports raises bytescale.Error with the library's message.
 """
 
+from typing import Optional
+
 from ._lib import Error, path as library_path, lib as _clib
 from ._cost import CostModel, hardware_profiles, models, policies, sample_lengths
 from ._plan import Chunk, Chunks, Item, Plan, Segment, Sequence, plan, read_plan
@@ -19,6 +21,16 @@ from ._sim import Simulation, simulate
 # the loaded library's version (the C project's, CMakeLists.txt); pip records the same one
 __version__ = _clib.bs_version().decode()
 
+
+def blas_coretype() -> Optional[str]:
+    """The OPENBLAS_CORETYPE this machine should run ("SkylakeX" or "Haswell") when the OpenBLAS the
+    library loaded fell back to kernels older than the CPU (a CPU model newer than its table), else
+    None. OpenBLAS reads the variable only when it is loaded: set it for processes yet to start, as
+    bytescale.torch.launch.spawn does (docs/training.md, "BLAS kernels")."""
+    better = _clib.bs_blas_coretype()
+    return better.decode() if better else None
+
+
 __all__ = ["Error", "CostModel", "Plan", "Simulation", "Item", "Segment", "Sequence", "Chunk", "Chunks", "plan",
            "read_plan", "simulate", "sample_lengths", "policies", "models", "hardware_profiles", "library_path",
-           "__version__"]
+           "blas_coretype", "__version__"]

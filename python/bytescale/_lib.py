@@ -76,6 +76,7 @@ _SIGNATURES = {
     "bs_errmsg": (c_str, []),
     "bs_error_clear": (None, []),
     "bs_version": (c_str, []),
+    "bs_blas_coretype": (c_str, []),
     "bs_policy_count": (c_int, []),
     "bs_policy_name": (c_str, [c_int, ctypes.POINTER(c_str)]),
     "bs_model_count": (c_int, []),

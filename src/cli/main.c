@@ -4,20 +4,22 @@
 
 #include "bytescale/error.h"
 #include "cli/cli.h"
+#include "nn/blas_core.h"
 
 typedef struct {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *summary;
+    int blas;  // runs the engine's matmuls: OpenBLAS's kernels are checked first (nn/blas_core.h)
 } Command;
 
 static const Command commands[] = {
-    {"plan", cmd_plan, "plan a global batch with an HDP policy (static, naive, balance)"},
-    {"simulate", cmd_simulate, "simulate a training step of each policy on a modelled GPU cluster"},
-    {"prepare", cmd_prepare, "turn text files into token shards plus a document index"},
-    {"train", cmd_train, "train a model on a prepared dataset (one process; checkpoints, resume, metrics)"},
-    {"profile", cmd_profile, "measure this machine for the cost model and write a profile file (--cost)"},
-    {"serve", cmd_serve, "a data server of an MPI training job (mpirun ... train ... : ... serve --data DIR)"},
+    {"plan", cmd_plan, "plan a global batch with a policy (HDP's naive, balance, elastic; static and the peers')", 0},
+    {"simulate", cmd_simulate, "simulate a training step of each policy on a modelled GPU cluster", 0},
+    {"prepare", cmd_prepare, "turn text files into token shards plus a document index", 0},
+    {"train", cmd_train, "train a model on a prepared dataset (one process; checkpoints, resume, metrics)", 1},
+    {"profile", cmd_profile, "measure this machine for the cost model and write a profile file (--cost)", 1},
+    {"serve", cmd_serve, "a data server of an MPI training job (mpirun ... train ... : ... serve --data DIR)", 0},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 
@@ -44,6 +46,10 @@ int main(int argc, char **argv) {
                     bs_errmsg(), commands[i].name);
             return 2;
         }
+        // before anything else, so that the exec repeats nothing (help needs no matmuls)
+        int help = 0;
+        for (int a = 2; a < argc; a++) help |= !strcmp(argv[a], "--help") || !strcmp(argv[a], "-h");
+        if (commands[i].blas && !help) blas_core_reexec("bytescale", argv);
         return commands[i].run(argc - 1, argv + 1);
     }
     fprintf(stderr, "bytescale: error: unknown command '%s'\n", argv[1]);

@@ -14,6 +14,7 @@
 #include "bytescale/offload.h"
 #include "bytescale/train.h"
 #include "cli/cli.h"
+#include "nn/blas_core.h"
 
 static void usage(FILE *f) {
     TrainConfig d = train_defaults();
@@ -369,6 +370,11 @@ int cmd_train(int argc, char **argv) {
     const DocIndex *ix = &t->data.index;
     if (lead) printf("train: model %s (%.2fM parameters), data %s (%lld documents, %lld tokens)\n", t->model.name,
            (double)t->llama.n_params / 1e6, cfg.data, (long long)ix->n_docs, (long long)ix->n_tokens);
+    if (lead) {
+        char blas[256];
+        blas_core_describe(blas, sizeof blas);
+        printf("train: matmuls: %s per rank\n", blas);
+    }
     if (lead && t->roles) {
         printf("train: %d data server%s (world rank%s", roles.n_servers, roles.n_servers > 1 ? "s" : "",
                roles.n_servers > 1 ? "s" : "");

@@ -10,6 +10,7 @@
 //   a break.
 // - Faults: a server that cannot open its data, a request for a range a server does not hold, and a
 //   server killed mid-run each end the job with a message naming the server; none hangs.
+// ctest: long (MPI jobs with data servers, and their faults)
 #include "cli/cli_run.h"
 
 #include <math.h>

@@ -6,6 +6,7 @@
 // checkpoint intact.
 // ctest: slow (20 kills at random moments: crash consistency, which the Release pass checks; the
 // truncated-shard reads run under the sanitizers in data/test_shard)
+// ctest: long (20 training runs killed)
 #include "cli/cli_run.h"
 
 #include <dirent.h>

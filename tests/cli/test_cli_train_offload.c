@@ -7,6 +7,7 @@
 // that fails (a real EFBIG from RLIMIT_FSIZE, an injected EIO) stops the job with the layer and the
 // file named, exit code != 0, and no checkpoint of the failed step; the run resumes from the last
 // checkpoint and continues exactly.
+// ctest: long (11 MPI training runs)
 #include "cli/cli_run.h"
 
 #include <math.h>

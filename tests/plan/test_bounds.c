@@ -2,6 +2,7 @@
 // policy-independent lower_bound and the HDP-aware hdp_bound. Hand-computed values on a tiny cost
 // model, hdp_bound >= lower_bound, and both below the makespan of every policy's plan on random
 // batches, with and without pipeline parallelism.
+// ctest: long (600 random batches under every policy)
 #include "plan/plan_fixtures.h"
 
 #include <math.h>
@@ -98,8 +99,8 @@ static void test_bounds_hold_for_every_policy(void **state) {
     rng_seed(&g, 4242);
     int plans = 0, static_below = 0, elastic_below = 0, flexsp_below = 0;
     double tightest = INFINITY;  // smallest makespan / hdp_bound seen over the HDP policies
-    enum { TRIALS = 600 };
-    for (int trial = 0; trial < TRIALS; trial++) {
+    const int trials = test_trials(600);
+    for (int trial = 0; trial < trials; trial++) {
         int32_t pp = (int32_t[]){1, 2, 4}[trial % 3];
         int tp = 1 << rng_below(&g, 3);
         int64_t C = (int64_t)(2 << 10) << rng_below(&g, 3);
@@ -162,7 +163,7 @@ static void test_bounds_hold_for_every_policy(void **state) {
     }
     printf("%d plans; the tightest makespan / hdp_bound %.6f; of %d batches, below hdp_bound: static %d, elastic %d; "
            "flexsp below lower_bound: %d\n",
-           plans, tightest, TRIALS, static_below, elastic_below, flexsp_below);
+           plans, tightest, trials, static_below, elastic_below, flexsp_below);
 }
 
 int main(void) {

@@ -30,7 +30,7 @@ static void test_bestfit_matches_brute_force(void **state) {
     (void)state;
     Rng rng;
     rng_seed(&rng, 11);
-    for (int trial = 0; trial < 200; trial++) {
+    for (int trial = 0; trial < test_trials(200); trial++) {
         int64_t C = 1 + (int64_t)rng_below(&rng, trial % 2 ? 5000 : 100);
         int n = 1 + (int)rng_below(&rng, 400);
         BestFit bf;
@@ -97,7 +97,7 @@ static void test_order_by_time_matches_sort(void **state) {
     (void)state;
     Rng rng;
     rng_seed(&rng, 13);
-    for (int trial = 0; trial < 200; trial++) {
+    for (int trial = 0; trial < test_trials(200); trial++) {
         int32_t n = (int32_t)rng_below(&rng, 3000);
         double *key = malloc((size_t)(n + 1) * sizeof(double));
         int32_t *got = malloc((size_t)(n + 1) * sizeof(int32_t)), *want = malloc((size_t)(n + 1) * sizeof(int32_t));
@@ -332,7 +332,8 @@ static void test_random_batches_all_policies(void **state) {
     Rng rng;
     rng_seed(&rng, 2025);
     int plans = 0, with_rings = 0, with_offload = 0;
-    for (int trial = 0; trial < 1200; trial++) {
+    const int trials = test_trials(1200);
+    for (int trial = 0; trial < trials; trial++) {
         int32_t R = RANKS[trial % N_RANKS];
         int64_t C = (int64_t)exp(log(32) + rng_uniform(&rng) * (log(8192) - log(32)));  // log-uniform 32 .. 8K
         int pp = rng_below(&rng, 2) ? 4 : 1;
@@ -372,9 +373,9 @@ static void test_random_batches_all_policies(void **state) {
         batch_free(&b);
     }
     // the random settings did exercise rings and offloading
-    assert_int_equal(plans, 1200 * N_POLICIES);
-    assert_true(with_rings > 1000);
-    assert_true(with_offload > 100);
+    assert_int_equal(plans, trials * N_POLICIES);
+    assert_true(with_rings > trials * 5 / 6);
+    assert_true(with_offload > trials / 12);
 }
 
 // ---- balance against naive, and against the bound ----------------------------------------------------------

@@ -13,6 +13,7 @@
 //   - errors.
 // The simulator's side (elastic's simulated step never longer than balance's) is
 // tests/sim/test_sim_elastic.c.
+// ctest: long (5,000 random batches)
 #include "plan/plan_fixtures.h"
 
 #include <math.h>
@@ -105,12 +106,13 @@ static void test_random_batches_never_longer_than_balance(void **state) {
     static const char *DISTS[] = {"uniform:1:3000", "lognormal:6:1.5", "github", "byted", "fixed:700",
                                   "uniform:1:40", "lognormal:9:1.2"};
     static const char *MODELS[] = {"tiny", "llama-7b", "llama-13b", "mixtral-8x7b"};
-    enum { N_DISTS = sizeof DISTS / sizeof DISTS[0], TRIALS = 5000 };
+    enum { N_DISTS = sizeof DISTS / sizeof DISTS[0] };
+    const int trials = test_trials(5000);
     Rng rng;
     rng_seed(&rng, 1313);
     int plans = 0, widened = 0, widened_pp = 0, same = 0;
     double log_gain = 0, best_gain = 1;
-    for (int trial = 0; trial < TRIALS; trial++) {
+    for (int trial = 0; trial < trials; trial++) {
         // rank counts from 1 to 4,096 (one trial in 8 up to 16,384), rarely a power of two
         int32_t R = 1 + (int32_t)rng_below(&rng, trial % 8 == 0 ? 16384 : trial % 2 ? 4096 : 300);
         int64_t C = (int64_t)exp(log(32) + rng_uniform(&rng) * (log(8192) - log(32)));  // log-uniform 32 .. 8K
@@ -158,8 +160,8 @@ static void test_random_batches_never_longer_than_balance(void **state) {
                   plans, widened, widened_pp, exp(log_gain / (widened > 0 ? widened : 1)), best_gain, same,
                   plans - widened);
     // the random settings did exercise the widening, with pipelines too
-    assert_true(widened > TRIALS / 5);
-    assert_true(widened_pp > TRIALS / 50);
+    assert_true(widened > trials / 5);
+    assert_true(widened_pp > trials / 50);
 }
 
 // ---- the cases -----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 //   - a run checkpointed and resumed on the same N reproduces the uninterrupted run bit for bit,
 //     and the same checkpoint resumed on one process continues it (loss within fp32 rounding).
 // ranks: 1 2 3 4 5 8
+// sanitizer ranks: 1 3 8
 #include "mpi_train_util.h"
 
 #include "bytescale/fileio.h"

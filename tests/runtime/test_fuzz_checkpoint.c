@@ -1,6 +1,7 @@
 // test_fuzz_checkpoint.c: training checkpoints under fuzzing (fuzz_util.h): the container
 // (ckpt_load: table, sections, checksums), the settings a resume reads (train_read_config), and a
 // full trainer_load into a live trainer, which must either take the checkpoint or stay unchanged.
+// ctest: long (hundreds of damaged checkpoints, loaded into a live trainer)
 #include "fuzz_util.h"
 #include "test_corpus.h"
 

@@ -4,6 +4,7 @@
 // and leaves the layer's constant; the profile file loads with cost_load, bit for bit; and a fit on
 // real engine timings predicts the lengths it was not fitted on within 10%.
 // ctest: slow (measured timings: their accuracy is checked in the Release pass only)
+// ctest: long (a whole profile, measured)
 #include "test_util.h"
 
 #include <math.h>

@@ -4,6 +4,7 @@
 // step alike, although the simulator charges the links ring members really sit on and the planner
 // does not know them (docs/planner.md, "elastic": why elastic compares its plan timed as if every
 // ring crossed nodes). The planner's side is tests/plan/test_policy_elastic.c.
+// ctest: long (1,500 random clusters simulated)
 #include "test_util.h"
 
 #include <math.h>
@@ -24,12 +25,13 @@ static void test_simulated_step_never_longer_than_balance(void **state) {
     static const char *DISTS[] = {"uniform:1:3000", "lognormal:6:1.5", "github", "byted", "fixed:700",
                                   "uniform:1:40", "lognormal:9:1.2"};
     static const char *MODELS[] = {"tiny", "llama-7b", "llama-13b", "mixtral-8x7b"};
-    enum { N_DISTS = sizeof DISTS / sizeof DISTS[0], TRIALS = 1500 };
+    enum { N_DISTS = sizeof DISTS / sizeof DISTS[0] };
+    const int trials = test_trials(1500);
     Rng rng;
     rng_seed(&rng, 77);
     int runs = 0, widened = 0;
     double log_gain = 0, best = 1;
-    for (int trial = 0; trial < TRIALS; trial++) {
+    for (int trial = 0; trial < trials; trial++) {
         int32_t R = 1 + (int32_t)rng_below(&rng, trial % 3 == 0 ? 4096 : 300);
         int64_t C = (int64_t)exp(log(64) + rng_uniform(&rng) * (log(16384) - log(64)));
         int pp = (int[]){1, 1, 2, 4}[rng_below(&rng, 4)];
@@ -76,7 +78,7 @@ static void test_simulated_step_never_longer_than_balance(void **state) {
     print_message("%d runs: elastic's plan shorter in %d, its simulated step / balance's geometric mean %.3f there, "
                   "least %.3f; never longer\n",
                   runs, widened, exp(log_gain / (widened > 0 ? widened : 1)), best);
-    assert_true(widened > TRIALS / 5);
+    assert_true(widened > trials / 5);
 }
 
 int main(void) {

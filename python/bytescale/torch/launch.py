@@ -7,7 +7,9 @@
 so nothing of the parent's torch state is shared), initialises the default process group in each
 (gloo, or NCCL when `backend="nccl"`), runs the worker, and returns every rank's return value (rank 0
 first). A worker that raises fails the whole call with its traceback; the collectives time out
-instead of hanging forever (`timeout`).
+instead of hanging forever (`timeout`). Where the OpenBLAS of this machine would fall back to kernels
+older than the CPU, the workers get OPENBLAS_CORETYPE as `bytescale train` gives it to itself
+(bytescale.blas_coretype; docs/training.md, "BLAS kernels").
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from .. import blas_coretype
 
 
 def free_port() -> int:
@@ -67,6 +71,12 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = 
     """Run fn(rank, world, *args) in `nprocs` fresh processes with the default process group
     initialised; return their results, rank 0 first. fn must be importable by name (a module-level
     function) and its results picklable."""
+    # the workers are fresh interpreters whose OpenBLAS (Debian's torch links the system one) reads
+    # OPENBLAS_CORETYPE when it loads: where it would fall back to kernels older than this CPU, they
+    # get the ones `bytescale train` picks for itself (docs/training.md, "BLAS kernels")
+    coretype = blas_coretype()
+    if coretype and "OPENBLAS_CORETYPE" not in os.environ:
+        os.environ["OPENBLAS_CORETYPE"] = coretype
     with tempfile.TemporaryDirectory(prefix="bytescale-torch-") as out_dir:
         mp.start_processes(_entry, args=(fn, nprocs, backend, free_port(), timeout_s, out_dir, args),
                            nprocs=nprocs, join=True, start_method="spawn")
