@@ -34,7 +34,8 @@ const char *blas_core_better(void);
 void blas_core_describe(char *buf, size_t n);
 
 // When OpenBLAS fell back (blas_core_better) and OPENBLAS_CORETYPE is not set: set it, say so on
-// stderr (once per job: with no MPI launcher, or as its rank 0), and exec this program again with
+// stderr (once per job: with no MPI launcher, or as its rank 0; not with BS_QUIET=1, which scripts
+// that start many runs set, as for the progress line), and exec this program again with
 // argv, before anything else has happened. Returns only when nothing needed doing, or when the exec
 // failed (then the program goes on with OpenBLAS's own kernels). `who` starts the message.
 void blas_core_reexec(const char *who, char **argv);

@@ -1,8 +1,8 @@
 // test_cli_blas.c: `bytescale train` runs OpenBLAS's fastest kernels for this CPU. Where OpenBLAS
 // falls back to kernels older than the CPU (a model newer than its table), train says so once per
 // job, runs again with OPENBLAS_CORETYPE set, and its "matmuls:" line names the kernels picked;
-// elsewhere OpenBLAS's own choice stands and nothing is said. A person's OPENBLAS_CORETYPE is kept,
-// and --help runs nothing again. (nn/blas_core.h; the pick itself is tests/nn/test_blas_core.c.)
+// elsewhere OpenBLAS's own choice stands and nothing is said. BS_QUIET=1 runs the same kernels
+// without the note; a person's OPENBLAS_CORETYPE is kept, and --help runs nothing again. (nn/blas_core.h; the pick itself is tests/nn/test_blas_core.c.)
 #include "cli/cli_run.h"
 
 #include <cblas.h>
@@ -27,6 +27,20 @@ static void matmuls_core(char *core, size_t n, int *forced) {
     *forced = tag && (!eol || tag < eol);
 }
 
+// `<env> [mpirun -np np] bytescale <args>` as a person starts it, without cli_run_np's BS_QUIET=1
+// (which also silences the note); the output into cli_out / cli_err. The exit code.
+static int run_loud(int np, const char *env, const char *args) {
+    char cmd[4096], launcher[64] = "";
+    if (np > 0) snprintf(launcher, sizeof launcher, "mpirun -np %d --oversubscribe ", np);
+    snprintf(cmd, sizeof cmd, "%s OPENBLAS_NUM_THREADS=1 %s'%s' %s >%s/stdout 2>%s/stderr", env, launcher,
+             getenv("BS_BINARY"), args, DIR, DIR);
+    int st = system(cmd);
+    cli_slurp(DIR "/stdout", cli_out, sizeof cli_out);
+    cli_slurp(DIR "/stderr", cli_err, sizeof cli_err);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
 static int count(const char *hay, const char *needle) {
     int k = 0;
     for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) k++;
@@ -41,7 +55,7 @@ static void test_train_runs_the_cpus_kernels(void **state) {
     int forced;
 
     // as a person would start it: no OPENBLAS_CORETYPE, 2 ranks
-    int rc = cli_run_np(DIR, 2, "env -u OPENBLAS_CORETYPE", ARGS);
+    int rc = run_loud(2, "env -u OPENBLAS_CORETYPE -u BS_QUIET", ARGS);
     if (rc != 0) fail_msg("train: exit %d: %s", rc, cli_err);
     matmuls_core(core, sizeof core, &forced);
     const char *note = strstr(cli_err, NOTE);
@@ -64,10 +78,23 @@ static void test_train_runs_the_cpus_kernels(void **state) {
         assert_null(blas_core_pick(core, openblas_get_config(), blas_core_cpu()));
         print_message("OpenBLAS runs %s on this CPU: train kept it\n", core);
     }
+    char core_first[64];
+    snprintf(core_first, sizeof core_first, "%s", core);
+    int forced_first = forced;
+
+    // a script's repeated runs (BS_QUIET=1) run the same kernels without the note
+    rc = cli_run_np(DIR, 2, "env -u OPENBLAS_CORETYPE", ARGS);
+    if (rc != 0) fail_msg("train: exit %d: %s", rc, cli_err);
+    assert_null(strstr(cli_err, NOTE));
+    char quiet_core[64];
+    int quiet_forced;
+    matmuls_core(quiet_core, sizeof quiet_core, &quiet_forced);
+    assert_string_equal(quiet_core, core_first);
+    assert_int_equal(quiet_forced, forced_first);
 
     // a person's choice is kept, even a slow one, and nothing is said
     if (strstr(openblas_get_config(), "DYNAMIC_ARCH")) {
-        rc = cli_run(DIR, "OPENBLAS_CORETYPE=Prescott", ARGS);
+        rc = run_loud(0, "env -u BS_QUIET OPENBLAS_CORETYPE=Prescott", ARGS);
         if (rc != 0) fail_msg("train: exit %d: %s", rc, cli_err);
         assert_null(strstr(cli_err, NOTE));
         matmuls_core(core, sizeof core, &forced);
@@ -75,7 +102,7 @@ static void test_train_runs_the_cpus_kernels(void **state) {
     }
 
     // help runs no matmuls, so nothing runs again
-    rc = cli_run(DIR, "env -u OPENBLAS_CORETYPE", "train --help");
+    rc = run_loud(0, "env -u OPENBLAS_CORETYPE -u BS_QUIET", "train --help");
     assert_int_equal(rc, 0);
     assert_null(strstr(cli_err, NOTE));
 }
