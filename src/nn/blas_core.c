@@ -20,9 +20,9 @@
 // this list (Haswell, Zen, SkylakeX, Cooperlake, SapphireRapids, or one added after this was
 // written) is OpenBLAS's informed choice and stands.
 static const char *const old_cores[] = {
-    "Katmai",  "Coppermine", "Northwood", "Prescott",  "Banias",      "Athlon",    "Opteron",
-    "Opteron_SSE3", "Barcelona", "Nehalem", "Atom", "Nano",       "Core2",     "Penryn",
-    "Dunnington", "Bobcat",   "Sandybridge", "Bulldozer", "Piledriver", "Steamroller",
+    "Katmai",  "Coppermine", "Northwood", "Prescott",     "Banias",    "Athlon",    "Opteron",
+    "Nehalem", "Atom",       "Nano",      "Opteron_SSE3", "Barcelona", "Core2",     "Penryn",
+    "Bobcat",  "Dunnington", "Sandybridge", "Bulldozer",  "Piledriver", "Steamroller",
 };
 
 const char *blas_core_pick(const char *core, const char *config, BlasCpu cpu) {

@@ -1,7 +1,7 @@
 // test_blas_core.c: which OpenBLAS kernels a CPU should run (nn/blas_core.h). blas_core_pick against
 // a table written from OpenBLAS's kernel sets and the CPU features they need; and the kernels this
 // process loaded are the ones ctest asked for (CMakeLists.txt sets OPENBLAS_CORETYPE for the tests
-// when OpenBLAS falls back on this machine).
+// when OpenBLAS falls back on this machine), with nothing better left.
 #include "test_util.h"
 
 #include <cblas.h>
@@ -53,6 +53,13 @@ static void test_this_process(void **state) {
     const char *asked = getenv("OPENBLAS_CORETYPE");
     const char *core = openblas_get_corename();
     assert_non_null(core);
+    // under ctest (it sets BS_BINARY) the configure step's probe gave the tests the kernels to run:
+    // none better may be left, or every test here ran OpenBLAS's fallback
+    const char *better = blas_core_better();
+    if (getenv("BS_BINARY") && better)
+        fail_msg("OpenBLAS runs %s here and %s would be better: ctest should have set OPENBLAS_CORETYPE=%s "
+                 "(cmake/blas_core_probe.c; did the configure step warn?)",
+                 core, better, better);
     if (asked && strstr(openblas_get_config(), "DYNAMIC_ARCH")) {
         // ctest's choice (or the person's) is what OpenBLAS loaded, and nothing better is left
         if (strcasecmp(core, asked) != 0) fail_msg("OPENBLAS_CORETYPE=%s, but OpenBLAS runs %s", asked, core);
