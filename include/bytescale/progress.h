@@ -7,6 +7,7 @@
 #define BYTESCALE_PROGRESS_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef struct {
     char label[48];
@@ -16,6 +17,12 @@ typedef struct {
     int tty;            // stderr is a terminal
     int quiet;          // draw nothing (BS_QUIET=1 or set by the caller)
 } Progress;
+
+// BS_QUIET=1: scripts that start many runs set it to hide progress lines and one-time notes.
+static inline int progress_env_quiet(void) {
+    const char *q = getenv("BS_QUIET");
+    return q && q[0] == '1';
+}
 
 void progress_start(Progress *p, const char *label, int64_t total);
 // Redraw if enough time has passed. note may be NULL.

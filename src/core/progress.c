@@ -14,8 +14,7 @@ void progress_start(Progress *p, const char *label, int64_t total) {
     p->total = total;
     p->t_start = p->t_last = now_seconds();
     p->tty = isatty(fileno(stderr));
-    const char *q = getenv("BS_QUIET");
-    p->quiet = q && q[0] == '1';
+    p->quiet = progress_env_quiet();
 }
 
 static void fmt_duration(char *buf, size_t n, double s) {

@@ -2,6 +2,7 @@
 #include "nn/blas_core.h"
 
 #include "bytescale/api.h"
+#include "bytescale/progress.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -94,10 +95,9 @@ void blas_core_reexec(const char *who, char **argv) {
     const char *better = blas_core_better();
     if (!better) return;
     if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
-    // BS_QUIET=1 (scripts' repeated runs, as for the progress line): run again without the note
-    const char *q = getenv("BS_QUIET");
-    int quiet = q && q[0] == '1';
-    if (first_of_job() && !quiet) {
+    // one note per job, none with BS_QUIET=1 (scripts' repeated runs, as for the progress line)
+    int speak = first_of_job() && !progress_env_quiet();
+    if (speak) {
         char cpu[64];
         cpu_family_model(cpu, sizeof cpu);
         const char *cfg = openblas_get_config();
@@ -110,7 +110,8 @@ void blas_core_reexec(const char *who, char **argv) {
     fflush(stderr);
     execv("/proc/self/exe", argv);
     // no exec (no /proc, say): go on with OpenBLAS's own kernels, and say so where the note went
-    if (first_of_job() && !quiet) fprintf(stderr, "%s: could not run again (%s): going on with the %s kernels\n", who,
-                                strerror(errno), openblas_get_corename());
+    if (speak)
+        fprintf(stderr, "%s: could not run again (%s): going on with the %s kernels\n", who, strerror(errno),
+                openblas_get_corename());
     unsetenv("OPENBLAS_CORETYPE");
 }

@@ -22,19 +22,20 @@ static inline void cli_slurp(const char *path, char *buf, size_t cap) {
     fclose(f);
 }
 
-// Run `<env> bytescale <args>` quietly with one BLAS thread; with np > 0 as an MPI job of np ranks
+// Run `<env> bytescale <args>` with one BLAS thread, with BS_QUIET=1 when `quiet` (no progress line,
+// no one-time notes) or as a person starts it; with np > 0 as an MPI job of np ranks
 // (`mpirun -np <np> --oversubscribe`: more ranks than cores is fine for correctness). stdout and
 // stderr pass through files in dir (an existing scratch directory) into cli_out / cli_err. Returns
 // the exit code.
-static inline int cli_run_np(const char *dir, int np, const char *env, const char *args) {
+static inline int cli_run_job(const char *dir, int np, int quiet, const char *env, const char *args) {
     const char *bin = getenv("BS_BINARY");
     if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
     char cmd[8192], launcher[64] = "", out_path[600], err_path[600];
     if (np > 0) snprintf(launcher, sizeof launcher, "mpirun -np %d --oversubscribe ", np);
     snprintf(out_path, sizeof out_path, "%s/stdout", dir);
     snprintf(err_path, sizeof err_path, "%s/stderr", dir);
-    snprintf(cmd, sizeof cmd, "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 %s'%s' %s >%s 2>%s", env, launcher, bin, args,
-             out_path, err_path);
+    snprintf(cmd, sizeof cmd, "%s%s OPENBLAS_NUM_THREADS=1 %s'%s' %s >%s 2>%s", env, quiet ? " BS_QUIET=1" : "",
+             launcher, bin, args, out_path, err_path);
     int st = system(cmd);
     cli_slurp(out_path, cli_out, sizeof cli_out);
     cli_slurp(err_path, cli_err, sizeof cli_err);
@@ -42,6 +43,10 @@ static inline int cli_run_np(const char *dir, int np, const char *env, const cha
     return WEXITSTATUS(st);
 }
 
+// cli_run_job, quietly: what the tests start unless they look at the notes.
+static inline int cli_run_np(const char *dir, int np, const char *env, const char *args) {
+    return cli_run_job(dir, np, 1, env, args);
+}
 static inline int cli_run(const char *dir, const char *env, const char *args) { return cli_run_np(dir, 0, env, args); }
 
 // A small Go-like corpus in <dir>/in, prepared into <dir>/data: n files f<i>.go of lines0 + step * i

@@ -27,20 +27,6 @@ static void matmuls_core(char *core, size_t n, int *forced) {
     *forced = tag && (!eol || tag < eol);
 }
 
-// `<env> [mpirun -np np] bytescale <args>` as a person starts it, without cli_run_np's BS_QUIET=1
-// (which also silences the note); the output into cli_out / cli_err. The exit code.
-static int run_loud(int np, const char *env, const char *args) {
-    char cmd[4096], launcher[64] = "";
-    if (np > 0) snprintf(launcher, sizeof launcher, "mpirun -np %d --oversubscribe ", np);
-    snprintf(cmd, sizeof cmd, "%s OPENBLAS_NUM_THREADS=1 %s'%s' %s >%s/stdout 2>%s/stderr", env, launcher,
-             getenv("BS_BINARY"), args, DIR, DIR);
-    int st = system(cmd);
-    cli_slurp(DIR "/stdout", cli_out, sizeof cli_out);
-    cli_slurp(DIR "/stderr", cli_err, sizeof cli_err);
-    assert_true(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
-
 static int count(const char *hay, const char *needle) {
     int k = 0;
     for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) k++;
@@ -55,7 +41,7 @@ static void test_train_runs_the_cpus_kernels(void **state) {
     int forced;
 
     // as a person would start it: no OPENBLAS_CORETYPE, 2 ranks
-    int rc = run_loud(2, "env -u OPENBLAS_CORETYPE -u BS_QUIET", ARGS);
+    int rc = cli_run_job(DIR, 2, 0, "env -u OPENBLAS_CORETYPE -u BS_QUIET", ARGS);
     if (rc != 0) fail_msg("train: exit %d: %s", rc, cli_err);
     matmuls_core(core, sizeof core, &forced);
     const char *note = strstr(cli_err, NOTE);
@@ -94,7 +80,7 @@ static void test_train_runs_the_cpus_kernels(void **state) {
 
     // a person's choice is kept, even a slow one, and nothing is said
     if (strstr(openblas_get_config(), "DYNAMIC_ARCH")) {
-        rc = run_loud(0, "env -u BS_QUIET OPENBLAS_CORETYPE=Prescott", ARGS);
+        rc = cli_run_job(DIR, 0, 0, "env -u BS_QUIET OPENBLAS_CORETYPE=Prescott", ARGS);
         if (rc != 0) fail_msg("train: exit %d: %s", rc, cli_err);
         assert_null(strstr(cli_err, NOTE));
         matmuls_core(core, sizeof core, &forced);
@@ -102,7 +88,7 @@ static void test_train_runs_the_cpus_kernels(void **state) {
     }
 
     // help runs no matmuls, so nothing runs again
-    rc = run_loud(0, "env -u OPENBLAS_CORETYPE -u BS_QUIET", "train --help");
+    rc = cli_run_job(DIR, 0, 0, "env -u OPENBLAS_CORETYPE -u BS_QUIET", "train --help");
     assert_int_equal(rc, 0);
     assert_null(strstr(cli_err, NOTE));
 }
