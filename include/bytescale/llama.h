@@ -262,7 +262,8 @@ size_t llama_activation_bytes(const ModelConfig *cfg, int max_T);
 size_t llama_resident_bytes(const ModelConfig *cfg, int T, double r);
 
 // normal(0, 0.02) for matrices, residual projections (wo, w_down) scaled by 1/sqrt(2 n_layers),
-// norm gains 1. The same seed gives the same weights.
+// norm gains 1. The same seed gives the same weights, and a shard gets its part of the whole model's,
+// drawn in time proportional to the shard alone (a counter-based generator, rng_normal_fill).
 void llama_init_weights(Llama *m, uint64_t seed);
 void llama_zero_grad(Llama *m);
 const ParamTensor *llama_find_tensor(const Llama *m, const char *name);  // NULL + error when unknown

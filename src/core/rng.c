@@ -45,3 +45,35 @@ double rng_normal(Rng *r) {
     if (u1 < 1e-300) u1 = 1e-300;  // log(0) would be -inf
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
+
+// ---- counter-based -----------------------------------------------------------------------------
+
+// splitmix64's output function: a bijection of 64 bits with full avalanche.
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// The stream's base depends on seed and key through two mixes, so (seed, key) and (key, seed) or
+// neighbouring keys share nothing; within a stream, index i is splitmix64's i-th state mixed once
+// more (the outer mix keeps streams whose bases differ by a multiple of the step from being shifts
+// of one another).
+uint64_t rng_at(uint64_t seed, uint64_t key, uint64_t index) {
+    uint64_t base = mix64(mix64(seed ^ 0x6A09E667F3BCC909ull) + key * 0x9E3779B97F4A7C15ull + 0x3C6EF372FE94F82Bull);
+    return mix64(mix64(base + (index + 1) * 0x9E3779B97F4A7C15ull) ^ base);
+}
+
+// (0, 1]: never 0, so the log of Box-Muller is finite
+static inline double unit_open(uint64_t x) { return (double)((x >> 11) + 1) * 0x1.0p-53; }
+
+void rng_normal_fill(uint64_t seed, uint64_t key, uint64_t first, size_t n, double scale, float *out) {
+    uint64_t end = first + n;
+    for (uint64_t p = first / 2; 2 * p < end; p++) {  // the pairs that [first, end) touches
+        double r = sqrt(-2.0 * log(unit_open(rng_at(seed, key, 2 * p))));
+        double a = 2.0 * M_PI * unit_open(rng_at(seed, key, 2 * p + 1));
+        uint64_t e = 2 * p, o = 2 * p + 1;  // the pair's even (cos) and odd (sin) element
+        if (e >= first) out[e - first] = (float)(scale * r * cos(a));
+        if (o >= first && o < end) out[o - first] = (float)(scale * r * sin(a));
+    }
+}

@@ -181,48 +181,44 @@ static double init_std(const ParamTensor *t, int n_layers) {
     return resid ? 0.02 / sqrt(2.0 * n_layers) : 0.02;
 }
 
-// A shard gets the whole model's weights for the same seed: the whole model's tensors are drawn in
-// buffer order from one stream, and a shard keeps its runs of it and skips the rest (a normal draw
-// is two uniform draws, rng.h; norm gains draw nothing). Skipping costs a few ns per float of the
-// whole model, far less than drawing it.
-void llama_init_weights(Llama *m, uint64_t seed) {
+// Every float of the whole model has its own normal draw, rng_normal_fill's stream (seed, tensor
+// number in the whole model's table) at the float's index in the whole tensor: a shard draws exactly
+// its own floats, in time proportional to its own size, and every layout gets the same numbers.
+// Norm gains draw nothing. A run of the shard may span several tensors (a whole stage is one run),
+// so each run is cut at the whole model's tensor boundaries.
+int llama_shard_init_weights(const ModelConfig *cfg, const LlamaShard *sh, float *params, uint64_t seed) {
     ParamRun *runs;
     size_t n_runs;
-    LlamaShard whole = llama_shard_full(&m->cfg);
+    LlamaShard whole = llama_shard_full(cfg);
     int n_full = 0;
     size_t np_full = 0;
-    ParamTensor *full = llama_make_table(&m->cfg, &whole, &n_full, &np_full);
-    if (!full || llama_shard_runs(&m->cfg, &m->shard, &runs, &n_runs) != 0) {
+    ParamTensor *full = llama_make_table(cfg, &whole, &n_full, &np_full);
+    if (!full || llama_shard_runs(cfg, sh, &runs, &n_runs) != 0) {
         free(full);
-        return;  // out of memory for two small tables: the weights stay as they were, the error is recorded
+        return bs_fail_ctx("model %s: initial weights", cfg->name);
     }
-    Rng rng;
-    rng_seed(&rng, seed);
-    int k = 0;           // the whole model's tensor the cursor is in
-    size_t cursor = 0;   // floats of the whole model's buffer drawn so far
+    int k = 0;  // the whole model's tensor that holds `at`: runs go up the whole buffer
     for (size_t r = 0; r < n_runs; r++) {
-        float *p = m->params + runs[r].local;
-        size_t want_begin = runs[r].full, want_end = runs[r].full + runs[r].len;
-        while (cursor < want_end) {
+        float *p = params + runs[r].local;
+        size_t at = runs[r].full, end = runs[r].full + runs[r].len;
+        while (at < end) {
+            while (full[k].offset + full[k].numel <= at) k++;
             const ParamTensor *t = &full[k];
-            size_t t_end = t->offset + t->numel;
-            size_t stop = t_end < want_end ? t_end : want_end;
-            if (cursor < want_begin) stop = t_end < want_begin ? t_end : want_begin;
-            int keep = cursor >= want_begin;
-            if (t->ndim == 1) {
-                if (keep)
-                    for (size_t j = cursor; j < stop; j++) *p++ = 1.0f;
-            } else if (keep) {
-                double std = init_std(t, m->cfg.n_layers);
-                for (size_t j = cursor; j < stop; j++) *p++ = (float)(std * rng_normal(&rng));
-            } else {
-                for (size_t j = cursor; j < stop; j++) rng_uniform(&rng), rng_uniform(&rng);
-            }
-            cursor = stop;
-            if (cursor == t_end) k++;
+            size_t stop = t->offset + t->numel < end ? t->offset + t->numel : end, n = stop - at;
+            if (t->ndim == 1)
+                for (size_t j = 0; j < n; j++) p[j] = 1.0f;
+            else
+                rng_normal_fill(seed, (uint64_t)k, at - t->offset, n, init_std(t, cfg->n_layers), p);
+            p += n;
+            at = stop;
         }
     }
     free(runs);
     free(full);
+    return 0;
 }
 
+void llama_init_weights(Llama *m, uint64_t seed) {
+    // out of memory for two small tables: the weights stay as they were, the error is recorded
+    (void)llama_shard_init_weights(&m->cfg, &m->shard, m->params, seed);
+}
