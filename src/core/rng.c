@@ -59,21 +59,27 @@ static inline uint64_t mix64(uint64_t z) {
 // neighbouring keys share nothing; within a stream, index i is splitmix64's i-th state mixed once
 // more (the outer mix keeps streams whose bases differ by a multiple of the step from being shifts
 // of one another).
-uint64_t rng_at(uint64_t seed, uint64_t key, uint64_t index) {
-    uint64_t base = mix64(mix64(seed ^ 0x6A09E667F3BCC909ull) + key * 0x9E3779B97F4A7C15ull + 0x3C6EF372FE94F82Bull);
+static inline uint64_t stream_base(uint64_t seed, uint64_t key) {
+    return mix64(mix64(seed ^ 0x6A09E667F3BCC909ull) + key * 0x9E3779B97F4A7C15ull + 0x3C6EF372FE94F82Bull);
+}
+
+static inline uint64_t stream_at(uint64_t base, uint64_t index) {
     return mix64(mix64(base + (index + 1) * 0x9E3779B97F4A7C15ull) ^ base);
 }
+
+uint64_t rng_at(uint64_t seed, uint64_t key, uint64_t index) { return stream_at(stream_base(seed, key), index); }
 
 // (0, 1]: never 0, so the log of Box-Muller is finite
 static inline double unit_open(uint64_t x) { return (double)((x >> 11) + 1) * 0x1.0p-53; }
 
 void rng_normal_fill(uint64_t seed, uint64_t key, uint64_t first, size_t n, double scale, float *out) {
-    uint64_t end = first + n;
+    uint64_t base = stream_base(seed, key), end = first + n;
     for (uint64_t p = first / 2; 2 * p < end; p++) {  // the pairs that [first, end) touches
-        double r = sqrt(-2.0 * log(unit_open(rng_at(seed, key, 2 * p))));
-        double a = 2.0 * M_PI * unit_open(rng_at(seed, key, 2 * p + 1));
+        double r = scale * sqrt(-2.0 * log(unit_open(stream_at(base, 2 * p))));
+        double a = 2.0 * M_PI * unit_open(stream_at(base, 2 * p + 1)), s, c;
+        sincos(a, &s, &c);
         uint64_t e = 2 * p, o = 2 * p + 1;  // the pair's even (cos) and odd (sin) element
-        if (e >= first) out[e - first] = (float)(scale * r * cos(a));
-        if (o >= first && o < end) out[o - first] = (float)(scale * r * sin(a));
+        if (e >= first) out[e - first] = (float)(r * c);
+        if (o >= first && o < end) out[o - first] = (float)(r * s);
     }
 }
