@@ -3,6 +3,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,11 +105,58 @@ int cli_repeated_flag(int argc, char **argv, const char *const *repeatable) {
     return 0;
 }
 
+// ---- errors: one form, two exit codes (README.md "Exit codes and errors") ------------------------------
+
+static void say_error(const char *command, const char *where, const char *fmt, va_list ap) {
+    fprintf(stderr, "bytescale%s%s: error: %s", command ? " " : "", command ? command : "", where ? where : "");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+int cli_usage_error(const char *command, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    say_error(command, NULL, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "(bytescale %s --help lists the flags)\n", command);
+    return CLI_EXIT_USAGE;
+}
+
+_Noreturn void cli_die(const char *command, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    say_error(command, NULL, fmt, ap);
+    va_end(ap);
+    exit(CLI_EXIT_FAILURE);
+}
+
+static void say_rank_error(Comm *comm, const char *command, const char *msg, const char *hint) {
+    char copy[2048], where[64] = "";
+    snprintf(copy, sizeof copy, "%s", msg);  // msg may be bs_errmsg()'s buffer
+    if (comm->size > 1) snprintf(where, sizeof where, "rank %d of %d: ", comm->rank, comm->size);
+    fprintf(stderr, "bytescale %s: error: %s%s\n%s", command, where, copy, hint);
+}
+
 void cli_rank_die(Comm *comm, const char *command, const char *msg) {
-    char copy[2048];
-    snprintf(copy, sizeof copy, "%s", msg);  // msg may be bs_errmsg()'s buffer, which bs_die reuses
-    if (comm->size == 1) bs_die("%s", copy);
-    fprintf(stderr, "bytescale %s: rank %d of %d: error: %s\n", command, comm->rank, comm->size, copy);
-    comm_abort(comm, 1);
-    exit(1);
+    say_rank_error(comm, command, msg, "");
+    if (comm->size == 1) exit(CLI_EXIT_FAILURE);
+    comm_abort(comm, CLI_EXIT_FAILURE);
+    exit(CLI_EXIT_FAILURE);
+}
+
+void cli_rank_usage(Comm *comm, const char *command, const char *msg) {
+    char hint[96];
+    snprintf(hint, sizeof hint, "(bytescale %s --help lists the flags)\n", command);
+    say_rank_error(comm, command, msg, hint);
+    if (comm->size == 1) exit(CLI_EXIT_USAGE);
+    comm_abort(comm, CLI_EXIT_USAGE);
+    exit(CLI_EXIT_USAGE);
+}
+
+// "--tp 8", "--pp 2" or "--tp 8 x --pp 2 = 16": a layout in the words of the flags that made it.
+const char *cli_layout_flags(char *buf, size_t cap, int tp, int pp) {
+    if (tp > 1 && pp > 1) snprintf(buf, cap, "--tp %d x --pp %d = %d", tp, pp, tp * pp);
+    else if (pp > 1) snprintf(buf, cap, "--pp %d", pp);
+    else snprintf(buf, cap, "--tp %d", tp);
+    return buf;
 }

@@ -44,9 +44,24 @@ int cli_repeated_flag(int argc, char **argv, const char *const *repeatable);
 // "--x=value"): the message saying what replaced it, or NULL when it never was one of ours.
 const char *cli_retired_flag(const char *arg);
 
-// A rank of `bytescale <command>` that cannot go on says who it is and why, then ends the whole job:
-// under MPI the other ranks would otherwise wait for it forever. One process: bs_die.
+// Errors, one form for every command, on one process and on every rank of an MPI job alike (README.md
+// "Exit codes and errors"): "bytescale <command>: error: <message>" on stderr, where under MPI the
+// message starts with "rank R of N: ". Exit 2 for a usage error (an unknown, malformed, repeated or
+// out-of-range flag, flags that conflict: nothing was done, the help line follows), 1 for a failure
+// found doing the work (files, data, memory, MPI, the run); MPI_Abort gets the same code, which
+// mpirun returns.
+enum { CLI_EXIT_FAILURE = 1, CLI_EXIT_USAGE = 2 };
+// Say a usage error and return CLI_EXIT_USAGE (`return cli_usage_error(...)` from a command).
+int cli_usage_error(const char *command, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// Say a failure and exit(CLI_EXIT_FAILURE). command NULL: "bytescale: error: ..." (no command yet).
+_Noreturn void cli_die(const char *command, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// A rank that cannot go on says who it is and why, then ends the whole job (under MPI the other ranks
+// would otherwise wait for it forever): a failure (exit 1) / a usage error found once the job's size
+// is known (exit 2, with the help line), such as a layout the processes do not divide into.
 _Noreturn void cli_rank_die(Comm *comm, const char *command, const char *msg);
+_Noreturn void cli_rank_usage(Comm *comm, const char *command, const char *msg);
+// "--tp 8", "--pp 2" or "--tp 8 x --pp 2 = 16" into buf: a refusal names only the flags in play.
+const char *cli_layout_flags(char *buf, size_t cap, int tp, int pp);
 
 // file_find_source (fileio.h) is how the commands find files of the source tree.
 

@@ -42,9 +42,7 @@ int main(int argc, char **argv) {
         // a flag given twice is refused for every command (prepare takes several --input)
         static const char *const repeatable[] = {"--input", NULL};
         if (cli_repeated_flag(argc - 1, argv + 1, !strcmp(commands[i].name, "prepare") ? repeatable : NULL) != 0) {
-            fprintf(stderr, "bytescale %s: error: %s\n(bytescale %s --help lists the flags)\n", commands[i].name,
-                    bs_errmsg(), commands[i].name);
-            return 2;
+            return cli_usage_error(commands[i].name, "%s", bs_errmsg());
         }
         // before anything else, so that the exec repeats nothing (help needs no matmuls)
         int help = 0;

@@ -135,24 +135,25 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
         case OPT_OUT: a->out = optarg; break;
         case OPT_JSON: a->json = 1; break;
         case 'h': usage(stdout); return 1;
-        case ':': return bs_fail("%s needs a value (bytescale plan --help)", flag);
+        case ':': return bs_fail("%s needs a value", flag);
         default:
             if (cli_retired_flag(flag)) return bs_fail("%s", cli_retired_flag(flag));
-            return bs_fail("unknown flag '%s' (bytescale plan --help)", flag);
+            return bs_fail("unknown flag '%s'", flag);
         }
     }
-    if (optind < argc) return bs_fail("unexpected argument '%s' (bytescale plan --help)", argv[optind]);
+    if (optind < argc) return bs_fail("unexpected argument '%s'", argv[optind]);
     // --gpus counts devices: the HDP ranks are whole TP x PP groups of them
     if (given[OPT_RANKS - OPT_RANKS] && given[OPT_GPUS - OPT_RANKS])
         return bs_fail("give --ranks (HDP ranks) or --gpus (devices = ranks x tp x pp), not both");
     if (a->gpus) {
         int64_t group = (int64_t)a->tp * a->pp;
+        char lay[64];
         if (a->gpus % group != 0)
-            return bs_fail("--gpus %lld is not a multiple of tp x pp = %lld (tp %d, pp %d)", (long long)a->gpus,
-                           (long long)group, a->tp, a->pp);
+            return bs_fail("--gpus %lld is not a multiple of %s", (long long)a->gpus,
+                           cli_layout_flags(lay, sizeof lay, a->tp, a->pp));
         if (a->gpus / group > MAX_RANKS)
-            return bs_fail("--gpus %lld / (tp x pp = %lld) = %lld HDP ranks, more than %d", (long long)a->gpus,
-                           (long long)group, (long long)(a->gpus / group), MAX_RANKS);
+            return bs_fail("--gpus %lld / %s = %lld HDP ranks, more than %d", (long long)a->gpus,
+                           cli_layout_flags(lay, sizeof lay, a->tp, a->pp), (long long)(a->gpus / group), MAX_RANKS);
         a->ranks = (int32_t)(a->gpus / group);
     }
     // A flag the other flags make pointless is an error, never silently dropped.
@@ -178,6 +179,7 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
         }
     }
     if (strcmp(a->policy, "all") != 0 && !policy_find(a->policy)) return -1;
+    if (!a->cost && !model_find(a->model)) return bs_fail_ctx("--model");  // a name, not a file: usage
     if (a->out && !strcmp(a->policy, "all")) return bs_fail("--out writes one plan: pick one --policy, not all");
     return 0;
 }
@@ -336,13 +338,12 @@ int cmd_plan(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc == 1) return 0;
     if (rc != 0) {
-        fprintf(stderr, "bytescale: error: plan: %s\n", bs_errmsg());
-        return 2;
+        return cli_usage_error("plan", "%s", bs_errmsg());
     }
     CostModel cm;
-    if (load_cost_model(&a, &cm) != 0) bs_die_errmsg();
+    if (load_cost_model(&a, &cm) != 0) cli_die("plan", "%s", bs_errmsg());
     GlobalBatch b;
-    if (load_batch(&a, &b) != 0) bs_die_errmsg();
+    if (load_batch(&a, &b) != 0) cli_die("plan", "%s", bs_errmsg());
     if (!a.json) {
         int64_t longest = 0;
         for (int64_t i = 0; i < b.n; i++) longest = b.seqs[i].len > longest ? b.seqs[i].len : longest;
@@ -359,19 +360,19 @@ int cmd_plan(int argc, char **argv) {
     Result rs[8];
     int n = all ? policy_count() : 1;
     if (n > (int)(sizeof rs / sizeof rs[0]))
-        bs_die("plan: --policy all compares at most %zu policies", sizeof rs / sizeof rs[0]);
+        cli_die("plan", "--policy all compares at most %zu policies", sizeof rs / sizeof rs[0]);
     for (int i = 0; i < n; i++) {
         rs[i].policy = all ? policy_at(i)->name : a.policy;
         double t0 = now_seconds();
-        if (policy_plan(&rs[i].plan, rs[i].policy, &b, &cfg, &cm) != 0) bs_die_errmsg();
+        if (policy_plan(&rs[i].plan, rs[i].policy, &b, &cfg, &cm) != 0) cli_die("plan", "%s", bs_errmsg());
         rs[i].seconds = now_seconds() - t0;
-        if (plan_stats(&rs[i].plan, &cm, &rs[i].st) != 0) bs_die_errmsg();
+        if (plan_stats(&rs[i].plan, &cm, &rs[i].st) != 0) cli_die("plan", "%s", bs_errmsg());
     }
     if (a.json) print_json(&a, &b, rs, n);
     else if (all) print_table(rs, n);
     else print_summary(&a, &b, &rs[0]);
     if (a.out) {
-        if (plan_write_json(&rs[0].plan, a.out) != 0) bs_die_errmsg();
+        if (plan_write_json(&rs[0].plan, a.out) != 0) cli_die("plan", "%s", bs_errmsg());
         if (!a.json) printf("plan written to %s\n", a.out);
     }
     for (int i = 0; i < n; i++) plan_free(&rs[i].plan);

@@ -39,12 +39,7 @@ static void usage(FILE *f) {
             PREPARE_DEFAULT_CORPUS, RANKS_REL);
 }
 
-static int bad_usage(const char *fmt, const char *arg) {
-    fprintf(stderr, "bytescale prepare: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(bytescale prepare --help lists the flags)\n");
-    return 2;
-}
+static int bad_usage(const char *fmt, const char *arg) { return cli_usage_error("prepare", fmt, arg); }
 
 // The default rank file, looked up in the source tree (file_find_source).
 static int find_ranks(char *out, size_t cap) {
@@ -106,12 +101,12 @@ int cmd_prepare(int argc, char **argv) {
     }
     char ranks[4200];
     if (!strcmp(cfg.tokenizer, "gpt2") && !cfg.bpe_ranks) {
-        if (find_ranks(ranks, sizeof ranks) != 0) bs_die_errmsg();
+        if (find_ranks(ranks, sizeof ranks) != 0) cli_die("prepare", "%s", bs_errmsg());
         cfg.bpe_ranks = ranks;
     }
 
     PrepareStats st;
-    if (prepare_run(&cfg, &st) != 0) bs_die_errmsg();
+    if (prepare_run(&cfg, &st) != 0) cli_die("prepare", "%s", bs_errmsg());
     printf("prepared %lld files (%.1f MB) into %lld tokens (%s), %d shard%s in %s\n", (long long)st.n_files,
            (double)st.n_bytes / 1e6, (long long)st.n_tokens, cfg.tokenizer, st.n_shards, st.n_shards == 1 ? "" : "s",
            cfg.out_dir);

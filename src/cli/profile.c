@@ -73,12 +73,7 @@ static void usage(FILE *f) {
             d.tier_reps);
 }
 
-static int bad_usage(const char *fmt, const char *arg) {
-    fprintf(stderr, "bytescale profile: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(bytescale profile --help lists the flags)\n");
-    return 2;
-}
+static int bad_usage(const char *fmt, const char *arg) { return cli_usage_error("profile", fmt, arg); }
 
 enum {
     OPT_MODEL = 1000, OPT_LENGTHS, OPT_REPS, OPT_WARMUP, OPT_CLOCK, OPT_LAYERS, OPT_HOLDOUT, OPT_CAPACITY, OPT_RANKS,
@@ -258,7 +253,7 @@ int cmd_profile(int argc, char **argv) {
     }
 
     Comm *comm = comm_local();
-    if (comm_launched_by_mpi() && comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
+    if (comm_launched_by_mpi() && comm_mpi_init(&comm, &argc, &argv) != 0) cli_die("profile", "%s", bs_errmsg());
     int lead = comm->rank == 0;
     if (!GIVEN(OPT_RANKS) && comm->size > 1) cfg.hdp_ranks = comm->size;  // the job's ranks
     Profile *p = malloc(sizeof *p);

@@ -41,13 +41,13 @@ int cmd_serve_role(Comm *world, const LoaderServeConfig *cfg, const CommRoles *r
         comm_mpi_finalize();
         return 0;
     }
-    fprintf(stderr, "bytescale serve: data server %d (world rank %d): error: %s\n", roles->index, roles->world_rank,
+    fprintf(stderr, "bytescale serve: error: data server %d (world rank %d): %s\n", roles->index, roles->world_rank,
             bs_errmsg());
     // A failed server ends the job itself, and never waits in MPI_Finalize: the training ranks abort
     // on the error it sent them, and Open MPI 4.1's mpirun can hang or crash when one process
     // aborts while another finalizes (every process aborting is safe).
-    comm_abort(world, 1);
-    return 1;
+    comm_abort(world, CLI_EXIT_FAILURE);
+    return CLI_EXIT_FAILURE;
 }
 
 void serve_defaults(LoaderServeConfig *cfg, const char *dir) {
@@ -71,39 +71,24 @@ int cmd_serve(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    if (got != 0) {
-        fprintf(stderr, "bytescale serve: error: %s\n(bytescale serve --help lists the flags)\n", bs_errmsg());
-        return 2;
-    }
+    if (got != 0) return cli_usage_error("serve", "%s", bs_errmsg());
     LoaderServeConfig cfg;
     serve_defaults(&cfg, given[O_DATA - O_DATA] ? given[O_DATA - O_DATA] : "data/go-byte");
     if (given[O_EXT - O_DATA]) cfg.ext = given[O_EXT - O_DATA];
     if (given[O_TOK - O_DATA]) cfg.tokenizer = given[O_TOK - O_DATA];
     if (given[O_RANKS - O_DATA]) cfg.bpe_ranks = given[O_RANKS - O_DATA];
-    if (given[O_CACHE - O_DATA] && arg_int64("--cache", given[O_CACHE - O_DATA], &cfg.cache_bytes) != 0) {
-        fprintf(stderr, "bytescale serve: error: %s\n", bs_errmsg());
-        return 2;
-    }
-    if (strcmp(cfg.tokenizer, "byte") != 0 && strcmp(cfg.tokenizer, "gpt2") != 0) {
-        fprintf(stderr, "bytescale serve: error: --tokenizer %s: byte or gpt2\n", cfg.tokenizer);
-        return 2;
-    }
-    if (cfg.cache_bytes < 0) {
-        fprintf(stderr, "bytescale serve: error: --cache must be >= 0 bytes\n");
-        return 2;
-    }
-    if (!comm_launched_by_mpi()) {
-        fprintf(stderr, "bytescale serve: error: a data server is a rank of an MPI job beside training ranks: "
-                        "mpirun -np N bytescale train --data %s ... : -np S bytescale serve --data %s\n",
-                cfg.dir, cfg.dir);
-        return 2;
-    }
+    if (given[O_CACHE - O_DATA] && arg_int64("--cache", given[O_CACHE - O_DATA], &cfg.cache_bytes) != 0)
+        return cli_usage_error("serve", "%s", bs_errmsg());
+    if (strcmp(cfg.tokenizer, "byte") != 0 && strcmp(cfg.tokenizer, "gpt2") != 0)
+        return cli_usage_error("serve", "--tokenizer %s: byte or gpt2", cfg.tokenizer);
+    if (cfg.cache_bytes < 0) return cli_usage_error("serve", "--cache must be >= 0 bytes");
+    if (!comm_launched_by_mpi())
+        return cli_usage_error("serve", "a data server is a rank of an MPI job beside training ranks: mpirun -np N "
+                                        "bytescale train --data %s ... : -np S bytescale serve --data %s",
+                               cfg.dir, cfg.dir);
     Comm *comm;
-    if (comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
+    if (comm_mpi_init(&comm, &argc, &argv) != 0) cli_die("serve", "%s", bs_errmsg());
     CommRoles roles;
-    if (comm_mpi_split_roles(comm, COMM_ROLE_SERVER, &roles) != 0) {
-        fprintf(stderr, "bytescale serve: error: %s\n", bs_errmsg());
-        comm_abort(comm, 1);
-    }
+    if (comm_mpi_split_roles(comm, COMM_ROLE_SERVER, &roles) != 0) cli_rank_die(comm, "serve", bs_errmsg());
     return cmd_serve_role(comm, &cfg, &roles);
 }

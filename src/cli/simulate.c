@@ -7,6 +7,7 @@
 
 #include "bytescale/error.h"
 #include "bytescale/json.h"
+#include "bytescale/model.h"
 #include "bytescale/plan.h"
 #include "bytescale/scenario.h"
 #include "bytescale/seeds.h"
@@ -76,16 +77,11 @@ static void usage(FILE *f) {
             "stderr), 2 bad flags. BS_QUIET=1 hides the progress line of sweeps and the grid.\n");
 }
 
-static int bad_usage(const char *fmt, const char *arg) {
-    fprintf(stderr, "bytescale simulate: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(bytescale simulate --help lists the flags)\n");
-    return 2;
-}
+static int bad_usage(const char *fmt, const char *arg) { return cli_usage_error("simulate", fmt, arg); }
 
 static int fail(void) {
     fprintf(stderr, "bytescale simulate: error: %s\n", bs_errmsg());
-    return 1;
+    return CLI_EXIT_FAILURE;
 }
 
 static void list_scenarios(void) {
@@ -602,10 +598,8 @@ int cmd_simulate(int argc, char **argv) {
             const char *name = "?";
             for (const struct option *o = opts; o->name; o++)
                 if (o->val == *f) name = o->name;
-            fprintf(stderr, "bytescale simulate: error: --%s has no effect with %s (%s); leave it out\n"
-                            "(bytescale simulate --help lists the flags)\n",
-                    name, ignored[i].mode, ignored[i].why);
-            return 2;
+            return cli_usage_error("simulate", "--%s has no effect with %s (%s); leave it out", name, ignored[i].mode,
+                                   ignored[i].why);
         }
     }
     if (list) {
@@ -614,8 +608,10 @@ int cmd_simulate(int argc, char **argv) {
     }
     if (fl.sweep && strcmp(fl.sweep, "contexts") != 0 && strcmp(fl.sweep, "gpus") != 0)
         return bad_usage("--sweep: '%s' is not contexts or gpus", fl.sweep);
-    if ((fl.grid != 0) + (fl.sweep != NULL) + (fl.plan != NULL) > 1)
-        return bad_usage("--grid, --sweep and --plan exclude each other%s", "");
+    if ((fl.grid != 0) + (fl.sweep != NULL) + (fl.plan != NULL) > 1)  // name the two (or three) given
+        return cli_usage_error("simulate", "%s%s%s%s%s exclude each other: give one", fl.grid ? "--grid" : "",
+                               fl.grid && fl.sweep ? ", " : "", fl.sweep ? "--sweep" : "",
+                               (fl.grid || fl.sweep) && fl.plan ? " and " : "", fl.plan ? "--plan" : "");
     if (fl.json && (fl.grid || fl.sweep))
         return bad_usage("--json is for single runs (sweeps and the grid write CSV)%s", "");
     if (fl.trace && (fl.grid || fl.sweep)) return bad_usage("--trace is for single runs%s", "");
@@ -648,6 +644,7 @@ int cmd_simulate(int argc, char **argv) {
         set_text(sc.hardware, sizeof sc.hardware, "--hardware", fl.hardware, &changed) != 0 ||
         set_text(sc.dataset, sizeof sc.dataset, "--dist", fl.dist, &changed) != 0)
         return bad_usage("%s", bs_errmsg());
+    if (fl.model && !model_find(fl.model)) return cli_usage_error("simulate", "--model: %s", bs_errmsg());
     if (fl.set_gpus) sc.gpus = fl.gpus, changed = 1;
     if (fl.set_tp) sc.tp = fl.tp, changed = 1;
     if (fl.set_pp) sc.pp = fl.pp, changed = 1;

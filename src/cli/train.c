@@ -11,6 +11,8 @@
 #include "bytescale/comm.h"
 #include "bytescale/error.h"
 #include "bytescale/fileio.h"
+#include "bytescale/llama.h"
+#include "bytescale/model.h"
 #include "bytescale/offload.h"
 #include "bytescale/train.h"
 #include "cli/cli.h"
@@ -89,12 +91,10 @@ static void usage(FILE *f) {
             d.clip, (unsigned long long)d.seed, d.data, (long long)d.steps, d.ckpt_keep);
 }
 
-static int bad_usage(const char *fmt, const char *arg) {
-    fprintf(stderr, "bytescale train: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(bytescale train --help lists the flags)\n");
-    return 2;
-}
+static int bad_usage(const char *fmt, const char *arg) { return cli_usage_error("train", fmt, arg); }
+
+// A failure before the ranks exist (exit 1).
+_Noreturn static void die(const char *msg) { cli_die("train", "%s", msg); }
 
 enum {
     OPT_MODEL = 1000, OPT_TOKENS, OPT_CONTEXT, OPT_CAPACITY, OPT_POLICY, OPT_LR, OPT_MIN_LR, OPT_WARMUP, OPT_WD,
@@ -259,6 +259,45 @@ static void fmt_time(char *buf, size_t cap, double s) {
     else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
+// The refusal of a context above the capacity where no ring can form (fewer than 2 HDP ranks),
+// naming the flags given: --capacity and --context if given, the default context otherwise.
+static const char *context_refusal(const TrainConfig *c, int context_given) {
+    static char msg[512];
+    char ctx[64];
+    if (context_given) snprintf(ctx, sizeof ctx, "--context %lld", (long long)c->context);
+    else snprintf(ctx, sizeof ctx, "the context %lld (the default)", (long long)c->context);
+    snprintf(msg, sizeof msg,
+             "%s exceeds --capacity %lld: a sequence that long trains as a ring over >= 2 HDP ranks, and %s has "
+             "one (run mpirun -np N with more ranks), or raise --capacity to the context",
+             ctx, (long long)c->capacity, c->tp * c->pp > 1 ? "this job" : "one process");
+    return msg;
+}
+
+// The job's layout against the flags, once the number of training processes n is known: the refusals
+// are the command line's (exit 2) and name only the flags in play.
+static int check_layout(const TrainConfig *c, int n, int n_servers, int context_given) {
+    int tp = c->tp > 1 ? c->tp : 1, pp = c->pp > 1 ? c->pp : 1;
+    char lay[64];
+    cli_layout_flags(lay, sizeof lay, tp, pp);
+    if (n_servers > 0 && tp * pp > 1)
+        return bs_fail("data servers serve HDP ranks of tp = pp = 1 only: drop %s, or the data servers", lay);
+    if (n % (tp * pp) != 0)
+        return bs_fail("%s needs a multiple of %d processes, and this job has %d: run mpirun -np N with N = %s%s "
+                       "x HDP ranks",
+                       lay, tp * pp, n, tp > 1 ? "tp" : "pp", tp > 1 && pp > 1 ? " x pp" : "");
+    const ModelConfig *mc = model_find(c->model);
+    if (!mc) return -1;
+    if (pp > mc->n_layers)
+        return bs_fail("--pp %d: model %s has %d layers, so at most %d stages", pp, mc->name, mc->n_layers,
+                       mc->n_layers);
+    LlamaShard whole_tp = {.tp = tp, .tp_rank = 0, .layer_begin = 0, .layer_end = mc->n_layers, .first = 1, .last = 1};
+    if (llama_shard_check(mc, &whole_tp) != 0) return bs_fail_ctx("--tp %d", tp);
+    int hdp = n / (tp * pp);
+    if (c->capacity && c->context > c->capacity && hdp < 2)
+        return bs_fail("%s", context_refusal(c, context_given));
+    return 0;
+}
+
 // End the job with msg; with tp or pp > 1 it names the process's stage, HDP rank and tp rank too.
 _Noreturn static void die_at(const Trainer *t, Comm *comm, const char *msg) {
     char buf[2300];
@@ -287,7 +326,7 @@ int cmd_train(int argc, char **argv) {
     // start from the defaults, or from what the checkpoint was made with
     TrainConfig cfg = train_defaults();
     if (resume) {
-        if (train_read_config(resume, &cfg) != 0) bs_die_errmsg();
+        if (train_read_config(resume, &cfg) != 0) die(bs_errmsg());
         // a resumed run writes its checkpoints where it was resumed from, unless told otherwise
         char dir[TRAIN_PATH_MAX];
         snprintf(dir, sizeof dir, "%s", resume);
@@ -310,23 +349,19 @@ int cmd_train(int argc, char **argv) {
         snprintf(cfg.metrics, sizeof cfg.metrics, "%s.jsonl", plot);
     }
     if (train_config_check(&cfg) != 0) return bad_usage("%s", bs_errmsg());
-    int64_t C = cfg.capacity ? cfg.capacity : cfg.context;
-    if (!comm_launched_by_mpi() && cfg.context > C)
-        return bad_usage("context %s exceeds the capacity: a sequence that long needs a ring, and a ring needs >= 2 "
-                         "ranks (run under mpirun -np N), or raise --capacity to the context",
-                         GIVEN(OPT_CONTEXT) ? GIVEN(OPT_CONTEXT) : "");
     char script[4200];
     if (plot) {
-        if (find_plot_script(script, sizeof script) != 0) bs_die_errmsg();
+        if (find_plot_script(script, sizeof script) != 0) die(bs_errmsg());
         if (!have_gnuplot())
-            bs_die("--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or drop --plot");
+            return bad_usage("%s", "--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or "
+                                   "drop --plot");
         // the pictures replace only pictures, in a directory that takes them: found out now, not
         // after the run
         char png[TRAIN_PATH_MAX + 8], svg[TRAIN_PATH_MAX + 8];
         snprintf(png, sizeof png, "%s.png", plot);
         snprintf(svg, sizeof svg, "%s.svg", plot);
         if (train_check_output(png, "--plot", "\x89PNG") != 0 || train_check_output(svg, "--plot", "<?xml") != 0)
-            bs_die_errmsg();
+            return bad_usage("%s", bs_errmsg());
     }
 
     int n_servers = 0;
@@ -346,7 +381,7 @@ int cmd_train(int argc, char **argv) {
     Comm *comm = comm_local();
     CommRoles roles = {0};
     if (comm_launched_by_mpi()) {
-        if (comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
+        if (comm_mpi_init(&comm, &argc, &argv) != 0) die(bs_errmsg());
         if (n_servers >= comm->size)
             cli_rank_die(comm, "train", "--servers leaves no training rank: run more ranks than data servers");
         int role = comm->rank >= comm->size - n_servers ? COMM_ROLE_SERVER : COMM_ROLE_CLIENT;
@@ -358,6 +393,8 @@ int cmd_train(int argc, char **argv) {
         }
     }
     int lead = comm->rank == 0;
+    if (check_layout(&cfg, comm->size, roles.n_servers, GIVEN(OPT_CONTEXT) != NULL) != 0)
+        cli_rank_usage(comm, "train", bs_errmsg());
 
     Trainer *t = malloc(sizeof *t);  // large, and it must not move: not on the stack
     if (!t) cli_rank_die(comm, "train", "out of memory");
@@ -368,8 +405,14 @@ int cmd_train(int argc, char **argv) {
         die_at(t, comm, msg);
     }
     const DocIndex *ix = &t->data.index;
-    if (lead) printf("train: model %s (%.2fM parameters), data %s (%lld documents, %lld tokens)\n", t->model.name,
-           (double)t->llama.n_params / 1e6, cfg.data, (long long)ix->n_docs, (long long)ix->n_tokens);
+    if (lead) {
+        char share[96] = "";
+        if (t->par.tp * t->par.pp > 1)  // rank 0's shard: stage 0's layers, tp rank 0's share of them
+            snprintf(share, sizeof share, ", %.2fM on this process", (double)t->llama.n_params / 1e6);
+        printf("train: model %s (%.2fM parameters%s), data %s (%lld documents, %lld tokens)\n", t->model.name,
+               (double)model_params_total(&t->model) / 1e6, share, cfg.data, (long long)ix->n_docs,
+               (long long)ix->n_tokens);
+    }
     if (lead) {
         char blas[256];
         blas_core_describe(blas, sizeof blas);
@@ -432,7 +475,7 @@ int cmd_train(int argc, char **argv) {
     free(t);
     if (cfg.trace[0]) printf("trace: %s (open in ui.perfetto.dev or chrome://tracing)\n", cfg.trace);
     if (plot) {
-        if (run_plot(script, cfg.metrics, plot) != 0) bs_die_errmsg();
+        if (run_plot(script, cfg.metrics, plot) != 0) die(bs_errmsg());
         printf("plot: %s.png %s.svg\n", plot, plot);
     }
     if (comm_launched_by_mpi()) comm_mpi_finalize();

@@ -70,8 +70,8 @@ int train_config_check(const TrainConfig *c) {
     if (!tier_is(c, "off") && !tier_is(c, "file") && !tier_is(c, "memory") && !tier_is(c, "resident"))
         return bs_fail("offload tier must be off, file, memory or resident (got \"%s\")", c->offload_tier);
     if (c->offload_dir[0] && !tier_is(c, "file"))
-        return bs_fail("an offload directory is used only by the file tier (--offload-tier file), not by \"%s\"",
-                       c->offload_tier);
+        return bs_fail("--offload-dir is used only by --offload-tier file, not by --offload-tier %s%s", c->offload_tier,
+                       tier_is(c, "off") ? " (the default)" : "");
     if (c->mem_budget < 0) return bs_fail("memory budget must be >= 0 bytes, 0 for none (got %lld)",
                                           (long long)c->mem_budget);
     if (c->tp < 0 || c->tp > 4096) return bs_fail("--tp must be in [1, 4096] (got %d)", c->tp);
@@ -257,10 +257,14 @@ int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const Com
                        "library with MPI_THREAD_MULTIPLE; this one does not provide it");
     if (train_config_check(cfg) != 0) return -1;
     int tp = cfg->tp > 1 ? cfg->tp : 1, pp = cfg->pp > 1 ? cfg->pp : 1;
-    if (t->roles && tp * pp > 1)
-        return bs_fail("data servers (--servers, `bytescale serve`) serve HDP ranks of tp = pp = 1 only: drop --tp "
-                       "%d / --pp %d, or the servers",
-                       tp, pp);
+    if (t->roles && tp * pp > 1) {  // name only the flags given
+        char lay[48];
+        if (tp > 1 && pp > 1) snprintf(lay, sizeof lay, "--tp %d and --pp %d", tp, pp);
+        else snprintf(lay, sizeof lay, "%s %d", tp > 1 ? "--tp" : "--pp", tp > 1 ? tp : pp);
+        return bs_fail("data servers (--servers, `bytescale serve`) serve HDP ranks of tp = pp = 1 only: drop %s, or "
+                       "the servers",
+                       lay);
+    }
     if (parallel_layout(&t->par, comm->size, comm->rank, tp, pp) != 0) return -1;
     t->hdp = t->par.hdp;
     t->hdp_rank = t->par.hdp_rank;

@@ -1,7 +1,9 @@
 // test_cli_flags.c: `plan` and `simulate` speak one vocabulary, and no command takes a flag twice. Each shared flag is run in both
 // commands and its outcome compared with the spelling it must equal: --dist (a length distribution),
 // --ranks / --gpus (HDP ranks / devices = ranks x tp x pp), --hardware NAME|FILE, --cost FILE. The
-// retired names are refused in both with what replaced them.
+// retired names are refused in both with what replaced them. Every command reports errors one way
+// (README.md "Exit codes and errors"): "bytescale <command>: error: " on one process and on every rank
+// of an mpirun job, exit 2 for usage errors and 1 for failures; refusals name only the flags in play.
 #include "cli/cli_run.h"
 
 #include <cJSON.h>
@@ -247,6 +249,67 @@ static void test_repeated_flags_are_refused_everywhere(void **state) {
     if (rc != 1 || !strstr(cli_err, "/nonexistent/a")) fail_msg("prepare with two --input: exit %d: %s", rc, cli_err);
 }
 
+// Every line of stderr that says "error: " says it in the one form: "bytescale <command>: error: ",
+// then "rank R of N: " where a rank of an mpirun job found it; usage errors (exit 2) end with the help line, failures do not.
+static void expect_error(int np, const char *args, int code, const char *in_stderr) {
+    char command[32], prefix[64], help[96];
+    sscanf(args, "%31s", command);
+    snprintf(prefix, sizeof prefix, "bytescale %s: error: ", command);
+    snprintf(help, sizeof help, "(bytescale %s --help lists the flags)", command);
+    int rc = cli_run_np(dir, np, "", args);
+    if (rc != code || !strstr(cli_err, prefix) || !strstr(cli_err, in_stderr) || !strstr(cli_err, help) != (code == 1))
+        fail_msg("np %d, bytescale %s: exit %d (want %d), stderr: %s (want '%s', '%s'%s)", np, args, rc, code, cli_err,
+                 prefix, in_stderr, code == 2 ? " and the help line" : "");
+    for (char *line = cli_err; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        char *e = strstr(line, "error: "), *eol = strchr(line, '\n');
+        if (e && (!eol || e < eol) && strncmp(line, prefix, strlen(prefix)) != 0)
+            fail_msg("np %d, bytescale %s: a line not in the one form: %s", np, args, line);
+    }
+}
+
+static void test_one_error_form_and_exit_codes(void **state) {
+    (void)state;
+    const char *commands[] = {"plan", "simulate", "prepare", "train", "profile", "serve"};
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        char args[128];
+        snprintf(args, sizeof args, "%s --bogus 1", commands[i]);
+        expect_error(0, args, 2, "unknown flag '--bogus'");
+    }
+    expect_error(0, "plan --lengths /nonexistent/l.txt", 1, "/nonexistent/l.txt");
+    expect_error(0, "simulate --plan /nonexistent/p.json", 1, "/nonexistent/p.json");
+    expect_error(0, "prepare --input /nonexistent/in --out x", 1, "/nonexistent/in");
+    expect_error(0, "train --data /nonexistent/d --steps 1", 1, "/nonexistent/d");
+    expect_error(0, "train --tp 2", 2, "--tp 2 needs a multiple of 2 processes, and this job has 1");
+    // under mpirun, 2 processes: the same form, the rank named once the ranks exist, the same codes
+    // (mpirun returns them)
+    expect_error(2, "train --bogus 1", 2, "unknown flag '--bogus'");
+    expect_error(2, "train --tp 3 --data /nonexistent/d", 2, " of 2: --tp 3 needs a multiple of 3 processes");
+    expect_error(2, "train --data /nonexistent/d --steps 1", 1, " of 2: no prepared dataset in /nonexistent/d");
+}
+
+// A refusal of flags that do not go together names the flags given, not the ones left at defaults.
+static void test_refusals_name_only_the_flags_in_play(void **state) {
+    (void)state;
+    const struct {
+        const char *args, *want, *not_named;
+    } cases[] = {
+        {"simulate --grid --plan x.json", "--grid and --plan exclude each other", "--sweep"},
+        {"simulate --sweep gpus --plan x.json", "--sweep and --plan exclude each other", "--grid"},
+        {"plan --gpus 100 --tp 8", "--gpus 100 is not a multiple of --tp 8", "pp"},
+        {"plan --gpus 100 --tp 1 --pp 3", "--gpus 100 is not a multiple of --pp 3", "tp"},
+        {"train --tp 2", "--tp 2 needs", "--pp"},
+        {"train --pp 2", "--pp 2 needs", "--tp"},
+        {"train --capacity 1024", "the context 4096 (the default) exceeds --capacity 1024", "--context"},
+        {"train --offload-dir /tmp", "--offload-dir is used only by --offload-tier file", "--pp"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        expect_usage_error(cases[i].args, cases[i].want);
+        const char *msg = strstr(cli_err, "error: ");
+        if (strstr(msg, cases[i].not_named))
+            fail_msg("bytescale %s names %s, which is not in play: %s", cases[i].args, cases[i].not_named, cli_err);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dist_is_a_distribution_in_both),
@@ -255,6 +318,8 @@ int main(void) {
         cmocka_unit_test(test_cost_file_in_both),
         cmocka_unit_test(test_retired_names_say_what_replaced_them),
         cmocka_unit_test(test_repeated_flags_are_refused_everywhere),
+        cmocka_unit_test(test_one_error_form_and_exit_codes),
+        cmocka_unit_test(test_refusals_name_only_the_flags_in_play),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -119,16 +119,17 @@ static void test_tp2_pp2_trains_traces_and_resumes_anywhere(void **state) {
     }
 }
 
-// Each wrong layout is refused before anything runs, with the numbers that make it wrong.
+// Each wrong layout is refused before anything runs, with the numbers that make it wrong: a usage
+// error (exit 2, README.md "Exit codes and errors").
 static void test_wrong_layouts_are_refused(void **state) {
     (void)state;
     struct {
         int np;
         const char *flags, *want;
     } cases[] = {
-        {3, "--tp 2", "3 processes do not divide into --tp 2 x --pp 1"},
-        {3, "--pp 3", "--pp 3: a model of 2 layers has at most 2 pipeline stages"},
-        {3, "--tp 3", "tensor parallelism 3 does not divide n_heads 4"},
+        {3, "--tp 2", "error: rank 0 of 3: --tp 2 needs a multiple of 2 processes, and this job has 3"},
+        {3, "--pp 3", "--pp 3: model tiny has 2 layers, so at most 2 stages"},
+        {3, "--tp 3", "--tp 3: tensor parallelism 3 does not divide n_heads 4"},
         {2, "--pp 2 --offload-tier memory", "offloading runs only without pipeline stages"},
         {2, "--tp 0", "--tp must be in [1, 4096]"},
     };
@@ -136,7 +137,7 @@ static void test_wrong_layouts_are_refused(void **state) {
         char args[512];
         snprintf(args, sizeof args, "train " COMMON " --steps 1 %s", cases[i].flags);
         int rc = mpi_run(cases[i].np, "", args);
-        if (rc == 0 || !strstr(cli_err, cases[i].want))
+        if (rc != 2 || !strstr(cli_err, cases[i].want))
             fail_msg("-np %d %s: exit %d, expected an error with \"%s\": %s", cases[i].np, cases[i].flags, rc,
                      cases[i].want, cli_err);
     }
