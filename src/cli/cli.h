@@ -46,10 +46,11 @@ const char *cli_retired_flag(const char *arg);
 
 // Errors, one form for every command, on one process and on every rank of an MPI job alike (README.md
 // "Exit codes and errors"): "bytescale <command>: error: <message>" on stderr, where under MPI the
-// message starts with "rank R of N: ". Exit 2 for a usage error (an unknown, malformed, repeated or
-// out-of-range flag, flags that conflict: nothing was done, the help line follows), 1 for a failure
-// found doing the work (files, data, memory, MPI, the run); MPI_Abort gets the same code, which
-// mpirun returns.
+// message starts with "rank R of N: ". Exit 2 for a usage error, one the command line alone shows (an
+// unknown, malformed, repeated or out-of-range flag, a value none of the choices, flags that conflict,
+// a layout the job's processes do not make: nothing was done, the help line follows); 1 for a failure
+// (what the file system, the data, the PATH, memory, MPI or the run refused); MPI_Abort gets the same
+// code, which mpirun returns.
 enum { CLI_EXIT_FAILURE = 1, CLI_EXIT_USAGE = 2 };
 // Say a usage error and return CLI_EXIT_USAGE (`return cli_usage_error(...)` from a command).
 int cli_usage_error(const char *command, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

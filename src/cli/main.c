@@ -26,6 +26,8 @@ enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 static void usage(FILE *f) {
     fprintf(f, "usage: bytescale <command> [flags]   (bytescale <command> --help for its flags)\n\ncommands:\n");
     for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nerrors: \"bytescale <command>: error: ...\" on stderr; exit status 2 for a usage error (bad or\n"
+               "conflicting flags), 1 for a failure doing the work (README.md, \"Exit codes and errors\")\n");
 }
 
 int main(int argc, char **argv) {

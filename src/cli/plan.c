@@ -152,8 +152,8 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
             return bs_fail("--gpus %lld is not a multiple of %s", (long long)a->gpus,
                            cli_layout_flags(lay, sizeof lay, a->tp, a->pp));
         if (a->gpus / group > MAX_RANKS)
-            return bs_fail("--gpus %lld / %s = %lld HDP ranks, more than %d", (long long)a->gpus,
-                           cli_layout_flags(lay, sizeof lay, a->tp, a->pp), (long long)(a->gpus / group), MAX_RANKS);
+            return bs_fail("--gpus %lld / (tp x pp = %lld) = %lld HDP ranks, more than %d", (long long)a->gpus,
+                           (long long)group, (long long)(a->gpus / group), MAX_RANKS);
         a->ranks = (int32_t)(a->gpus / group);
     }
     // A flag the other flags make pointless is an error, never silently dropped.

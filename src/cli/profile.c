@@ -228,20 +228,20 @@ int cmd_profile(int argc, char **argv) {
     if (GIVEN(OPT_OUT)) snprintf(out, sizeof out, "%s", GIVEN(OPT_OUT));
     else snprintf(out, sizeof out, "profile-%s.json", model_name);
     if (strlen(out) + 16 >= sizeof out) return bad_usage("--out: '%s' is too long", out);
-    if (offload_dir_ok(cfg.offload_dir) != 0) return bad_usage("%s", bs_errmsg());
+    if (offload_dir_ok(cfg.offload_dir) != 0) cli_die("profile", "%s", bs_errmsg());
     const char *plot = GIVEN(OPT_PLOT);
     if (plot && strlen(plot) + 8 >= PROFILE_PATH_MAX) return bad_usage("--plot: '%s' is too long", plot);
     if (plot && system("gnuplot --version >/dev/null 2>&1") != 0)
-        return bad_usage("%s", "--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or "
-                               "drop --plot");
+        cli_die("profile", "--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or drop "
+                           "--plot");
     // the files' directories: both checked, then one missing at the end of a path made (and said),
     // before anything is measured
     char out_dir[PROFILE_PATH_MAX], plot_dir[PROFILE_PATH_MAX] = "";
     if (output_dir(out, "--out", out_dir, sizeof out_dir) != 0 ||
         (plot && output_dir(plot, "--plot", plot_dir, sizeof plot_dir) != 0) ||
         make_output_dir(out_dir, "--out") != 0 || make_output_dir(plot_dir, "--plot") != 0)
-        return bad_usage("%s", bs_errmsg());
-    if (train_check_output(out, "--out", "{") != 0) return bad_usage("%s", bs_errmsg());
+        cli_die("profile", "%s", bs_errmsg());
+    if (train_check_output(out, "--out", "{") != 0) cli_die("profile", "%s", bs_errmsg());
     if (plot) {
         char png[PROFILE_PATH_MAX + 8], svg[PROFILE_PATH_MAX + 8], gp[PROFILE_PATH_MAX + 8];
         snprintf(png, sizeof png, "%s.png", plot);
@@ -249,7 +249,7 @@ int cmd_profile(int argc, char **argv) {
         snprintf(gp, sizeof gp, "%s.gp", plot);
         if (train_check_output(png, "--plot", "\x89PNG") != 0 || train_check_output(svg, "--plot", "<?xml") != 0 ||
             train_check_output(gp, "--plot", "#") != 0)
-            return bad_usage("%s", bs_errmsg());
+            cli_die("profile", "%s", bs_errmsg());
     }
 
     Comm *comm = comm_local();

@@ -669,6 +669,13 @@ int cmd_simulate(int argc, char **argv) {
     } else if (changed) {
         snprintf(sc.name, sizeof sc.name, "custom");
     }
+    if (!fl.plan && !fl.sweep && sc.tp > 0 && sc.pp > 0 && sc.gpus % (sc.tp * sc.pp) != 0) {
+        char lay[64], gpus[96];
+        if (fl.set_gpus || fl.set_ranks) snprintf(gpus, sizeof gpus, "--gpus %d", sc.gpus);
+        else snprintf(gpus, sizeof gpus, "scenario %s's %d GPUs", fl.scenario ? fl.scenario : sc.name, sc.gpus);
+        return cli_usage_error("simulate", "%s is not a multiple of %s", gpus, cli_layout_flags(lay, sizeof lay, sc.tp,
+                                                                                              sc.pp));
+    }
     if (fl.plan) return simulate_plan_file(&fl, &sc);
     if (fl.sweep) {
         SimSweep kind = !strcmp(fl.sweep, "contexts") ? SIM_SWEEP_CONTEXTS : SIM_SWEEP_GPUS;

@@ -14,6 +14,7 @@
 #include "bytescale/llama.h"
 #include "bytescale/model.h"
 #include "bytescale/offload.h"
+#include "bytescale/policy.h"
 #include "bytescale/train.h"
 #include "cli/cli.h"
 #include "nn/blas_core.h"
@@ -86,7 +87,9 @@ static void usage(FILE *f) {
             "One process runs packs only: a context above the capacity needs ring attention over >= 2 ranks\n"
             "(mpirun). Checkpoints hold the whole model and optimizer state: a run resumes on any number of\n"
             "ranks and any --tp / --pp. Set\n"
-            "OPENBLAS_NUM_THREADS=1 for bit-exact resumes, BS_QUIET=1 to hide the progress line.\n",
+            "OPENBLAS_NUM_THREADS=1 for bit-exact resumes, BS_QUIET=1 to hide the progress line.\n"
+            "Exit status: 0 done, 1 a failure (files, data, the run; under mpirun the failing rank ends the job),\n"
+            "2 a usage error (bad or conflicting flags, a layout the job's processes do not make).\n",
             d.model, (long long)d.tokens, (long long)d.context, d.policy, d.lr, (long long)d.warmup, d.weight_decay,
             d.clip, (unsigned long long)d.seed, d.data, (long long)d.steps, d.ckpt_keep);
 }
@@ -286,7 +289,7 @@ static int check_layout(const TrainConfig *c, int n, int n_servers, int context_
                        "x HDP ranks",
                        lay, tp * pp, n, tp > 1 ? "tp" : "pp", tp > 1 && pp > 1 ? " x pp" : "");
     const ModelConfig *mc = model_find(c->model);
-    if (!mc) return -1;
+    if (!mc || !policy_find(c->policy)) return -1;
     if (pp > mc->n_layers)
         return bs_fail("--pp %d: model %s has %d layers, so at most %d stages", pp, mc->name, mc->n_layers,
                        mc->n_layers);
@@ -353,15 +356,14 @@ int cmd_train(int argc, char **argv) {
     if (plot) {
         if (find_plot_script(script, sizeof script) != 0) die(bs_errmsg());
         if (!have_gnuplot())
-            return bad_usage("%s", "--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or "
-                                   "drop --plot");
+            die("--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or drop --plot");
         // the pictures replace only pictures, in a directory that takes them: found out now, not
         // after the run
         char png[TRAIN_PATH_MAX + 8], svg[TRAIN_PATH_MAX + 8];
         snprintf(png, sizeof png, "%s.png", plot);
         snprintf(svg, sizeof svg, "%s.svg", plot);
         if (train_check_output(png, "--plot", "\x89PNG") != 0 || train_check_output(svg, "--plot", "<?xml") != 0)
-            return bad_usage("%s", bs_errmsg());
+            die(bs_errmsg());
     }
 
     int n_servers = 0;

@@ -142,7 +142,8 @@ static void test_two_ranks_measure_links(void **state) {
     cJSON_Delete(root);
 }
 
-// Bad flags: exit 2, a message naming the problem, nothing measured and nothing written.
+// Bad flags: exit 2, a message naming the problem, nothing measured and nothing written; output paths
+// the file system refuses: exit 1, before measuring.
 static void test_bad_flags(void **state) {
     (void)state;
     test_tmpdir("cli_profile");
@@ -164,17 +165,6 @@ static void test_bad_flags(void **state) {
         {"--layers 2", "--layers"},
         {"--holdout -1", "--holdout"},
         {"--tier-bytes 1", "--tier-bytes"},
-        {"--out " DIR "/plain/p.json", "is a file, not a directory"},
-        {"--out " DIR, "is a directory"},
-        {"--out " DIR "/plain", "refusing to overwrite"},
-        // every output path is checked before measuring (at fast settings, so that a check that came
-        // only after the measuring would still end quickly, with the wrong exit code); a missing
-        // directory is made only as the last one of a path, never a chain of them
-        {QUICK "--offload-dir " DIR "/none", "--offload-dir: " DIR "/none: No such file"},
-        {QUICK "--offload-dir " DIR "/plain", "--offload-dir: " DIR "/plain is not a directory"},
-        {QUICK "--out " DIR "/a/b/p.json", "neither " DIR "/a/b nor " DIR "/a is a directory"},
-        {QUICK "--plot " DIR "/c/d/fig", "neither " DIR "/c/d nor " DIR "/c is a directory"},
-        {QUICK "--out " DIR "/e/p.json --plot " DIR "/c/d/fig", "neither " DIR "/c/d nor"},  // e/ not made either
         // a flag given twice is refused, not last-wins (by its name or an abbreviation of it)
         {"--model tiny --model small", "--model is given twice"},
         {"--out=" DIR "/x.json --out " DIR "/y.json", "--out is given twice"},
@@ -188,12 +178,33 @@ static void test_bad_flags(void **state) {
         snprintf(args, sizeof args, "profile %s", bad[i].args);
         cli_expect(DIR, args, 2, bad[i].says);
     }
+    // paths the file system refuses: failures (exit 1), found before measuring (at fast settings, so
+    // that a check that came only after the measuring would still end quickly, with output); a missing
+    // directory is made only as the last one of a path, never a chain of them
+    const struct {
+        const char *args, *says;
+    } refused[] = {
+        {"--out " DIR "/plain/p.json", "is a file, not a directory"},
+        {"--out " DIR, "is a directory"},
+        {"--out " DIR "/plain", "refusing to overwrite"},
+        {QUICK "--offload-dir " DIR "/none", "--offload-dir: " DIR "/none: No such file"},
+        {QUICK "--offload-dir " DIR "/plain", "--offload-dir: " DIR "/plain is not a directory"},
+        {QUICK "--out " DIR "/a/b/p.json", "neither " DIR "/a/b nor " DIR "/a is a directory"},
+        {QUICK "--plot " DIR "/c/d/fig", "neither " DIR "/c/d nor " DIR "/c is a directory"},
+        {QUICK "--out " DIR "/e/p.json --plot " DIR "/c/d/fig", "neither " DIR "/c/d nor"},  // e/ not made either
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "profile %s", refused[i].args);
+        cli_expect(DIR, args, 1, refused[i].says);
+        if (strstr(cli_out, "wrote ")) fail_msg("profile %s measured and wrote: %s", refused[i].args, cli_out);
+    }
     assert_int_equal(access(DIR "/a", F_OK), -1);  // nothing made
     assert_int_equal(access(DIR "/c", F_OK), -1);
     assert_int_equal(access(DIR "/e", F_OK), -1);
     // --plot without gnuplot on the PATH: refused before measuring
     int rc = cli_run(DIR, "PATH=/nonexistent", "profile --plot " DIR "/fig");
-    if (rc != 2 || !strstr(cli_err, "--plot needs gnuplot")) fail_msg("no gnuplot: exit %d: %s", rc, cli_err);
+    if (rc != 1 || !strstr(cli_err, "--plot needs gnuplot")) fail_msg("no gnuplot: exit %d: %s", rc, cli_err);
     rc = cli_run(DIR, "", "profile --help");
     assert_int_equal(rc, 0);
     assert_non_null(strstr(cli_out, "--lengths LIST"));

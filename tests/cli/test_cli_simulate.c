@@ -374,8 +374,8 @@ static void test_bad_flags(void **state) {
     expect("--policy nope", 2, "unknown policy \"nope\"");
     expect("--scenario nope", 2, "--scenario list");
     expect("--grid --json", 2, "--json is for single runs");
-    expect("--gpus 100 --tp 8", 1, "100 GPUs are not a multiple of tp x pp");
-    expect("--model llama-99b", 1, "unknown model \"llama-99b\"");
+    expect("--gpus 100 --tp 8", 2, "--gpus 100 is not a multiple of --tp 8");
+    expect("--model llama-99b", 2, "unknown model \"llama-99b\"");
     expect("--plan /nonexistent/plan.json", 1, "/nonexistent/plan.json");
     expect("--ranks", 2, "--ranks needs a value");
     expect("--ranks 0", 2, "--ranks: '0' is out of range [1, 4194304]");

@@ -137,8 +137,9 @@ static void test_train_bad_flags_and_data(void **state) {
            "is a file, not a directory");
     expect("train --data " DIR "/data --model tiny --steps 1 --metrics " DIR "/data/index.bin", 1,
            "refusing to overwrite");
-    expect("train --data " DIR "/data --model tiny --policy fastest", 1, "unknown policy 'fastest'");
-    expect("train --data " DIR "/data --model huge", 1, "unknown model");
+    // a value that is none of the choices is a usage error (README.md "Exit codes and errors")
+    expect("train --data " DIR "/data --model tiny --policy fastest", 2, "unknown policy 'fastest'");
+    expect("train --data " DIR "/data --model huge", 2, "unknown model");
 }
 
 // a GPT-2 dataset for a byte-level model (the rank file comes through BS_SOURCE_DIR)

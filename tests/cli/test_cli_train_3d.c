@@ -10,6 +10,7 @@
 #include <cJSON.h>
 
 #include "bytescale/fileio.h"
+#include "bytescale/model.h"
 
 #define DIR "test-tmp/cli_train_3d"
 #define COMMON "--data " DIR "/data --model tiny --context 256 --capacity 256 --tokens 1024 --lr 3e-3 --warmup 1"
@@ -69,6 +70,15 @@ static void test_tp2_pp2_trains_traces_and_resumes_anywhere(void **state) {
     if (!strstr(cli_out, "4 processes = tp 2 x pp 2 x hdp 1") || !strstr(cli_out, "stage 0: layers 0..0 + embedding") ||
         !strstr(cli_out, "stage 1: layers 1..1 + head + loss"))
         fail_msg("the layout is not printed: %s", cli_out);
+    // the start line: the whole model's parameters and rank 0's share (stage 0: the embedding and layer
+    // 0, tp rank 0: half of every split tensor), counted here from tiny's shapes
+    const ModelConfig *m = model_find("tiny");
+    int D = m->d_model, Q = m->n_heads * m->head_dim / 2, KV = m->n_kv_heads * m->head_dim / 2, F = m->d_ff / 2;
+    double share = (double)m->vocab_size / 2 * D + 2 * D + (double)(Q + 2 * KV) * D + (double)D * Q + 3.0 * F * D;
+    char want[128];
+    snprintf(want, sizeof want, "model tiny (%.2fM parameters, %.2fM on this process)",
+             (double)model_params_total(m) / 1e6, share / 1e6);
+    if (!strstr(cli_out, want)) fail_msg("the start line does not say '%s': %s", want, cli_out);
     double a[6] = {0}, one[6] = {0};
     assert_int_equal(read_metrics(DIR "/a.jsonl", a, 5, 4, 2, 2), 4);
 

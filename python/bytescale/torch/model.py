@@ -238,8 +238,8 @@ class Llama(nn.Module):
 
     def init_weights(self, seed: int = 0) -> "Llama":
         """normal(0, 0.02) matrices; wo and w_down 0.02 / sqrt(2 n_layers) (GPT-2); norm gains 1. The
-        same scheme as the C engine, not the same numbers (its generator is xoshiro256**): load a
-        checkpoint for identical weights."""
+        same scheme as the C engine, not the same numbers (its generator is counter-based, rng.h):
+        load a checkpoint for identical weights."""
         g = torch.Generator().manual_seed(seed)
         small = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         with torch.no_grad():
