@@ -17,8 +17,10 @@
 // prepared dataset (--data, default data/go-byte; `bytescale prepare` makes it); without one the
 // table is skipped.
 //
-// Usage: bench_init [--quick] [--reps N] [--old-max FLOATS] [--max-shard BYTES] [--data DIR]
+// Usage: bench_init [--quick] [--model NAME] [--reps N] [--old-max FLOATS] [--max-shard BYTES] [--data DIR]
 //   --quick          tiny, small and base only, 1 rep, no start-up table
+//   --model NAME     that catalogue model's rows only, no start-up table (bench_init --model llama-7b
+//                    --reps 1 --old-max 7e9 times the old walk over a 7B model too)
 //   --reps N         timed repetitions per cell (default 3)
 //   --old-max N      time the old walk where the whole model has at most N floats (default 1073741824)
 //   --max-shard B    skip shards above B bytes (default 2147483648)
@@ -40,7 +42,7 @@
 typedef struct {
     int quick, reps;
     double old_max, max_shard;
-    const char *data;
+    const char *data, *model;
 } Options;
 
 // ---- the walk llama_init_weights did before it drew per shard ------------------------------------------
@@ -167,7 +169,7 @@ static void table_init(const Options *o) {
         const ModelConfig *c = model_at(i);
         if (c->n_experts != 1) continue;  // the CPU model is dense (llama_check_config)
         int small = !strcmp(c->name, "tiny") || !strcmp(c->name, "small") || !strcmp(c->name, "base");
-        if (o->quick && !small) continue;
+        if ((o->quick && !small) || (o->model && strcmp(o->model, c->name) != 0)) continue;
         LlamaShard whole_sh = llama_shard_full(c);
         int nt;
         size_t whole;
@@ -242,10 +244,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--old-max")) o.old_max = atof(v);
         else if (!strcmp(a, "--max-shard")) o.max_shard = atof(v);
         else if (!strcmp(a, "--data")) o.data = v;
+        else if (!strcmp(a, "--model")) o.model = v;
         else bs_die("bench_init: unknown flag %s", a);
     }
     if (o.reps < 1 || o.reps > 16) bs_die("bench_init: --reps must be in [1, 16]");
     table_init(&o);
-    if (!o.quick) table_startup(&o);
+    if (o.model && !model_find(o.model)) bs_die_errmsg();
+    if (!o.quick && !o.model) table_startup(&o);
     return 0;
 }
