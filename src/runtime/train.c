@@ -280,12 +280,31 @@ static int tp_wait(void *ctx, int handle) {
     return rc;
 }
 
+// Blocking (TrainConfig.tp_blocking, BS_TP_OVERLAP=0): the same MPI_Iallreduce, waited for at once.
+// Not MPI_Allreduce: Open MPI may add in another order there (seen with 3 ranks), and the two
+// settings are to give the same bits.
+static int tp_start_blocking(void *ctx, float *x, size_t n, int *handle) {
+    Trainer *t = ctx;
+    double t0 = now_seconds();
+    int rc = comm_iallreduce_f32(t->par.tp_comm, x, n, COMM_SUM, &t->tp_req);
+    if (rc == 0) rc = comm_wait(t->par.tp_comm, &t->tp_req);
+    double dt = now_seconds() - t0;
+    t->tp_seconds += dt, t->tp_total_seconds += dt;
+    *handle = 0;
+    return rc;
+}
+
+static int tp_wait_done(void *ctx, int handle) {
+    (void)ctx, (void)handle;
+    return 0;
+}
+
 // The model's tp collectives: the backward's sums overlap its weight gradients unless the run
-// asked for blocking ones (TrainConfig.tp_blocking, BS_TP_OVERLAP=0).
+// asked for blocking ones.
 static TpOps tp_ops(Trainer *t) {
     const char *env = getenv("BS_TP_OVERLAP");
-    int blocking = t->cfg.tp_blocking || (env && !strcmp(env, "0"));
-    if (blocking) return (TpOps){.allreduce = tp_allreduce, .ctx = t};
+    if (t->cfg.tp_blocking || (env && !strcmp(env, "0")))
+        return (TpOps){.allreduce = tp_allreduce, .start = tp_start_blocking, .wait = tp_wait_done, .ctx = t};
     return (TpOps){.allreduce = tp_allreduce, .start = tp_start, .progress = tp_progress, .wait = tp_wait, .ctx = t};
 }
 
