@@ -76,7 +76,9 @@ typedef struct {
 // the weight gradients while it runs (calling progress between slices of them) and then waits
 // (docs/model.md, "Sharding"). start returns a handle; x is neither read nor written by the model
 // until wait(handle) returns. The model has at most one in flight. Without start (NULL) the backward
-// sums with allreduce at once: the same reduction in the same order, so the same bits.
+// sums with allreduce at once, at the same point; the weight gradients are computed in the same
+// slices either way, so the bits differ only if allreduce and start/wait reduce differently (the
+// runtime's blocking setting keeps its start and waits inside it: train.c).
 enum { LLAMA_TP_SUM = 0, LLAMA_TP_MAX = 1 };
 typedef struct {
     int (*allreduce)(void *ctx, float *x, size_t n, int op);  // op: LLAMA_TP_SUM or LLAMA_TP_MAX
