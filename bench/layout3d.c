@@ -1,15 +1,20 @@
 // bench/layout3d.c: one pair of cores, three ways to use it - 2 HDP ranks, one HDP rank of 2
 // tensor-parallel processes (--tp 2), one HDP rank of 2 pipeline stages (--pp 2) - on the same
-// global batches from the same weights.
+// global batches from the same weights. tp 2 runs twice: with the backward's all-reduces overlapped
+// with the weight gradients (the default) and blocking (TrainConfig.tp_blocking, what
+// BS_TP_OVERLAP=0 gives `bytescale train`), the before and after of the overlap.
 //
-// The three trainers live side by side in one MPI job of 2 ranks (each makes its own groups) and
-// take their steps in turn, so a change in the machine's load falls on all three alike. Each policy
+// The four trainers live side by side in one MPI job of 2 ranks (each makes its own groups) and
+// take their steps in turn, so a change in the machine's load falls on all four alike. Each policy
 // step is the `balance` plan of the same batch for its layout (1 HDP rank of 2 processes plans for 1
 // rank; PP-Balance with 2 stages). Defaults: model tiny, data/go-byte, 32K tokens per step, context
 // = capacity = 8K (packs only: with one HDP rank there is no ring to compare), 6 measured steps after
 // 1 warm-up; every figure is the median over the measured steps.
 //
-// Columns: tokens/s and its ratio to HDP; the share of the step the tp all-reduces took (tp 2); the
+// Columns: tokens/s and its ratio to HDP; the tp all-reduces (tp 2): the share of the step the
+// model was blocked in them (exposed), and per step, ms blocked and ms from each one's start to its
+// end (total: the same as exposed when blocking; with the overlap, the backward's sums also run
+// while the weight gradients compute, so total - exposed is the hidden part); the
 // share each pipeline stage spent waiting for its neighbour (pp 2: the bubble, measured in the
 // trace's "wait activations" / "wait gradients" spans) beside the planner's prediction of it (1 -
 // the stage's busy time / the replayed 1F1B makespan); the planner's step estimate (its cost model:
@@ -30,15 +35,15 @@
 #include "bench_util.h"
 #include "nn/blas_core.h"
 
-enum { N_LAYOUTS = 3, MAX_STEPS = 64 };
+enum { N_LAYOUTS = 4, MAX_STEPS = 64 };
 static const struct {
     const char *name;
-    int tp, pp;
-} LAYOUTS[N_LAYOUTS] = {{"hdp 2", 1, 1}, {"tp 2", 2, 1}, {"pp 2", 1, 2}};
+    int tp, pp, tp_blocking;
+} LAYOUTS[N_LAYOUTS] = {{"hdp 2", 1, 1, 0}, {"tp 2 blocking", 2, 1, 1}, {"tp 2 overlapped", 2, 1, 0}, {"pp 2", 1, 2, 0}};
 
 typedef struct {
-    double tps[MAX_STEPS], tp_share[MAX_STEPS], bubble[MAX_STEPS], bubble_pred[MAX_STEPS], est[MAX_STEPS],
-        core[MAX_STEPS];
+    double tps[MAX_STEPS], tp_share[MAX_STEPS], tp_exposed[MAX_STEPS], tp_total[MAX_STEPS], bubble[MAX_STEPS],
+        bubble_pred[MAX_STEPS], est[MAX_STEPS], core[MAX_STEPS];
 } Rec;
 
 static int64_t tokens_flag(const char *flag, const char *v) {
@@ -55,7 +60,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: bench_layout3d [--quick] [--model NAME] [--tokens N] [--capacity N] [--steps N] [--data DIR]\n"
                    "                      [--cost FILE]\n"
-                   "2 HDP ranks vs --tp 2 vs --pp 2 on the same batches (defaults: tiny, 32K tokens, capacity 8K, 6 steps)\n");
+                   "2 HDP ranks vs --tp 2 (all-reduces blocking, then overlapped) vs --pp 2 on the same batches\n"
+                   "(defaults: tiny, 32K tokens, capacity 8K, 6 steps)\n");
             return 0;
         }
     if (!comm_launched_by_mpi()) bench_relaunch_under_mpirun("bench_layout3d", "2", argc, argv);
@@ -92,7 +98,7 @@ int main(int argc, char **argv) {
     Trainer *t[N_LAYOUTS];
     for (int l = 0; l < N_LAYOUTS; l++) {
         TrainConfig c = base;
-        c.tp = LAYOUTS[l].tp, c.pp = LAYOUTS[l].pp;
+        c.tp = LAYOUTS[l].tp, c.pp = LAYOUTS[l].pp, c.tp_blocking = LAYOUTS[l].tp_blocking;
         t[l] = malloc(sizeof *t[l]);
         if (!t[l] || trainer_init_comm(t[l], &c, comm) != 0) {
             fprintf(stderr, "bench_layout3d: %s: %s\n", LAYOUTS[l].name, bs_errmsg());
@@ -114,15 +120,18 @@ int main(int argc, char **argv) {
             }
             if (s == 0) continue;  // warm-up
             const Plan *p = &t[l]->plans[t[l]->step % 2];
-            double tp = 0, wait = 0, core = 1;
+            double tp = 0, tp_total = 0, wait = 0, core = 1;
             for (int r = 0; r < st.n_ranks; r++) {
                 tp += st.ranks[r].tp_seconds / st.n_ranks;
+                tp_total += st.ranks[r].tp_total_seconds / st.n_ranks;
                 wait += st.ranks[r].p2p_wait / st.n_ranks;
                 core = fmin(core, st.ranks[r].core_share);
             }
             Rec *x = &rec[l];
             x->tps[s - 1] = st.tokens_per_s;
             x->tp_share[s - 1] = tp / st.seconds;
+            x->tp_exposed[s - 1] = tp;
+            x->tp_total[s - 1] = tp_total;
             x->bubble[s - 1] = wait / st.seconds;
             x->bubble_pred[s - 1] = p->makespan > 0 ? 1 - p->rank_busy[0] / p->makespan : 0;
             x->est[s - 1] = st.est_seconds / st.seconds;
@@ -134,14 +143,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\n");
         printf("layouts on 2 ranks (model %s, %lld tokens/step, capacity %lld, balance; medians of %d steps)\n\n",
                base.model, (long long)base.tokens, (long long)base.capacity, steps);
-        printf("| layout | tokens/s | vs hdp 2 | tp all-reduce share | stage wait (bubble) | planned bubble | planned / "
-               "measured step | least core share |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        printf("| layout | tokens/s | vs hdp 2 | tp all-reduce exposed share | exposed ms/step | total ms/step | stage "
+               "wait (bubble) | planned bubble | planned / measured step | least core share |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         double ref = bench_median(rec[0].tps, steps);
         for (int l = 0; l < N_LAYOUTS; l++) {
             Rec *x = &rec[l];
             double tps = bench_median(x->tps, steps);
-            printf("| %s | %.0f | %.2fx | %.1f%% | %.1f%% | %.1f%% | %.2f | %.2f |\n", LAYOUTS[l].name, tps, tps / ref,
-                   100 * bench_median(x->tp_share, steps), 100 * bench_median(x->bubble, steps),
+            printf("| %s | %.0f | %.2fx | %.1f%% | %.0f | %.0f | %.1f%% | %.1f%% | %.2f | %.2f |\n", LAYOUTS[l].name, tps,
+                   tps / ref, 100 * bench_median(x->tp_share, steps), 1e3 * bench_median(x->tp_exposed, steps),
+                   1e3 * bench_median(x->tp_total, steps), 100 * bench_median(x->bubble, steps),
                    100 * bench_median(x->bubble_pred, steps), bench_median(x->est, steps),
                    bench_median(x->core, steps));
         }

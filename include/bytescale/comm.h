@@ -34,6 +34,7 @@ typedef struct {
     int (*bcast)(Comm *c, void *buf, size_t bytes, int root);
     int (*allreduce_sum)(Comm *c, double *x, int n);
     int (*allreduce_f32)(Comm *c, float *x, size_t n, int op);
+    int (*iallreduce_f32)(Comm *c, float *x, size_t n, int op, CommReq *req);
     int (*split)(Comm *c, int color, int key, Comm **out);
     void (*free)(Comm *c);
     int (*barrier)(Comm *c);
@@ -123,6 +124,12 @@ static inline int comm_bcast(Comm *c, void *buf, size_t bytes, int root) { retur
 static inline int comm_allreduce_sum(Comm *c, double *x, int n) { return c->ops->allreduce_sum(c, x, n); }
 // x[0..n) reduced over all ranks (COMM_SUM or COMM_MAX), in place: the tensor-parallel collectives.
 static inline int comm_allreduce_f32(Comm *c, float *x, size_t n, int op) { return c->ops->allreduce_f32(c, x, n, op); }
+// The same, non-blocking: x stays untouched (neither read nor written) until req completes
+// (comm_test / comm_wait). comm_test between slices of other work drives it on (MPI progresses
+// non-blocking collectives mostly inside MPI calls). One rank: nothing to do, req completes at once.
+static inline int comm_iallreduce_f32(Comm *c, float *x, size_t n, int op, CommReq *req) {
+    return c->ops->iallreduce_f32(c, x, n, op, req);
+}
 // Collective over c: a communicator of the ranks that pass the same color, ranked by key (then by
 // rank in c). Made once at start for the fixed groups of a 3D layout (parallel.h), never per ring
 // or per step. One rank: *out is a one-rank Comm. Free with comm_free.

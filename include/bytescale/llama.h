@@ -70,9 +70,21 @@ typedef struct {
 // The collectives a tensor-parallel shard needs, over its tp group (the runtime gives them; nn has
 // no communicator of its own). In place over x[0 .. n); every rank of the group calls them in the
 // same order. Unused (may be zero) when tp = 1.
+//
+// The non-blocking sum (start, progress, wait) is optional: with it, the backward of a
+// column-parallel group (wq, wk, wv; w_gate, w_up) starts the sum of its input gradient, computes
+// the weight gradients while it runs (calling progress between slices of them) and then waits
+// (docs/model.md, "Sharding"). start returns a handle; x is neither read nor written by the model
+// until wait(handle) returns. The model has at most one in flight. Without start (NULL) the backward
+// sums with allreduce at once, at the same point; the weight gradients are computed in the same
+// slices either way, so the bits differ only if allreduce and start/wait reduce differently (the
+// runtime's blocking setting keeps its start and waits inside it: train.c).
 enum { LLAMA_TP_SUM = 0, LLAMA_TP_MAX = 1 };
 typedef struct {
     int (*allreduce)(void *ctx, float *x, size_t n, int op);  // op: LLAMA_TP_SUM or LLAMA_TP_MAX
+    int (*start)(void *ctx, float *x, size_t n, int *handle);  // a LLAMA_TP_SUM in flight; NULL = none
+    int (*progress)(void *ctx, int handle);                    // drive it on (may be NULL)
+    int (*wait)(void *ctx, int handle);                        // its result is in x
     void *ctx;
 } TpOps;
 

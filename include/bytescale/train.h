@@ -38,7 +38,7 @@
 
 enum { TRAIN_PATH_MAX = 1024 };
 #define TRAIN_MAX_LR 1.0  // the largest peak learning rate train_config_check accepts
-enum { TRAIN_RANK_FIELDS = 20 };  // numbers each rank reports per step (train.c run_plan)
+enum { TRAIN_RANK_FIELDS = 21 };  // numbers each rank reports per step (train.c run_plan)
 enum { TRAIN_TIER_MAX = 16 };
 
 typedef struct {
@@ -76,6 +76,9 @@ typedef struct {
     // the 3D layout (parallel.h; run options: a checkpoint holds the whole model and resumes on any)
     int tp;                          // tensor-parallel processes per HDP rank and stage; 0 or 1 = none
     int pp;                          // pipeline stages; 0 or 1 = none
+    int tp_blocking;                 // 1: the backward's tp all-reduces wait at once instead of overlapping the
+                                     // weight gradients (for measuring the overlap; BS_TP_OVERLAP=0 in the
+                                     // environment does the same); the results are the same bits either way
 } TrainConfig;
 
 // data/go-byte, model small, 300 steps of 32K tokens, context 4K, capacity = context, balance,
@@ -107,7 +110,9 @@ typedef struct {
     double p2p_wait;        // pp > 1: seconds blocked receiving activations / gradients from a neighbouring
                             // stage (part of wait): the pipeline's bubbles and hand-off waits
     double p2p_bytes;       // pp > 1: bytes sent to the neighbouring stages
-    double tp_seconds;      // tp > 1: seconds in the tp group's all-reduces (part of compute)
+    double tp_seconds;      // tp > 1: seconds blocked in the tp group's all-reduces (part of compute): the
+                            // exposed time; the backward's overlapped sums count only their wait
+    double tp_total_seconds;  // tp > 1: seconds from each tp all-reduce's start to its end, hidden or not
 } RankTimes;
 
 // What one step did; also one line of the metrics file.
@@ -157,7 +162,10 @@ struct Trainer {
     Parallel par;               // the 3D layout: this process's stage, HDP rank, TP rank and groups
     int hdp, hdp_rank;          // the plan's ranks (par.hdp) and this process's one among them
     Pipeline pipe;              // pp > 1: this stage's 1F1B executor
-    double tp_seconds;          // this step's seconds in tp all-reduces so far
+    double tp_seconds;          // this step's seconds blocked in tp all-reduces so far (exposed)
+    double tp_total_seconds;    // ... and from each one's start to its end (hidden by compute or not)
+    CommReq tp_req;             // the model's non-blocking tp sum in flight (llama.h TpOps.start)
+    double tp_started;          // when it started
     Sampler sampler;            // rank 0 only: samples every global batch
     Llama llama;
     struct Offloader *offloader;  // the copiers and tier of --offload-tier file|memory; NULL = none

@@ -208,9 +208,12 @@ static int check_batch(const Llama *m, const MicroBatch *mb) {
     }
     if (!(m->offload_ratio >= 0 && m->offload_ratio <= 1))
         return bs_fail("model %s: offload ratio %g outside [0, 1]", n, (double)m->offload_ratio);
-    if (m->shard.tp > 1 && !tp_ops_of(m)->allreduce)
+    const TpOps *ops = tp_ops_of(m);
+    if (m->shard.tp > 1 && !ops->allreduce)
         return bs_fail("model %s: a shard with tensor parallelism %d needs the tp group's collectives (tp_ops)", n,
                        m->shard.tp);
+    if (m->shard.tp > 1 && ops->start && !ops->wait)
+        return bs_fail("model %s: tp_ops has a non-blocking all-reduce start but no wait", n);
     return 0;
 }
 
@@ -337,17 +340,58 @@ static int head_backward(Llama *m, const MicroBatch *mb, float loss_scale, doubl
     return 0;
 }
 
+// One projection of a column-parallel group, out (T, OC) = ln (T, D) @ w^T.
+typedef struct {
+    const float *w;     // (OC, D) this shard's rows
+    float *dw;          // (OC, D) its gradient, added to
+    const float *dout;  // (T, OC) the gradient of its output
+    int OC;
+} ColProj;
+
+// Slices of each weight gradient while the input gradient's sum is in flight: a progress call after
+// each lets the sum move on while the next slice computes (MPI advances a non-blocking collective
+// mostly inside MPI calls; docs/runtime.md, "Tensor parallelism").
+enum { TP_DW_SLICES = 4 };
+
+// The backward of a column-parallel group: projections p[0 .. n) that share one input ln (T, D),
+// wq, wk, wv on n1(x) or w_gate, w_up on n2(x_mid). dln (T, D) = the sum of their input gradients,
+// summed over the tp group too; each weight gradient is added into its dw. With tp > 1 the input
+// gradients come first, their sum over the group starts, the weight gradients (which do not need
+// it) compute meanwhile, and only then does the backward wait for it (Megatron's overlap). Without
+// a non-blocking sum (tp_ops.start NULL) the sum runs at once: the arithmetic is the same either way.
+static int column_backward(Llama *m, float *dln, const float *ln, const ColProj *p, int n, int T) {
+    int D = m->cfg.d_model;
+    for (int i = 0; i < n; i++) matmul_backward(dln, NULL, p[i].dout, ln, p[i].w, T, D, p[i].OC, i > 0);
+    if (m->shard.tp == 1) {  // nothing to sum: the weight gradients whole, as a one-process model does
+        for (int i = 0; i < n; i++) matmul_backward(NULL, p[i].dw, p[i].dout, ln, NULL, T, D, p[i].OC, 0);
+        return 0;
+    }
+    const TpOps *ops = tp_ops_of(m);
+    size_t TD = (size_t)T * D;
+    int h = -1;  // the sum in flight; -1 = already done (blocking)
+    int rc = ops->start ? ops->start(ops->ctx, dln, TD, &h) : ops->allreduce(ops->ctx, dln, TD, LLAMA_TP_SUM);
+    if (rc != 0) return bs_fail_ctx("tensor-parallel allreduce of %zu floats", TD);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < TP_DW_SLICES; k++) {
+            int o0 = (int)((int64_t)p[i].OC * k / TP_DW_SLICES), o1 = (int)((int64_t)p[i].OC * (k + 1) / TP_DW_SLICES);
+            matmul_backward_dw_rows(p[i].dw, p[i].dout, ln, T, D, p[i].OC, o0, o1);
+            if (h >= 0 && ops->progress && ops->progress(ops->ctx, h) != 0)
+                return bs_fail_ctx("tensor-parallel allreduce of %zu floats", TD);
+        }
+    if (h >= 0 && ops->wait(ops->ctx, h) != 0) return bs_fail_ctx("tensor-parallel allreduce of %zu floats", TD);
+    return 0;
+}
+
 // The backward of the stage's layers from a->dx, then the embedding on the first stage. With tp > 1
 // a->dx is the same on every rank: the row-parallel projections' backward (wo, w_down) needs no
 // communication, and the column-parallel ones' input gradient (through wq, wk, wv and w_gate,
-// w_up) is each rank's part, summed over the group before the RMSNorm backward, so the norm gains'
-// gradients are the same on every rank too.
+// w_up) is each rank's part, summed over the group (column_backward, overlapped with the weight
+// gradients) before the RMSNorm backward, so the norm gains' gradients are the same on every rank too.
 static int backward_layers(Llama *m, const MicroBatch *mb) {
     const ModelConfig *c = &m->cfg;
     const LlamaShard *sh = &m->shard;
     int T = mb->T, D = c->d_model, F = m->d_ff, Q = m->q_dim, KV = m->kv_dim;
     int split = sh->tp > 1, lb = sh->layer_begin, le = sh->layer_end;
-    size_t TD = (size_t)T * D;
     LlamaActs *a = &m->acts;
     float eps = (float)c->norm_eps;
     AttnRows rows = {.pos = mb->pos, .seg = mb->seg, .n = T};
@@ -365,9 +409,9 @@ static int backward_layers(Llama *m, const MicroBatch *mb) {
         rmsnorm_forward(a->ln, la->rstd2, la->x_mid, w->mlp_norm, T, D, eps);
         matmul_backward(a->dh, g->w_down, a->dx, a->h, w->w_down, T, F, D, 0);
         swiglu_backward(a->dgate, a->dup, a->dh, la->gate, la->up, (int64_t)T * F);
-        matmul_backward(a->dln, g->w_gate, a->dgate, a->ln, w->w_gate, T, D, F, 0);
-        matmul_backward(a->dln, g->w_up, a->dup, a->ln, w->w_up, T, D, F, 1);
-        if (split && tp_sum(m, a->dln, TD) != 0) return bs_fail_ctx("model %s: layer %d: MLP backward", c->name, l);
+        ColProj mlp[2] = {{w->w_gate, g->w_gate, a->dgate, F}, {w->w_up, g->w_up, a->dup, F}};
+        if (column_backward(m, a->dln, a->ln, mlp, 2, T) != 0)
+            return bs_fail_ctx("model %s: layer %d: MLP backward", c->name, l);
         rmsnorm_backward(a->dx, g->mlp_norm, a->dln, la->x_mid, la->rstd2, w->mlp_norm, T, D);
         // attention block backward
         matmul_backward(a->datt, g->wo, a->dx, la->att, w->wo, T, Q, D, 0);
@@ -381,10 +425,8 @@ static int backward_layers(Llama *m, const MicroBatch *mb) {
         rope_backward(a->dq, a->rope_cos, a->rope_sin, T, m->n_heads, c->head_dim);
         rope_backward(a->dk, a->rope_cos, a->rope_sin, T, m->n_kv_heads, c->head_dim);
         rmsnorm_forward(a->ln, la->rstd1, la->x, w->attn_norm, T, D, eps);  // recompute n1(x)
-        matmul_backward(a->dln, g->wq, a->dq, a->ln, w->wq, T, D, Q, 0);
-        matmul_backward(a->dln, g->wk, a->dk, a->ln, w->wk, T, D, KV, 1);
-        matmul_backward(a->dln, g->wv, a->dv, a->ln, w->wv, T, D, KV, 1);
-        if (split && tp_sum(m, a->dln, TD) != 0)
+        ColProj qkv[3] = {{w->wq, g->wq, a->dq, Q}, {w->wk, g->wk, a->dk, KV}, {w->wv, g->wv, a->dv, KV}};
+        if (column_backward(m, a->dln, a->ln, qkv, 3, T) != 0)
             return bs_fail_ctx("model %s: layer %d: attention backward", c->name, l);
         rmsnorm_backward(a->dx, g->attn_norm, a->dln, la->x, la->rstd1, w->attn_norm, T, D);
         if (acts_backward_done(m, l) != 0) return bs_fail_ctx("model %s: layer %d", c->name, l);

@@ -23,3 +23,10 @@ void matmul_backward(float *dx, float *dw, const float *dout, const float *x, co
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, T, 1.0f, dout, OC, x, C, 1.0f, dw, C);
     }
 }
+
+void matmul_backward_dw_rows(float *dw, const float *dout, const float *x, int T, int C, int OC, int o0, int o1) {
+    if (T <= 0 || o1 <= o0) return;
+    // dw[o0:o1] (o1 - o0, C) += dout[:, o0:o1]^T (o1 - o0, T) @ x (T, C); dout's rows are OC apart
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, T, 1.0f, dout + o0, OC, x, C, 1.0f,
+                dw + (size_t)o0 * C, C);
+}

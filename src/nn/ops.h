@@ -19,6 +19,10 @@ void matmul_forward(float *out, const float *x, const float *w, int T, int C, in
 // dw (OC, C) += dout^T @ x (T, C); dw may be NULL.
 void matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int T, int C, int OC,
                      int accumulate_dx);
+// Rows [o0, o1) of matmul_backward's dw: dw (OC, C) += dout^T @ x on those rows only (dout's columns
+// o0 .. o1). The tensor-parallel backward computes a weight gradient in such slices so that it can
+// drive an all-reduce in flight between them (llama.c, column_backward).
+void matmul_backward_dw_rows(float *dw, const float *dout, const float *x, int T, int C, int OC, int o0, int o1);
 
 // ---- embedding.c: token embedding --------------------------------------------------------------
 // out (T, C) = table (V, C)[tokens (T,)]

@@ -132,6 +132,15 @@ static int m_allreduce_f32(Comm *c, float *x, size_t n, int op) {
     return err == MPI_SUCCESS ? 0 : mpi_fail(err, "MPI_Allreduce (tensor parallel)");
 }
 
+static int m_iallreduce_f32(Comm *c, float *x, size_t n, int op, CommReq *req) {
+    if (n > INT_MAX) return bs_fail("allreduce: %zu floats is more than one MPI call holds", n);
+    MPI_Request q;
+    int err = MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, op == COMM_MAX ? MPI_MAX : MPI_SUM, comm_of(c), &q);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Iallreduce (tensor parallel)");
+    req_put(req, q);
+    return 0;
+}
+
 static const CommOps MPI_OPS;
 
 static int m_split(Comm *c, int color, int key, Comm **out) {
@@ -187,6 +196,7 @@ static const CommOps MPI_OPS = {
     .bcast = m_bcast,
     .allreduce_sum = m_allreduce_sum,
     .allreduce_f32 = m_allreduce_f32,
+    .iallreduce_f32 = m_iallreduce_f32,
     .split = m_split,
     .free = m_free,
     .barrier = m_barrier,

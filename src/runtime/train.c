@@ -236,13 +236,76 @@ int trainer_init(Trainer *t, const TrainConfig *cfg) { return trainer_init_comm(
 
 int trainer_init_comm(Trainer *t, const TrainConfig *cfg, Comm *comm) { return trainer_init_roles(t, cfg, comm, NULL); }
 
-// The tp group's all-reduce for the model's layers (llama.h TpOps), timed for the metrics.
+// The tp group's all-reduces for the model's layers (llama.h TpOps), timed for the metrics:
+// tp_seconds is the time the model was blocked in them (the exposed part), tp_total_seconds the time
+// from each one's start to its end. A blocking one counts in both; the backward's non-blocking sum
+// counts its start, progress calls and wait as exposed, start to the wait's end as total.
 static int tp_allreduce(void *ctx, float *x, size_t n, int op) {
     Trainer *t = ctx;
     double t0 = now_seconds();
     int rc = comm_allreduce_f32(t->par.tp_comm, x, n, op == LLAMA_TP_MAX ? COMM_MAX : COMM_SUM);
+    double dt = now_seconds() - t0;
+    t->tp_seconds += dt, t->tp_total_seconds += dt;
+    return rc;
+}
+
+static int tp_start(void *ctx, float *x, size_t n, int *handle) {
+    Trainer *t = ctx;
+    if (t->tp_req.active) return bs_fail("a tensor-parallel all-reduce is already in flight");
+    double t0 = now_seconds();
+    int rc = comm_iallreduce_f32(t->par.tp_comm, x, n, COMM_SUM, &t->tp_req);
+    t->tp_started = t0;
+    t->tp_seconds += now_seconds() - t0;
+    *handle = 0;  // the model has at most one in flight
+    return rc;
+}
+
+static int tp_progress(void *ctx, int handle) {
+    Trainer *t = ctx;
+    (void)handle;
+    double t0 = now_seconds();
+    int done;
+    int rc = comm_test(t->par.tp_comm, &t->tp_req, &done);
     t->tp_seconds += now_seconds() - t0;
     return rc;
+}
+
+static int tp_wait(void *ctx, int handle) {
+    Trainer *t = ctx;
+    (void)handle;
+    double t0 = now_seconds();
+    int rc = comm_wait(t->par.tp_comm, &t->tp_req);
+    double t1 = now_seconds();
+    t->tp_seconds += t1 - t0, t->tp_total_seconds += t1 - t->tp_started;
+    return rc;
+}
+
+// Blocking (TrainConfig.tp_blocking, BS_TP_OVERLAP=0): the same MPI_Iallreduce, waited for at once.
+// Not MPI_Allreduce: Open MPI may add in another order there (seen with 3 ranks), and the two
+// settings are to give the same bits.
+static int tp_start_blocking(void *ctx, float *x, size_t n, int *handle) {
+    Trainer *t = ctx;
+    double t0 = now_seconds();
+    int rc = comm_iallreduce_f32(t->par.tp_comm, x, n, COMM_SUM, &t->tp_req);
+    if (rc == 0) rc = comm_wait(t->par.tp_comm, &t->tp_req);
+    double dt = now_seconds() - t0;
+    t->tp_seconds += dt, t->tp_total_seconds += dt;
+    *handle = 0;
+    return rc;
+}
+
+static int tp_wait_done(void *ctx, int handle) {
+    (void)ctx, (void)handle;
+    return 0;
+}
+
+// The model's tp collectives: the backward's sums overlap its weight gradients unless the run
+// asked for blocking ones.
+static TpOps tp_ops(Trainer *t) {
+    const char *env = getenv("BS_TP_OVERLAP");
+    if (t->cfg.tp_blocking || (env && !strcmp(env, "0")))
+        return (TpOps){.allreduce = tp_allreduce, .start = tp_start_blocking, .wait = tp_wait_done, .ctx = t};
+    return (TpOps){.allreduce = tp_allreduce, .start = tp_start, .progress = tp_progress, .wait = tp_wait, .ctx = t};
 }
 
 int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const CommRoles *roles) {
@@ -295,7 +358,7 @@ int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const Com
     if (rc == 0) rc = batch_init(&t->batch, 64);
     LlamaShard shard = parallel_shard(&t->par);
     if (rc == 0) rc = llama_init_shard(&t->llama, mc, (int)t->capacity, &shard);
-    if (rc == 0) t->llama.tp_ops = (TpOps){.allreduce = tp_allreduce, .ctx = t};
+    if (rc == 0) t->llama.tp_ops = tp_ops(t);
     if (rc == 0) rc = open_offload(t);
     // ZeRO-1 over the HDP ranks that hold the same parameters: one stage's, one tp rank's
     if (rc == 0) rc = zero1_init(&t->zero, t->par.hdp_comm, &t->llama);
@@ -412,7 +475,7 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
     const StepRows *rows = &t->rows[slot];
     double w0 = now_seconds(), c0 = process_cpu_seconds();
     llama_zero_grad(&t->llama);
-    t->tp_seconds = 0;
+    t->tp_seconds = t->tp_total_seconds = 0;
     // the loss's denominator comes from the whole batch (rank 0 counted it when it planned)
     int64_t targets = t->targets[slot];
     // a batch with no labels at all (only documents' last tokens) contributes no gradient
@@ -458,7 +521,8 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
                                       t->hdp_rank,
                                       ps.p2p_wait,
                                       ps.p2p_bytes,
-                                      t->tp_seconds};
+                                      t->tp_seconds,
+                                      t->tp_total_seconds};
     double *all = t->gathered;
     if (comm_allgather(t->comm, mine, all, sizeof mine) != 0) return bs_fail_ctx("gathering step times");
     double last = 0;
@@ -488,7 +552,8 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
                                   .hdp_rank = (int)a[16],
                                   .p2p_wait = a[17],
                                   .p2p_bytes = a[18],
-                                  .tp_seconds = a[19]};
+                                  .tp_seconds = a[19],
+                                  .tp_total_seconds = a[20]};
     }
     if (st) {
         int64_t longest = 0;

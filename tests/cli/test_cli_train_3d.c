@@ -1,8 +1,9 @@
 // test_cli_train_3d.c: `mpirun -np N bytescale train --tp T --pp P` end to end: the layout and the
 // stages' layers printed at start; per-process metrics with stage, tp and HDP ranks; one trace with
 // a track per process where the pipeline's waits show; a checkpoint of the 2 x 2 layout resumed on
-// one process continues the run; wrong layouts refused with the numbers; a failing process ends the
-// job naming its rank and stage.
+// one process continues the run; the tp all-reduces overlapped or blocking (BS_TP_OVERLAP=0) give
+// the same losses; wrong layouts refused with the numbers; a failing process ends the job naming
+// its rank and stage.
 #include "cli/cli_run.h"
 
 #include <math.h>
@@ -23,6 +24,10 @@ static int setup(void **state) {
     cli_make_corpus(DIR, 12, 3, 6, 2100);
     return 0;
 }
+
+// Of the rank lines read_metrics saw with tp > 1: how many, and in how many the tp all-reduces'
+// total time exceeded the exposed time (something overlapped).
+static int tp_ranks, tp_overlapped;
 
 // Loss by step (1-based) from a metrics file; checks every line's ranks array: n entries, each with
 // its place in the layout, every (stage, tp) of the layout present.
@@ -50,7 +55,12 @@ static int read_metrics(const char *path, double *loss, int cap, int n, int tp, 
             seen[s * tp + t]++;
             assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, "p2p_wait")));
             assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, "bubble")));
-            if (tp > 1) assert_true(cJSON_GetObjectItemCaseSensitive(r, "tp_seconds")->valuedouble > 0);
+            if (tp > 1) {
+                double exposed = cJSON_GetObjectItemCaseSensitive(r, "tp_seconds")->valuedouble;
+                double total = cJSON_GetObjectItemCaseSensitive(r, "tp_total_seconds")->valuedouble;
+                assert_true(exposed > 0 && total >= exposed);
+                tp_overlapped += total > exposed, tp_ranks++;
+            }
             if (pp > 1) assert_true(cJSON_GetObjectItemCaseSensitive(r, "p2p_bytes")->valuedouble > 0);
         }
         for (int i = 0; i < tp * pp; i++) assert_int_equal(seen[i], n / (tp * pp));
@@ -129,6 +139,27 @@ static void test_tp2_pp2_trains_traces_and_resumes_anywhere(void **state) {
     }
 }
 
+// tp 2 on 2 processes with the backward's all-reduces overlapped (the default) and blocking
+// (BS_TP_OVERLAP=0): the same losses, bit for bit; every rank's total all-reduce time above the
+// exposed one when overlapped, the same figure when blocking.
+static void test_tp_overlap_or_blocking(void **state) {
+    (void)state;
+    double a[4] = {0}, b[4] = {0};
+    const char *env[2] = {"", "BS_TP_OVERLAP=0"}, *out[2] = {DIR "/ov.jsonl", DIR "/bl.jsonl"};
+    double *loss[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        char args[512];
+        snprintf(args, sizeof args, "train " COMMON " --tp 2 --steps 3 --metrics %s", out[k]);
+        int rc = mpi_run(2, env[k], args);
+        if (rc != 0) fail_msg("tp 2 %s: exit %d: %s", k ? "blocking" : "overlapped", rc, cli_err);
+        tp_ranks = tp_overlapped = 0;
+        assert_int_equal(read_metrics(out[k], loss[k], 3, 2, 2, 1), 3);
+        assert_int_equal(tp_ranks, 6);
+        assert_int_equal(tp_overlapped, k ? 0 : 6);
+    }
+    assert_memory_equal(a, b, sizeof a);
+}
+
 // Each wrong layout is refused before anything runs, with the numbers that make it wrong: a usage
 // error (exit 2, README.md "Exit codes and errors").
 static void test_wrong_layouts_are_refused(void **state) {
@@ -165,6 +196,7 @@ static void test_failing_stage_ends_the_job(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp2_pp2_trains_traces_and_resumes_anywhere),
+        cmocka_unit_test(test_tp_overlap_or_blocking),
         cmocka_unit_test(test_wrong_layouts_are_refused),
         cmocka_unit_test(test_failing_stage_ends_the_job),
     };

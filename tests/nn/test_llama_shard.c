@@ -5,7 +5,9 @@
 // gradient agree with the whole model's, and replicated gradients are the same bits on every tp
 // rank. Also: the runs tile every shard and cover the whole buffer, llama_init_weights on a shard
 // gives the whole model's weights, the layout and buckets of a shard, refusals with their numbers,
-// views (two micro-batches in flight) and offloading on a stage, bit for bit.
+// views (two micro-batches in flight) and offloading on a stage, bit for bit; the backward's
+// overlapped (non-blocking) tp sums give the blocking ones' bits, and the model neither reads nor
+// writes a buffer while its sum is in flight.
 #include "test_util.h"
 
 #include <math.h>
@@ -118,6 +120,12 @@ typedef struct {
 typedef struct {
     Group *g;
     int rank;
+    // the non-blocking sum in flight (group_start .. group_wait)
+    float *held;       // (cap,) a copy of x taken at the start: what the sum reduces
+    float *x;          // the model's buffer, poisoned with NaN until the wait
+    size_t n;
+    int active;
+    long starts, progress, between;  // sums started, progress calls, progress calls while in flight
 } Member;
 
 // Rank 0 reduces in rank order, every rank copies the one result: the same bits everywhere, as a
@@ -139,6 +147,42 @@ static int group_allreduce(void *ctx, float *x, size_t n, int op) {
     pthread_barrier_wait(&g->bar);
     memcpy(x, g->buf, n * sizeof(float));
     pthread_barrier_wait(&g->bar);  // nobody reuses buf before everyone has read it
+    return 0;
+}
+
+// The non-blocking pair over the same group. group_start keeps a copy of x and fills x with NaN,
+// so a model that reads its buffer before the wait carries NaN into its gradients; group_wait finds
+// x still all NaN (the model wrote nothing there either), reduces the copy with group_allreduce (the
+// same order, so the same bits as the blocking sum) and puts the result in x.
+enum { HANDLE = 7 };
+
+static int group_start(void *ctx, float *x, size_t n, int *handle) {
+    Member *me = ctx;
+    if (me->active) return bs_fail("test group: a second sum started while one is in flight");
+    if (n > me->g->cap) return bs_fail("test group: %zu floats, room for %zu", n, me->g->cap);
+    memcpy(me->held, x, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    me->x = x, me->n = n, me->active = 1, me->starts++;
+    *handle = HANDLE;
+    return 0;
+}
+
+static int group_progress(void *ctx, int handle) {
+    Member *me = ctx;
+    if (handle != HANDLE) return bs_fail("test group: progress on handle %d", handle);
+    me->progress++;
+    me->between += me->active;
+    return 0;
+}
+
+static int group_wait(void *ctx, int handle) {
+    Member *me = ctx;
+    if (handle != HANDLE || !me->active) return bs_fail("test group: wait on handle %d, none in flight", handle);
+    for (size_t i = 0; i < me->n; i++)
+        if (!isnan(me->x[i])) return bs_fail("test group: the model wrote float %zu of a sum in flight", i);
+    me->active = 0;
+    if (group_allreduce(me, me->held, me->n, LLAMA_TP_SUM) != 0) return -1;
+    memcpy(me->x, me->held, me->n * sizeof(float));
     return 0;
 }
 
@@ -188,7 +232,7 @@ static void layout_init(Layout *L, const ModelConfig *c, int tp, int n_stages) {
             LlamaShard sh = make_shard(c, tp, r, n_stages, s);
             Llama *m = &L->m[s][r];
             if (llama_init_shard(m, c, MAXT, &sh) != 0) fail_msg("%s", bs_errmsg());
-            L->member[s][r] = (Member){&L->group[s], r};
+            L->member[s][r] = (Member){.g = &L->group[s], .rank = r};
             m->tp_ops = (TpOps){.allreduce = group_allreduce, .ctx = &L->member[s][r]};
             L->ready[s][r].n = 0;
             m->grad_ready = record_ready;
@@ -197,9 +241,21 @@ static void layout_init(Layout *L, const ModelConfig *c, int tp, int n_stages) {
     }
 }
 
+// Give every shard the non-blocking sum too: the backward then overlaps it with the weight gradients.
+static void layout_overlap(Layout *L) {
+    for (int s = 0; s < L->n_stages; s++)
+        for (int r = 0; r < L->tp; r++) {
+            Member *me = &L->member[s][r];
+            me->held = malloc(L->group[s].cap * sizeof(float));
+            assert_non_null(me->held);
+            L->m[s][r].tp_ops = (TpOps){.allreduce = group_allreduce, .start = group_start,
+                                        .progress = group_progress, .wait = group_wait, .ctx = me};
+        }
+}
+
 static void layout_free(Layout *L) {
     for (int s = 0; s < L->n_stages; s++) {
-        for (int r = 0; r < L->tp; r++) llama_free(&L->m[s][r]);
+        for (int r = 0; r < L->tp; r++) llama_free(&L->m[s][r]), free(L->member[s][r].held);
         group_free(&L->group[s]);
     }
 }
@@ -395,6 +451,75 @@ static void test_shards_match_whole_model(void **state) {
         }
     print_message("worst over all layouts: %.2e\n", worst_all);
     free(init), free(got);
+    llama_free(&whole);
+}
+
+// ---- 1b. the backward's overlapped sums give the blocking ones' bits ----------------------------------
+
+// One layout's loss and gradients (in the whole model's layout) from the whole model's weights,
+// with the blocking sums or the overlapped ones.
+static double run_layout(Layout *L, const ModelConfig *cfg, const Llama *whole, const Batch *b, int tp, int S,
+                         int overlap, float *grads) {
+    layout_init(L, cfg, tp, S);
+    if (overlap) layout_overlap(L);
+    L->batch = b;
+    L->loss_scale = 1.0f / (float)count_targets(b);
+    for (int s = 0; s < S; s++)
+        for (int r = 0; r < tp; r++) {
+            ParamRun *runs;
+            size_t n;
+            get_runs(cfg, &L->m[s][r].shard, &runs, &n);
+            copy_runs(L->m[s][r].params, whole->params, runs, n, 1);
+            free(runs);
+        }
+    Worker wk[MAXTP];
+    run_ranks(L, wk, rank_main);
+    gather(L, grads, whole->n_params, 1);
+    return wk[0].loss[S - 1];
+}
+
+// For tp 2 and 4 on 1 and 2 stages: the loss and every gradient bit for bit the blocking run's; two
+// sums started per layer on every rank (the attention's and the MLP's input gradients), each driven
+// by progress calls while in flight; the group's reductions as many as the blocking run's.
+static void test_overlap_same_bits(void **state) {
+    (void)state;
+    ModelConfig cfg = shard_config();
+    Llama whole;
+    assert_int_equal(llama_init(&whole, &cfg, MAXT), 0);
+    randomize_params(&whole, 41);
+    Batch b = make_batch(42, cfg.vocab_size);
+    size_t N = whole.n_params;
+    float *blocking = malloc(N * sizeof(float)), *overlapped = malloc(N * sizeof(float));
+    static Layout L;
+    const int tps[2] = {2, 4}, stages[2] = {1, 2};
+    for (int ti = 0; ti < 2; ti++)
+        for (int si = 0; si < 2; si++) {
+            int tp = tps[ti], S = stages[si];
+            double lb = run_layout(&L, &cfg, &whole, &b, tp, S, 0, blocking);
+            long calls[MAXSTAGES];
+            for (int s = 0; s < S; s++) calls[s] = L.group[s].calls;
+            layout_free(&L);
+            double lo = run_layout(&L, &cfg, &whole, &b, tp, S, 1, overlapped);
+            assert_memory_equal(&lo, &lb, sizeof lo);
+            assert_memory_equal(overlapped, blocking, N * sizeof(float));
+            for (int s = 0; s < S; s++) {
+                assert_int_equal(L.group[s].calls, calls[s]);
+                const LlamaShard *sh = &L.m[s][0].shard;
+                for (int r = 0; r < tp; r++) {
+                    const Member *me = &L.member[s][r];
+                    assert_int_equal(me->starts, 2L * (sh->layer_end - sh->layer_begin));
+                    assert_false(me->active);
+                    // every progress call came with a sum in flight, at least two per sum
+                    assert_int_equal(me->between, me->progress);
+                    assert_true(me->progress >= 2 * me->starts);
+                }
+            }
+            print_message("tp %d, %d stage(s): overlapped = blocking, bit for bit (%ld sums, %ld progress calls on "
+                          "rank 0 of stage 0)\n",
+                          tp, S, L.member[0][0].starts, L.member[0][0].progress);
+            layout_free(&L);
+        }
+    free(blocking), free(overlapped);
     llama_free(&whole);
 }
 
@@ -817,6 +942,7 @@ static void test_offload_on_a_stage(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shards_match_whole_model),
+        cmocka_unit_test(test_overlap_same_bits),
         cmocka_unit_test(test_runs_and_layout),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_views_whole_model),

@@ -5,6 +5,7 @@
 //     every sequence in one pack, relative error <= 1e-5 per tensor, for static, balance and
 //     elastic plans, with rings (context above the capacity) wherever hdp >= 2;
 //   - the whole model's parameters after 3 optimizer steps equal the one-process run's;
+//   - tp > 1: the backward's all-reduces overlapped and blocking give the same bits (2 steps);
 // and checkpoints do not depend on the layout:
 //   - np 8: 4 steps on (2, 2, 2) with a checkpoint after 2, resumed on one process: the last two
 //     losses within 1e-5 of the uninterrupted run's;
@@ -147,6 +148,46 @@ static void check_steps(const char *data, const char *model, const char *policy,
     free(ref);
 }
 
+// tp > 1: the backward's all-reduces overlapped with the weight gradients (the default) and blocking
+// (tp_blocking) give the same losses and parameters, bit for bit, over 2 steps; every rank's exposed
+// all-reduce time is at most the total, and the two are one figure when blocking.
+static void check_overlap(const char *data, const char *model, int tp, int pp, int64_t context, int64_t C) {
+    Trainer *t[2];
+    for (int k = 0; k < 2; k++) {
+        TrainConfig c = config(data, model, "balance", 768, context, C, tp, pp);
+        c.steps = 2;
+        c.tp_blocking = k;
+        t[k] = malloc(sizeof *t[k]);
+        CHECK(t[k], "out of memory");
+        CHECK_OK(trainer_init_comm(t[k], &c, mpi_comm));
+    }
+    double total = 0;
+    for (int i = 0; i < 2; i++) {
+        StepStats st[2];
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(trainer_step(t[k], &st[k]));
+            for (int r = 0; r < st[k].n_ranks; r++) {
+                const RankTimes *x = &st[k].ranks[r];
+                CHECK(x->tp_seconds <= x->tp_total_seconds * (1 + 1e-12) && (k == 0 || x->tp_seconds == x->tp_total_seconds),
+                      "%s %s step %d rank %d: exposed tp all-reduce %.9g s, total %.9g s", layout_name(tp, pp, t[k]->hdp),
+                      k ? "blocking" : "overlapped", i + 1, r, x->tp_seconds, x->tp_total_seconds);
+                if (k == 0) total += x->tp_total_seconds;
+            }
+        }
+        CHECK(memcmp(&st[0].loss, &st[1].loss, sizeof st[0].loss) == 0, "%s step %d: loss %.17g overlapped, %.17g blocking",
+              layout_name(tp, pp, t[0]->hdp), i + 1, st[0].loss, st[1].loss);
+    }
+    CHECK(total > 0, "%s: the overlapped run timed no tp all-reduce", layout_name(tp, pp, t[0]->hdp));
+    size_t n = t[0]->llama.n_params;
+    CHECK(memcmp(t[0]->llama.params, t[1]->llama.params, n * sizeof(float)) == 0,
+          "%s: parameters after 2 steps differ between the overlapped and the blocking tp all-reduces",
+          layout_name(tp, pp, t[0]->hdp));
+    if (mpi_comm->rank == 0)
+        printf("  %-22s overlapped tp all-reduces = blocking, bit for bit, 2 steps\n", layout_name(tp, pp, t[0]->hdp));
+    n_checks++;
+    for (int k = 0; k < 2; k++) trainer_free(t[k]), free(t[k]);
+}
+
 // A checkpoint written on layout `from` resumed on layout `to` (a layout of 1 x 1 x 1 runs on rank 0
 // alone): its last two steps' losses against the uninterrupted run's.
 static void check_resume(const char *dir, const char *data, const int from[2], const int to[2], int64_t context,
@@ -217,6 +258,7 @@ int main(int argc, char **argv) {
         // half a micro-batch per HDP rank: elastic widens sequences of C tokens into rings
         if (hdp > 1) check_gradient(data, model, "elastic", tp, pp, 64 * hdp, 128, 128, 300 + l);
         check_steps(data, model, "balance", tp, pp, context, C);
+        if (tp > 1) check_overlap(data, model, tp, pp, context, C);
     }
     // packs only (context = capacity): one process takes part too
     if (N == 8) check_resume(dir, data, (const int[2]){2, 2}, (const int[2]){1, 1}, 96, 96);
