@@ -70,7 +70,9 @@ static void usage(FILE *f) {
             "  --save-plans DIR     write every step's plan to DIR/plan-<step>.json (`bytescale simulate --plan`)\n"
             "  --servers N          the last N ranks of the mpirun job are data servers of --data: the\n"
             "                       training ranks fetch only their own token ranges from them (docs/loader.md;\n"
-            "                       also `mpirun ... bytescale train ... : -np N bytescale serve --data DIR`)\n"
+            "                       also `mpirun ... bytescale train ... : -np N bytescale serve --data DIR`);\n"
+            "                       with --tp / --pp only tp rank 0 of the first stage (inputs) and of the last\n"
+            "                       (targets) fetch, for their tp group; -np is T x P x H + N\n"
             "  --tp T               tensor parallelism: every HDP rank is T processes, each with 1/T of the\n"
             "                       heads, the MLP and the vocabulary (Megatron-style; default 1)\n"
             "  --pp P               pipeline stages: the layers split over P stages that run each HDP rank's\n"
@@ -379,7 +381,9 @@ int cmd_train(int argc, char **argv) {
         printf("train: %d data server%s (world rank%s", roles.n_servers, roles.n_servers > 1 ? "s" : "",
                roles.n_servers > 1 ? "s" : "");
         for (int i = 0; i < roles.n_servers && i < COMM_MAX_SERVERS; i++) printf("%s %d", i ? "," : "", roles.servers[i]);
-        printf("); this rank schedules, every rank fetches its own token ranges\n");
+        if (t->par.tp * t->par.pp == 1) printf("); this rank schedules, every rank fetches its own token ranges\n");
+        else printf("); this rank schedules; tp rank 0 of the first stage fetches its inputs and of the last stage "
+                    "its targets, for its tp group; middle stages fetch nothing\n");
     }
     if (lead && t->n_ranks > 1) {
         char line[512];
