@@ -9,7 +9,9 @@
 //   stage's 4 per labelled token, a middle stage nothing; the same on local shards. Only tp rank 0
 //   of the first and last stages received bytes from the servers (fetch_bytes), exactly what its tp
 //   group reads: the network carried 1/T of the bytes the processes read.
-// - A data server killed with SIGKILL in a tp 2 x pp 2 job ends the job, naming the process.
+// - Faults in a tp 2 x pp 2 job: a misrouted request (the fetching process's error reaches the tp
+//   members waiting for its rows) and a data server killed with SIGKILL each end the job with a
+//   message naming the server; nothing hangs.
 // ctest: long (MPI jobs of 3 to 9 processes)
 #include "cli/cli_run.h"
 
@@ -191,6 +193,18 @@ static void test_layouts_train_as_on_local_shards(void **state) {
     compare("p3", "p3s1", 1, 3, 1);
 }
 
+// A request for a range a server does not hold (BS_LOADER_MISROUTE=1 sends every request to the
+// next server) in a tp 2 x pp 2 job: the fetching process's error reaches the tp members that wait
+// for its rows, and the job ends with the server's message; nothing hangs.
+static void test_misrouted_request_ends_a_3d_job(void **state) {
+    (void)state;
+    make_data();
+    int rc = cli_run_np(SDIR, 6, "BS_LOADER_MISROUTE=1", "train " COMMON " --model tiny --tp 2 --pp 2 --steps 2 --servers 2");
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "holds documents [") || !strstr(cli_err, "is not one of them"))
+        fail_msg("unclear message: %s", cli_err);
+}
+
 // The server of a running tp 2 x pp 2 job (world rank 4, after the 4 training processes) is killed:
 // the job ends, no process waits forever, and mpirun's message names the process.
 static void test_killed_server_ends_a_3d_job(void **state) {
@@ -213,6 +227,7 @@ static void test_killed_server_ends_a_3d_job(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts_train_as_on_local_shards),
+        cmocka_unit_test(test_misrouted_request_ends_a_3d_job),
         cmocka_unit_test(test_killed_server_ends_a_3d_job),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
