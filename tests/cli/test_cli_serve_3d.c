@@ -9,6 +9,8 @@
 //   stage's 4 per labelled token, a middle stage nothing; the same on local shards. Only tp rank 0
 //   of the first and last stages received bytes from the servers (fetch_bytes), exactly what its tp
 //   group reads: the network carried 1/T of the bytes the processes read.
+// - Resume: a checkpoint of a tp 2 x pp 2 run with 2 servers continues with 1 server (MPMD)
+//   exactly as the run without a break.
 // - Faults in a tp 2 x pp 2 job: a misrouted request (the fetching process's error reaches the tp
 //   members waiting for its rows) and a data server killed with SIGKILL each end the job with a
 //   message naming the server; nothing hangs.
@@ -23,7 +25,7 @@
 #define SDIR "test-tmp/cli_serve_3d"
 #define COMMON "--data " SDIR "/data --context 512 --capacity 512 --tokens 2K --lr 3e-3 --warmup 1 --policy balance"
 
-enum { STEPS = 2, MAX_PROCS = 16 };
+enum { STEPS = 2, MAX_STEPS = 4, MAX_PROCS = 16 };
 
 // One process's entry of a step's metrics.
 typedef struct {
@@ -32,9 +34,9 @@ typedef struct {
 } Proc;
 
 typedef struct {
-    double loss[STEPS + 1], grad_norm[STEPS + 1];
-    double tokens[STEPS + 1], targets[STEPS + 1];  // the step's batch: tokens, labelled tokens
-    Proc procs[STEPS + 1][MAX_PROCS];
+    double loss[MAX_STEPS + 1], grad_norm[MAX_STEPS + 1];
+    double tokens[MAX_STEPS + 1], targets[MAX_STEPS + 1];  // the step's batch: tokens, labelled tokens
+    Proc procs[MAX_STEPS + 1][MAX_PROCS];
     int n_procs, steps;
 } Run;
 
@@ -44,7 +46,8 @@ static double num(const cJSON *o, const char *key) {
     return v->valuedouble;
 }
 
-static void read_run(const char *tag, Run *r) {
+// Metrics file SDIR/<tag>.jsonl, which holds steps first .. last.
+static void read_run(const char *tag, Run *r, int first, int last) {
     memset(r, 0, sizeof *r);
     char path[256], *text;
     size_t n;
@@ -55,7 +58,7 @@ static void read_run(const char *tag, Run *r) {
         cJSON *o = cJSON_Parse(line);
         if (!o) fail_msg("%s: not JSON: %s", path, line);
         int s = (int)num(o, "step");
-        assert_true(s >= 1 && s <= STEPS);
+        assert_true(s >= first && s <= last);
         r->loss[s] = num(o, "loss"), r->grad_norm[s] = num(o, "grad_norm");
         r->tokens[s] = num(o, "tokens"), r->targets[s] = num(o, "targets");
         const cJSON *rk;
@@ -69,7 +72,7 @@ static void read_run(const char *tag, Run *r) {
         r->steps++;
     }
     free(text);
-    assert_int_equal(r->steps, STEPS);
+    assert_int_equal(r->steps, last - first + 1);
 }
 
 static void make_data(void) {
@@ -80,7 +83,7 @@ static void make_data(void) {
 
 // `train COMMON flags` as np training processes, with `servers` data servers: the last ranks
 // (--servers) or a second program (mpmd); servers 0: local shards. Metrics and plans under tag.
-static void run(int np, int servers, int mpmd, const char *flags, const char *tag) {
+static void run_steps(int np, int servers, int mpmd, const char *flags, int steps, const char *tag) {
     const char *bin = getenv("BS_BINARY");
     char args[4096], tail[1200] = "", dir[600];
     if (servers > 0 && mpmd) snprintf(tail, sizeof tail, " : -np %d '%s' serve --data " SDIR "/data", servers, bin);
@@ -88,11 +91,15 @@ static void run(int np, int servers, int mpmd, const char *flags, const char *ta
     snprintf(dir, sizeof dir, SDIR "/%s.plans", tag);
     assert_int_equal(make_dirs(dir), 0);
     snprintf(args, sizeof args,
-             "train " COMMON " %s --steps %d --metrics " SDIR "/%s.jsonl --save-plans " SDIR "/%s.plans%s", flags, STEPS,
-             tag, tag, tail);
+             "train " COMMON " %s --steps %d --metrics " SDIR "/%s.jsonl --save-plans " SDIR "/%s.plans%s", flags,
+             steps, tag, tag, tail);
     int rc = cli_run_np(SDIR, np + (mpmd ? 0 : servers), "", args);
     if (rc != 0) fail_msg("%s: exit %d: %s", tag, rc, cli_err);
     if (servers > 0 && !strstr(cli_out, "data server")) fail_msg("%s: no servers line: %s", tag, cli_out);
+}
+
+static void run(int np, int servers, int mpmd, const char *flags, const char *tag) {
+    run_steps(np, servers, mpmd, flags, STEPS, tag);
 }
 
 static int same_file(const char *a, const char *b) {
@@ -145,8 +152,8 @@ static void check_reads(const Run *r, int s, int tp, int pp, int servers, const 
 // The run through servers against the same layout on local shards: bit for bit, and who read what.
 static void compare(const char *local, const char *remote, int tp, int pp, int servers) {
     Run a, b;
-    read_run(local, &a);
-    read_run(remote, &b);
+    read_run(local, &a, 1, STEPS);
+    read_run(remote, &b, 1, STEPS);
     assert_int_equal(a.n_procs, b.n_procs);
     for (int s = 1; s <= STEPS; s++) {
         if (a.loss[s] != b.loss[s] || a.grad_norm[s] != b.grad_norm[s])
@@ -193,6 +200,23 @@ static void test_layouts_train_as_on_local_shards(void **state) {
     compare("p3", "p3s1", 1, 3, 1);
 }
 
+// A checkpoint of a tp 2 x pp 2 run with 2 servers (step 2 of 4), resumed with 1 server in the MPMD
+// form, continues exactly as the run without a break: every process's rows come back the same after
+// the trainer dropped what it had fetched ahead.
+static void test_3d_resume_with_another_server_count(void **state) {
+    (void)state;
+    make_data();
+    run_steps(4, 2, 0, "--model tiny --tp 2 --pp 2", 4, "whole");
+    run_steps(4, 2, 0, "--model tiny --tp 2 --pp 2 --ckpt-every 2 --ckpt-keep 0 --ckpt-dir " SDIR "/ck", 4, "first");
+    run_steps(4, 1, 1, "--model tiny --tp 2 --pp 2 --resume " SDIR "/ck/ckpt-000002.bin", 4, "second");
+    Run w, r;
+    read_run("whole", &w, 1, 4);
+    read_run("second", &r, 3, 4);
+    for (int st = 3; st <= 4; st++)
+        if (w.loss[st] != r.loss[st] || w.grad_norm[st] != r.grad_norm[st])
+            fail_msg("step %d: loss %.9g without a break, %.9g resumed", st, w.loss[st], r.loss[st]);
+}
+
 // A request for a range a server does not hold (BS_LOADER_MISROUTE=1 sends every request to the
 // next server) in a tp 2 x pp 2 job: the fetching process's error reaches the tp members that wait
 // for its rows, and the job ends with the server's message; nothing hangs.
@@ -227,6 +251,7 @@ static void test_killed_server_ends_a_3d_job(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts_train_as_on_local_shards),
+        cmocka_unit_test(test_3d_resume_with_another_server_count),
         cmocka_unit_test(test_misrouted_request_ends_a_3d_job),
         cmocka_unit_test(test_killed_server_ends_a_3d_job),
     };
