@@ -12,6 +12,11 @@
 //             the loader time left on the critical path (target under 1%).
 // Medians over the steps after the first (the first has nothing to overlap with) and over clients.
 //
+// Then 3D jobs (tp x pp x hdp training processes and the 2 servers, 16K tokens per step): per step,
+// the bytes all processes read for their rows (what the network would carry if every process
+// fetched its own), the bytes the servers sent (tp rank 0 of the first and last stages fetches for
+// its tp group, docs/loader.md "3D jobs"), their ratio (1/T), and what the middle stages read.
+//
 // usage: bench_loader [--quick] [--steps N] [--data DIR]
 #include <cblas.h>
 #include <math.h>
@@ -51,8 +56,52 @@ static void spmd_read(const Dataset *ds, const Plan *p, double *bytes, double *s
     *bytes = b, *seconds = now_seconds() - t0;
 }
 
+// A 3D job's row (rank 0): per step the bytes every process read, the bytes the servers sent, and
+// the middle stages' bytes, medians over the steps after the first; the exposed loader time.
+static void row_3d(const TrainConfig *c, int n_procs, const double *read, const double *fetched, const double *middle,
+                   const double *exposed, int n) {
+    double r = bench_median((double *)read, n), f = bench_median((double *)fetched, n);
+    printf("| %d x %d x %d | %d + %d | %.1f | %.1f | %.3f | %.1f | %.2f%% |\n", c->tp, c->pp, n_procs / (c->tp * c->pp),
+           n_procs, N_SERVERS, r / 1024, f / 1024, f / r, bench_median((double *)middle, n) / 1024,
+           100 * bench_median((double *)exposed, n));
+    fflush(stdout);
+}
+
+// One 3D job (tp, pp > 1): the processes train, rank 0 prints the row.
+static int part_3d(Comm *comm, CommRoles *roles, TrainConfig *c, int steps) {
+    Trainer *t = malloc(sizeof *t);
+    if (!t || trainer_init_roles(t, c, comm, roles) != 0) {
+        fprintf(stderr, "bench_loader: rank %d: %s\n", comm->rank, bs_errmsg());
+        comm_abort(comm, 1);
+    }
+    double read[MAX_STEPS], fetched[MAX_STEPS], middle[MAX_STEPS], exposed[MAX_STEPS];
+    int n = 0;
+    for (int k = 0; k < steps; k++) {
+        StepStats st;
+        if (trainer_step(t, &st) != 0) {
+            fprintf(stderr, "bench_loader: rank %d: %s\n", comm->rank, bs_errmsg());
+            comm_abort(comm, 1);
+        }
+        if (k == 0) continue;  // nothing to overlap the first reading with
+        read[n] = fetched[n] = middle[n] = 0;
+        for (int r = 0; r < st.n_ranks; r++) {
+            const RankTimes *x = &st.ranks[r];
+            read[n] += x->load_bytes, fetched[n] += x->fetch_bytes;
+            if (x->stage > 0 && x->stage < c->pp - 1) middle[n] += x->load_bytes;
+        }
+        exposed[n++] = st.data_wait / st.seconds;
+        if (comm->rank == 0) fprintf(stderr, "\rbench_loader: tp %d pp %d, step %d of %d  ", c->tp, c->pp, k + 1, steps);
+    }
+    if (comm->rank == 0) fprintf(stderr, "\n");
+    if (comm->rank == 0) row_3d(c, comm->size, read, fetched, middle, exposed, n);
+    trainer_free(t);
+    free(t);
+    comm_mpi_finalize();
+    return 0;
+}
+
 // One job: clients train, the last N_SERVERS ranks serve. Rank 0 prints the table row.
-static int part(int argc, char **argv, const char *data, int steps) {
+static int part(int argc, char **argv, const char *data, int steps, int tp, int pp) {
     Comm *comm;
     if (comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
     int world = comm->size;
@@ -71,6 +120,11 @@ static int part(int argc, char **argv, const char *data, int steps) {
     snprintf(c.model, sizeof c.model, "tiny");
     snprintf(c.policy, sizeof c.policy, "balance");
     c.context = 4096, c.tokens = 65536, c.steps = steps, c.warmup = 1, c.ckpt_every = 0;
+    if (tp * pp > 1) {
+        c.tp = tp, c.pp = pp, c.tokens = 16384;
+        if (pp > 2) snprintf(c.model, sizeof c.model, "small");  // tiny has 2 layers
+        return part_3d(comm, &roles, &c, steps);
+    }
     Trainer *t = malloc(sizeof *t);
     if (!t || trainer_init_roles(t, &c, comm, &roles) != 0) {
         fprintf(stderr, "bench_loader: rank %d: %s\n", comm->rank, bs_errmsg());
@@ -129,17 +183,19 @@ static int part(int argc, char **argv, const char *data, int steps) {
 int main(int argc, char **argv) {
     blas_core_reexec("bench_loader", argv);  // OpenBLAS's fastest kernels for this CPU (nn/blas_core.h)
     const char *data = "data/go-byte";
-    int steps = 8, quick = 0, part_clients = 0;
+    int steps = 8, quick = 0, part_clients = 0, tp = 1, pp = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--quick")) quick = 1, steps = 3;
         else if (!strcmp(a, "--steps") && v) steps = atoi(v), i++;
         else if (!strcmp(a, "--data") && v) data = v, i++;
         else if (!strcmp(a, "--part") && v) part_clients = atoi(v), i++;
+        else if (!strcmp(a, "--tp") && v) tp = atoi(v), i++;
+        else if (!strcmp(a, "--pp") && v) pp = atoi(v), i++;
         else bs_die("unknown argument '%s'; usage: bench_loader [--quick] [--steps N] [--data DIR]", a);
     }
     if (steps < 2 || steps > MAX_STEPS) bs_die("--steps %d: want 2 .. %d", steps, MAX_STEPS);
-    if (part_clients) return part(argc, argv, data, steps);
+    if (part_clients) return part(argc, argv, data, steps, tp, pp);
 
     char index[4200];
     snprintf(index, sizeof index, "%s/index.bin", data);
@@ -160,6 +216,26 @@ int main(int argc, char **argv) {
         char *args[] = {"--part", clients, "--steps", steps_s, "--data", (char *)data, NULL};
         int np = sizes[i] + N_SERVERS;
         if (bench_run_self_under_mpirun(np, np > 2, args) != 0) bs_die("bench_loader: the job of %d clients failed", sizes[i]);
+    }
+    printf("\n## Data servers in 3D jobs: model tiny (small for pp 3), 16K tokens per step, context 4K, balance, %d data "
+           "servers, %d steps\n\n",
+           N_SERVERS, steps);
+    printf("Per step, medians over the steps after the first, summed over the training processes. *read*: the token "
+           "bytes the processes read for their rows (what the servers would send if every process fetched its own); "
+           "*from the servers*: what they sent (tp rank 0 of the first and the last stage fetches for its tp "
+           "group).\n\n");
+    printf("| tp x pp x hdp | processes + servers | KiB read | KiB from the servers | servers / read | middle stages KiB | "
+           "exposed loader time / step |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    const int layouts[][3] = {{2, 2, 1}, {2, 1, 2}, {1, 2, 2}, {2, 2, 2}, {1, 3, 1}};
+    for (int i = 0; i < (quick ? 1 : 5); i++) {
+        char procs[16], tps[16], pps[16], steps_s[16];
+        int n = layouts[i][0] * layouts[i][1] * layouts[i][2];
+        snprintf(procs, sizeof procs, "%d", n);
+        snprintf(tps, sizeof tps, "%d", layouts[i][0]);
+        snprintf(pps, sizeof pps, "%d", layouts[i][1]);
+        snprintf(steps_s, sizeof steps_s, "%d", steps);
+        char *args[] = {"--part", procs, "--tp", tps, "--pp", pps, "--steps", steps_s, "--data", (char *)data, NULL};
+        if (bench_run_self_under_mpirun(n + N_SERVERS, 1, args) != 0) bs_die("bench_loader: the 3D job of %d processes failed", n);
     }
     return 0;
 }

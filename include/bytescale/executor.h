@@ -32,8 +32,10 @@ typedef struct {
 } StepRows;
 
 void step_rows_free(StepRows *r);
-// Read rank's rows of every item of p it is a member of. -1 + error naming item and document.
-int step_rows_read(StepRows *r, const Plan *p, int rank, const TokenSource *src);
+// Read rank's rows of every item of p it is a member of: positions and segments, and what `need`
+// asks for of the tokens (MB_BOTH, MB_TOKENS, MB_TARGETS or 0: mb_read). -1 + error naming item
+// and document.
+int step_rows_read(StepRows *r, const Plan *p, int rank, int need, const TokenSource *src);
 
 // What this rank did in one executor run.
 typedef struct {

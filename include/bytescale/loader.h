@@ -9,7 +9,10 @@
 //              plan with a loading plan (which server holds each of the batch's documents);
 //   clients    the training ranks: each fetches exactly the token ranges of its own chunks (plus one
 //              token past each chunk, for the label) from the servers that hold them, in the
-//              prefetch thread, for the next step while the current one trains.
+//              prefetch thread, for the next step while the current one trains. With --tp / --pp
+//              only the processes that need tokens fetch (the first stage's inputs, the last
+//              stage's targets), one per tp group, which hands what it fetched to the group's
+//              other members; a middle stage fetches nothing.
 //
 // The messages travel on a duplicate of the job's world communicator (comm_mpi_loader_handle), so
 // they never meet a ring's. A client fetches from its prefetch thread while its main thread runs
@@ -50,12 +53,17 @@ int loader_serve(const LoaderServeConfig *cfg, const CommRoles *roles);
 // ---- the scheduler ---------------------------------------------------------------------------------
 
 // Receive every server's metadata into ix (documents and shards; ix->dir names the servers; no
-// tokens) and which server holds each document: *doc_server (n_docs,), malloc'ed. -1 + error naming
-// the server when one could not open its data, or when the parts disagree or do not cover the
-// dataset exactly once.
-int loader_gather_index(const CommRoles *roles, DocIndex *ix, int32_t **doc_server);
+// tokens) and which server holds each document: *doc_server (n_docs,), malloc'ed; tell every server
+// where its documents start and the world ranks of the n_fetchers clients that will ask it (the
+// only ones it answers, and it stops when they are done). -1 + error naming the server when one
+// could not open its data, or when the parts disagree or do not cover the dataset exactly once.
+int loader_gather_index(const CommRoles *roles, const int *fetchers, int n_fetchers, DocIndex *ix,
+                        int32_t **doc_server);
 
 // ---- clients -----------------------------------------------------------------------------------------
+
+// World rank of training rank `client` (the clients' own communicator numbers them in world order).
+int loader_world_rank(const CommRoles *roles, int client);
 
 // One step's loading plan: the batch's documents, ascending, and the server of each.
 typedef struct {
@@ -78,6 +86,8 @@ typedef struct {
 // with loader_recorder, which notes every range and answers zeros, then loader_fetch asks each
 // server for all of its ranges in one request (all servers at once), and loader_replayer answers the
 // second reading from what came back. So a step costs one round trip per server, not one per chunk.
+// A tp group's members read the same rows: one of them (leader < 0) fetches and sends what came
+// back to the others (members), which record the same ranges and take the answers from it.
 typedef struct {
     const CommRoles *roles;
     LoadPlan *plan;      // the step being read
@@ -86,12 +96,18 @@ typedef struct {
     uint32_t *tokens;    // the fetched tokens, range after range
     int64_t tokens_cap;
     int misroute;        // test aid (BS_LOADER_MISROUTE=1): ask the next server instead
+    int leader;          // world rank that fetches for this client; -1: it asks the servers itself
+    int *members;        // (n_members,) world ranks this client hands its fetch to (its tp group)
+    int n_members;
+    double fetched;      // token bytes the last loader_fetch received from the servers (0 from a leader)
 } RemoteSource;
 
 TokenSource loader_recorder(RemoteSource *src);  // src->plan set; resets the ranges
-int loader_fetch(RemoteSource *src);             // every recorded range from its server
+// Every recorded range from its server, then the answers to the members; or, with a leader, the
+// answers from it (an error it had is this client's error too).
+int loader_fetch(RemoteSource *src);
 TokenSource loader_replayer(RemoteSource *src);  // the same reads, answered from the fetch
-// Tell every server this client is done (each server stops after the last client).
+// Tell every server this fetching client is done (each server stops after the last one).
 int loader_client_done(const CommRoles *roles);
 
 #endif

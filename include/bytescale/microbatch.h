@@ -33,10 +33,19 @@ int64_t mb_member_rows(const Plan *p, int32_t k, int m);
 int64_t mb_plan_max_rows(const Plan *p);
 // Positions and segment ids of member m's rows: pos, seg (mb_member_rows,).
 void mb_layout(const Plan *p, int32_t k, int m, int32_t *pos, int32_t *seg);
-// Tokens and targets of member m's rows (mb_member_rows,) through src. scratch holds at least the
-// longest chunk + 1 tokens (mb_member_rows + 1 is enough). *n_targets = rows with a label.
-// -1 + error naming the item and document when a range cannot be read.
-int mb_read(const Plan *p, int32_t k, int m, const TokenSource *src, int32_t *tokens, int32_t *targets,
+// What a process reads of its rows (a pipeline's stages need different parts, docs/loader.md):
+// the first stage embeds the tokens, the last stage's loss needs the targets (the next tokens), a
+// middle stage neither (its rows' positions and segments come from the plan). One process of
+// every stage (pp = 1) needs both: one read of each chunk and the token past it serves both.
+enum { MB_TOKENS = 1, MB_TARGETS = 2, MB_BOTH = MB_TOKENS | MB_TARGETS };
+
+// Tokens and targets of member m's rows (mb_member_rows,) through src, what `need` asks for
+// (MB_*): a chunk's n tokens and one past it for MB_BOTH; its n tokens for MB_TOKENS (targets -1);
+// the n tokens after its first for MB_TARGETS (tokens 0); nothing for 0 (tokens 0, targets -1).
+// scratch holds at least the longest chunk + 1 tokens (mb_member_rows + 1 is enough).
+// *n_targets = rows with a label (0 without MB_TARGETS). -1 + error naming the item and document
+// when a range cannot be read.
+int mb_read(const Plan *p, int32_t k, int m, int need, const TokenSource *src, int32_t *tokens, int32_t *targets,
             uint32_t *scratch, int64_t *n_targets);
 
 // This rank's index in item k's ring order, or -1 when it is not a member.

@@ -38,7 +38,7 @@
 
 enum { TRAIN_PATH_MAX = 1024 };
 #define TRAIN_MAX_LR 1.0  // the largest peak learning rate train_config_check accepts
-enum { TRAIN_RANK_FIELDS = 21 };  // numbers each rank reports per step (train.c run_plan)
+enum { TRAIN_RANK_FIELDS = 22 };  // numbers each rank reports per step (train.c run_plan)
 enum { TRAIN_TIER_MAX = 16 };
 
 typedef struct {
@@ -113,6 +113,9 @@ typedef struct {
     double tp_seconds;      // tp > 1: seconds blocked in the tp group's all-reduces (part of compute): the
                             // exposed time; the backward's overlapped sums count only their wait
     double tp_total_seconds;  // tp > 1: seconds from each tp all-reduce's start to its end, hidden or not
+    double fetch_bytes;     // token bytes this process received from the data servers for the step's
+                            // rows (0 without servers; 0 on a middle stage and on a tp member whose
+                            // group's rank 0 fetched for it; docs/loader.md)
 } RankTimes;
 
 // What one step did; also one line of the metrics file.
@@ -186,6 +189,7 @@ struct Trainer {
     double load_seconds[2];     // slot s % 2: time this rank spent reading step s's rows
     double load_start[2];       // slot s % 2: when that reading began (now_seconds)
     double load_bytes[2];       // slot s % 2: token bytes it read for them
+    double fetch_bytes[2];      // slot s % 2: of them, received from the data servers by this process
     int64_t capacity;           // C, resolved (cfg.capacity, else what cfg.mem_budget holds, else cfg.context)
     int64_t step;               // steps done
     // the pipeline: slot s % 2 holds step s's plan and rows

@@ -25,6 +25,8 @@ static void usage(FILE *f) {
             "of text files, every file a document, which the servers tokenize themselves: training starts\n"
             "from the text without a prepare step (a file is refused). Every server must see the same DIR.\n"
             "One program can do the same: mpirun -np N+S bytescale train --servers S --data DIR ...\n"
+            "With train --tp T --pp P, N = T x P x H and only tp rank 0 of the first stage (inputs) and of\n"
+            "the last (targets) ask, for their tp group; the scheduler tells the servers which ranks these are.\n"
             "\n"
             "  --data DIR         the dataset or text directory (default data/go-byte)\n"
             "text directories only:\n"

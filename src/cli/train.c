@@ -73,7 +73,9 @@ static void usage(FILE *f) {
             "  --save-plans DIR     write every step's plan to DIR/plan-<step>.json (`bytescale simulate --plan`)\n"
             "  --servers N          the last N ranks of the mpirun job are data servers of --data: the\n"
             "                       training ranks fetch only their own token ranges from them (docs/loader.md;\n"
-            "                       also `mpirun ... bytescale train ... : -np N bytescale serve --data DIR`)\n"
+            "                       also `mpirun ... bytescale train ... : -np N bytescale serve --data DIR`);\n"
+            "                       with --tp / --pp only tp rank 0 of the first stage (inputs) and of the last\n"
+            "                       (targets) fetch, for their tp group; -np is T x P x H + N\n"
             "  --tp T               tensor parallelism: every HDP rank is T processes, each with 1/T of the\n"
             "                       heads, the MLP and the vocabulary (Megatron-style; default 1); the\n"
             "                       backward's all-reduces overlap the weight gradients (BS_TP_OVERLAP=0:\n"
@@ -280,12 +282,10 @@ static const char *context_refusal(const TrainConfig *c, int context_given) {
 
 // The job's layout against the flags, once the number of training processes n is known: the refusals
 // are the command line's (exit 2) and name only the flags in play.
-static int check_layout(const TrainConfig *c, int n, int n_servers, int context_given) {
+static int check_layout(const TrainConfig *c, int n, int context_given) {
     int tp = c->tp > 1 ? c->tp : 1, pp = c->pp > 1 ? c->pp : 1;
     char lay[64];
     cli_layout_flags(lay, sizeof lay, tp, pp);
-    if (n_servers > 0 && tp * pp > 1)
-        return bs_fail("data servers serve HDP ranks of tp = pp = 1 only: drop %s, or the data servers", lay);
     if (n % (tp * pp) != 0)
         return bs_fail("%s needs a multiple of %d processes, and this job has %d: run mpirun -np N with N = %s%s "
                        "x HDP ranks",
@@ -397,7 +397,7 @@ int cmd_train(int argc, char **argv) {
         }
     }
     int lead = comm->rank == 0;
-    if (check_layout(&cfg, comm->size, roles.n_servers, GIVEN(OPT_CONTEXT) != NULL) != 0)
+    if (check_layout(&cfg, comm->size, GIVEN(OPT_CONTEXT) != NULL) != 0)
         cli_rank_usage(comm, "train", bs_errmsg());
 
     Trainer *t = malloc(sizeof *t);  // large, and it must not move: not on the stack
@@ -426,7 +426,9 @@ int cmd_train(int argc, char **argv) {
         printf("train: %d data server%s (world rank%s", roles.n_servers, roles.n_servers > 1 ? "s" : "",
                roles.n_servers > 1 ? "s" : "");
         for (int i = 0; i < roles.n_servers && i < COMM_MAX_SERVERS; i++) printf("%s %d", i ? "," : "", roles.servers[i]);
-        printf("); this rank schedules, every rank fetches its own token ranges\n");
+        if (t->par.tp * t->par.pp == 1) printf("); this rank schedules, every rank fetches its own token ranges\n");
+        else printf("); this rank schedules; tp rank 0 of the first stage fetches its inputs and of the last stage "
+                    "its targets, for its tp group; middle stages fetch nothing\n");
     }
     if (lead && t->n_ranks > 1) {
         char line[512];

@@ -48,7 +48,7 @@ static int reserve_rows(StepRows *r, int64_t items, int64_t rows, int64_t scratc
     return 0;
 }
 
-int step_rows_read(StepRows *r, const Plan *p, int rank, const TokenSource *src) {
+int step_rows_read(StepRows *r, const Plan *p, int rank, int need, const TokenSource *src) {
     if (rank < 0 || rank >= p->n_ranks) return bs_fail("rank %d is not in a plan for %d ranks", rank, p->n_ranks);
     int32_t first = p->rank_begin[rank], end = p->rank_begin[rank + 1];
     int64_t rows = 0, most = 0;
@@ -69,7 +69,7 @@ int step_rows_read(StepRows *r, const Plan *p, int rank, const TokenSource *src)
         r->item[i] = k;
         r->off[i + 1] = at + mb_member_rows(p, k, m);
         mb_layout(p, k, m, r->pos + at, r->seg + at);
-        if (mb_read(p, k, m, src, r->tokens + at, r->targets + at, r->scratch, &n_t) != 0)
+        if (mb_read(p, k, m, need, src, r->tokens + at, r->targets + at, r->scratch, &n_t) != 0)
             return bs_fail_ctx("rank %d", rank);
         r->n_targets += n_t;
     }

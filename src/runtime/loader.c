@@ -5,12 +5,15 @@
 //          width, n_shards, n_tokens), per shard (n_tokens, crc, base), per document of the part
 //          (shard, offset, len, start); status < 0: the text of the error instead. A server of text
 //          files sends n_tokens and every start as -1: the scheduler places the documents
-//   BASE   scheduler -> server, once: the global offset of the part's first document
+//   BASE   scheduler -> server, once: int64 the global offset of the part's first document, the
+//          number of fetching clients f, then their f world ranks (only they ask, docs/loader.md)
 //   REQ    client -> server, once per step: int64 k, then k ranges (doc, src, n): tokens
 //          [src, src + n) of document doc
 //   REPLY  server -> client: int64 status and k, int64 got of every range, then the tokens back to
 //          back (uint32); status < 0: an error text instead
-//   DONE   client -> server: this client will ask nothing more
+//   ROWS   a tp group's fetching client -> the group's other members, once per step: int64 status
+//          and k, per range (doc, src, got), then the tokens back to back; status < 0: an error text
+//   DONE   fetching client -> server: this client will ask nothing more
 // Nothing here blocks in MPI: a blocking MPI call spins on its core, and a data server or a
 // waiting prefetch thread shares its core with training. Waits poll with a short sleep instead.
 #include "bytescale/loader.h"
@@ -29,7 +32,7 @@
 #include "bytescale/prepare.h"
 #include "bytescale/tokenizer.h"
 
-enum { TAG_META = 7101, TAG_REQ = 7102, TAG_REPLY = 7103, TAG_DONE = 7104, TAG_BASE = 7105 };
+enum { TAG_META = 7101, TAG_REQ = 7102, TAG_REPLY = 7103, TAG_DONE = 7104, TAG_BASE = 7105, TAG_ROWS = 7106 };
 enum { META_HEAD = 9, ERR_TEXT = 1024 };
 
 static MPI_Comm loader_comm(void) { return *(MPI_Comm *)comm_mpi_loader_handle(); }
@@ -263,14 +266,27 @@ static int send_meta(const Part *p, const CommRoles *roles) {
     return rc;
 }
 
-// The global offset of the part's first document, from the scheduler.
-static int recv_base(Part *p, const CommRoles *roles) {
+// From the scheduler: the global offset of the part's first document, and the world ranks of the
+// clients that fetch (*fetchers (*n_fetchers,), malloc'ed): the only ones this server answers.
+static int recv_base(Part *p, const CommRoles *roles, int64_t **fetchers, int64_t *n_fetchers) {
     MPI_Status st;
-    int64_t base;
     if (probe(roles->scheduler, TAG_BASE, &st) != 0) return -1;
-    if (MPI_Recv(&base, (int)sizeof base, MPI_BYTE, roles->scheduler, TAG_BASE, loader_comm(), MPI_STATUS_IGNORE) !=
-        MPI_SUCCESS)
+    int bytes = 0;
+    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    int64_t *m = malloc((size_t)(bytes > 0 ? bytes : 1));
+    if (!m) return bs_fail("out of memory");
+    if (MPI_Recv(m, bytes, MPI_BYTE, roles->scheduler, TAG_BASE, loader_comm(), MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        free(m);
         return bs_fail("data server %d: receiving its base offset failed", roles->index);
+    }
+    int64_t words = bytes / (int64_t)sizeof(int64_t), base = words > 0 ? m[0] : -1, n = words > 1 ? m[1] : -1;
+    if (n < 1 || words != 2 + n) {  // the scheduler failed (it ends the job, saying why), or not a BASE message
+        free(m);
+        return bs_fail("data server %d: the scheduler stopped before training started (%lld fetching clients)",
+                       roles->index, (long long)n);
+    }
+    memmove(m, m + 2, sizeof(int64_t) * (size_t)n);
+    *fetchers = m, *n_fetchers = n;
     if (!p->text) {
         if (p->first < p->end && base != p->ds.index.docs[p->first].start)
             return bs_fail("data server %d: the scheduler placed its documents at %lld, the index at %lld", roles->index,
@@ -345,6 +361,12 @@ static int answer(Part *p, const CommRoles *roles, const MPI_Status *st, int64_t
     return 0;
 }
 
+static int is_fetcher(const int64_t *fetchers, int64_t n, int world_rank) {
+    for (int64_t i = 0; i < n; i++)
+        if (fetchers[i] == world_rank) return 1;
+    return 0;
+}
+
 int loader_serve(const LoaderServeConfig *cfg, const CommRoles *roles) {
     Part p;
     if (part_open(&p, cfg, roles->index, roles->n_servers) != 0) {
@@ -355,13 +377,18 @@ int loader_serve(const LoaderServeConfig *cfg, const CommRoles *roles) {
         part_free(&p);
         return bs_fail("%s", msg);
     }
+    int64_t *fetchers = NULL, n_fetchers = 0;
     int rc = send_meta(&p, roles);
-    if (rc == 0) rc = recv_base(&p, roles);
+    if (rc == 0) rc = recv_base(&p, roles, &fetchers, &n_fetchers);
     uint32_t *buf = NULL;
     int64_t *req = NULL, cap = 0, req_cap = 0;
-    for (int done = 0; rc == 0 && done < roles->n_clients;) {
+    for (int64_t done = 0; rc == 0 && done < n_fetchers;) {
         MPI_Status st;
         if (probe(MPI_ANY_SOURCE, MPI_ANY_TAG, &st) != 0) rc = -1;
+        else if (!is_fetcher(fetchers, n_fetchers, st.MPI_SOURCE))
+            rc = bs_fail("data server %d: a message (tag %d) from world rank %d, which is not one of the job's %lld "
+                         "fetching clients",
+                         roles->index, st.MPI_TAG, st.MPI_SOURCE, (long long)n_fetchers);
         else if (st.MPI_TAG == TAG_REQ) rc = answer(&p, roles, &st, &req, &req_cap, &buf, &cap);
         else if (st.MPI_TAG == TAG_DONE) {
             char b;
@@ -374,6 +401,7 @@ int loader_serve(const LoaderServeConfig *cfg, const CommRoles *roles) {
                          st.MPI_SOURCE);
         }
     }
+    free(fetchers);
     free(buf);
     free(req);
     part_free(&p);
@@ -412,7 +440,31 @@ static int recv_meta(const CommRoles *roles, int i, int64_t **out, size_t *n) {
     return 0;
 }
 
-int loader_gather_index(const CommRoles *roles, DocIndex *ix, int32_t **doc_server) {
+// Every server learns where its documents start (a server of text files cannot know it) and which
+// clients fetch; ix NULL (the scheduler failed): no clients, the server stops and the job ends.
+static int send_bases(const CommRoles *roles, const int *fetchers, int n_fetchers, const DocIndex *ix,
+                      const int32_t *doc_server) {
+    int64_t *base = malloc(sizeof(int64_t) * (size_t)(2 + n_fetchers));
+    if (!base) return bs_fail("out of memory");
+    int rc = 0;
+    for (int i = 0; i < roles->n_servers; i++) {
+        base[0] = ix ? ix->n_tokens : -1, base[1] = ix ? n_fetchers : 0;
+        for (int f = 0; f < n_fetchers; f++) base[2 + f] = fetchers[f];
+        for (int64_t d = 0; ix && d < ix->n_docs; d++)
+            if (doc_server[d] == i) {
+                base[0] = ix->docs[d].start;
+                break;
+            }
+        int bytes = (int)(sizeof *base * (size_t)(2 + base[1]));
+        if (MPI_Send(base, bytes, MPI_BYTE, roles->servers[i], TAG_BASE, loader_comm()) != MPI_SUCCESS && rc == 0)
+            rc = bs_fail("telling data server %d where its documents start failed", i);
+    }
+    free(base);
+    return rc;
+}
+
+int loader_gather_index(const CommRoles *roles, const int *fetchers, int n_fetchers, DocIndex *ix,
+                        int32_t **doc_server) {
     memset(ix, 0, sizeof *ix);
     *doc_server = NULL;
     int rc = 0;
@@ -471,18 +523,7 @@ int loader_gather_index(const CommRoles *roles, DocIndex *ix, int32_t **doc_serv
         for (int64_t d = 0; d < ix->n_docs; d++) ix->docs[d].start = at, at += ix->docs[d].len;
         ix->n_tokens = at;
     }
-    // every server learns where its documents start (a server of text files cannot know it)
-    for (int i = 0; i < roles->n_servers; i++) {
-        int64_t base = rc == 0 ? ix->n_tokens : -1;
-        for (int64_t d = 0; rc == 0 && d < ix->n_docs; d++)
-            if ((*doc_server)[d] == i) {
-                base = ix->docs[d].start;
-                break;
-            }
-        if (MPI_Send(&base, (int)sizeof base, MPI_BYTE, roles->servers[i], TAG_BASE, loader_comm()) != MPI_SUCCESS &&
-            rc == 0)
-            rc = bs_fail("telling data server %d where its documents start failed", i);
-    }
+    if (send_bases(roles, fetchers, n_fetchers, rc == 0 ? ix : NULL, *doc_server) != 0 && rc == 0) rc = -1;
     if (rc != 0) {
         docindex_free(ix);
         free(*doc_server);
@@ -552,6 +593,18 @@ TokenSource loader_replayer(RemoteSource *src) {
     return (TokenSource){.read = replay_read, .ctx = src};
 }
 
+// The answers go into one token buffer in recording order: range i at the sum of the ones before.
+static int place_ranges(RemoteSource *rs) {
+    int64_t all = 0;
+    for (int64_t i = 0; i < rs->n_ranges; i++) rs->ranges[i].at = all, all += rs->ranges[i].n;
+    if (all > rs->tokens_cap) {
+        uint32_t *t = realloc(rs->tokens, sizeof(uint32_t) * (size_t)(all > 0 ? all : 1));
+        if (!t) return bs_fail("out of memory");
+        rs->tokens = t, rs->tokens_cap = all;
+    }
+    return 0;
+}
+
 // Wait for req without spinning.
 static int wait_req(MPI_Request *q) {
     int done = 0, spins = 0;
@@ -562,7 +615,8 @@ static int wait_req(MPI_Request *q) {
     return 0;
 }
 
-int loader_fetch(RemoteSource *rs) {
+// Every recorded range from its server: one request per server, all out at once.
+static int fetch_from_servers(RemoteSource *rs) {
     const CommRoles *roles = rs->roles;
     int S = roles->n_servers;
     // per server: its ranges in recording order, one request, all requests out before any answer
@@ -595,14 +649,7 @@ int loader_fetch(RemoteSource *rs) {
                       loader_comm(), &sq[s]) != MPI_SUCCESS)
             rc = bs_fail("asking data server %d (world rank %d) failed", s, dst);
     }
-    // the answers, into one token buffer in recording order: range i at the sum of the ones before
-    int64_t all = 0;
-    for (int64_t i = 0; i < rs->n_ranges; i++) rs->ranges[i].at = all, all += rs->ranges[i].n;
-    if (rc == 0 && all > rs->tokens_cap) {
-        uint32_t *t = realloc(rs->tokens, sizeof(uint32_t) * (size_t)all);
-        if (!t) rc = bs_fail("out of memory");
-        else rs->tokens = t, rs->tokens_cap = all;
-    }
+    if (rc == 0) rc = place_ranges(rs);
     for (int s = 0; s < S; s++) {
         if (!count || !count[s] || rq[s] == MPI_REQUEST_NULL) continue;
         int dst = roles->servers[s];
@@ -636,10 +683,109 @@ int loader_fetch(RemoteSource *rs) {
             if (got > 0) memcpy(rs->tokens + r->at, tok + at, sizeof(uint32_t) * (size_t)got);
             at += got;
         }
+        rs->fetched += (double)at * sizeof(uint32_t);
     }
     for (int s = 0; s < S && req; s++) free(req[s]), free(reply[s]);
     free(count), free(total), free(req), free(reply), free(sq), free(rq);
     return rc;
+}
+
+// ---- a tp group: one member fetches, the others take the answers from it ----------------------------
+
+// What the leader fetched (or its error, failed != 0) to every member: ROWS. The members recorded
+// the same ranges (the same rows of the same plan); each range travels with its document and start
+// so that a member checks it is answered what it asked.
+static int send_rows(RemoteSource *rs, int failed) {
+    int64_t k = rs->n_ranges, tokens = 0;
+    for (int64_t i = 0; !failed && i < k; i++) tokens += rs->ranges[i].got;
+    size_t head = sizeof(int64_t) * (size_t)(2 + 3 * k), bytes = failed ? 16 + ERR_TEXT : head + sizeof(uint32_t) * (size_t)tokens;
+    uint8_t *buf = calloc(1, bytes);  // an error text's tail is sent too: zeros
+    MPI_Request *q = malloc(sizeof(MPI_Request) * (size_t)rs->n_members);
+    int rc = buf && q && bytes <= (size_t)INT32_MAX ? 0 : bs_fail("out of memory for the rows of %lld ranges", (long long)k);
+    if (rc == 0 && failed) {
+        int64_t h[2] = {-1, ERR_TEXT};
+        memcpy(buf, h, 16);
+        snprintf((char *)buf + 16, ERR_TEXT, "%s", bs_errmsg());
+    } else if (rc == 0) {
+        int64_t *w = (int64_t *)(void *)buf;
+        uint32_t *tok = (uint32_t *)(void *)(buf + head);
+        *w++ = 0, *w++ = k;
+        for (int64_t i = 0; i < k; i++) {
+            const LoadRange *r = &rs->ranges[i];
+            *w++ = r->doc, *w++ = r->src, *w++ = r->got;
+            if (r->got > 0) memcpy(tok, rs->tokens + r->at, sizeof(uint32_t) * (size_t)r->got);
+            tok += r->got;
+        }
+    }
+    for (int m = 0; rc == 0 && m < rs->n_members; m++)
+        if (MPI_Isend(buf, (int)bytes, MPI_BYTE, rs->members[m], TAG_ROWS, loader_comm(), &q[m]) != MPI_SUCCESS) {
+            for (int j = 0; j < m; j++) wait_req(&q[j]);
+            rc = bs_fail("handing the fetched rows to world rank %d failed", rs->members[m]);
+        }
+    for (int m = 0; rc == 0 && m < rs->n_members; m++)
+        if (wait_req(&q[m]) != 0) rc = bs_fail("handing the fetched rows to world rank %d failed", rs->members[m]);
+    free(buf);
+    free(q);
+    return rc;
+}
+
+// A member: the leader's answers to the ranges this client recorded (ROWS), into rs->tokens.
+static int recv_rows(RemoteSource *rs) {
+    MPI_Status st;
+    int bytes = 0;
+    if (place_ranges(rs) != 0 || probe(rs->leader, TAG_ROWS, &st) != 0) return -1;
+    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    uint8_t *buf = malloc((size_t)bytes + 1);
+    MPI_Request q;
+    if (!buf) return bs_fail("out of memory");
+    if (MPI_Irecv(buf, bytes, MPI_BYTE, rs->leader, TAG_ROWS, loader_comm(), &q) != MPI_SUCCESS || wait_req(&q) != 0) {
+        free(buf);
+        return bs_fail("receiving the rows fetched by world rank %d failed", rs->leader);
+    }
+    int64_t h[2] = {-1, 0}, k = rs->n_ranges;
+    if (bytes >= 16) memcpy(h, buf, 16);
+    int rc = 0;
+    if (h[0] < 0) {  // the leader failed: its message, whatever it was, ends this client's step too
+        buf[bytes] = '\0';
+        rc = bs_fail("world rank %d, which fetches for this tp group: %s", rs->leader,
+                     bytes > 16 ? (char *)buf + 16 : "it failed");
+    } else if (h[1] != k || (size_t)bytes < sizeof(int64_t) * (size_t)(2 + 3 * k)) {
+        rc = bs_fail("world rank %d sent the rows of %lld ranges; this process asked for %lld", rs->leader,
+                     (long long)h[1], (long long)k);
+    }
+    const int64_t *w = (const int64_t *)(const void *)buf + 2;
+    const uint8_t *tok = buf + sizeof(int64_t) * (size_t)(2 + 3 * k), *end = buf + bytes;
+    for (int64_t i = 0; rc == 0 && i < k; i++, w += 3) {
+        LoadRange *r = &rs->ranges[i];
+        size_t n = sizeof(uint32_t) * (size_t)(w[2] > 0 ? w[2] : 0);
+        if (w[0] != r->doc || w[1] != r->src || w[2] < 0 || w[2] > r->n || n > (size_t)(end - tok))
+            rc = bs_fail("world rank %d answered document %lld [%lld, +%lld) for document %lld [%lld, +%lld)",
+                         rs->leader, (long long)w[0], (long long)w[1], (long long)w[2], (long long)r->doc,
+                         (long long)r->src, (long long)r->n);
+        else if (n > 0)
+            memcpy(rs->tokens + r->at, tok, n), tok += n;
+        if (rc == 0) r->got = w[2];
+    }
+    free(buf);
+    return rc;
+}
+
+int loader_fetch(RemoteSource *rs) {
+    rs->fetched = 0;
+    if (rs->leader >= 0) return recv_rows(rs);
+    int rc = fetch_from_servers(rs);
+    // the members wait for this: they get the answers, or this process's error
+    if (rs->n_members > 0 && send_rows(rs, rc != 0) != 0 && rc == 0) rc = -1;
+    return rc;
+}
+
+int loader_world_rank(const CommRoles *roles, int client) {
+    for (int w = 0, c = 0; w < roles->world_size; w++) {
+        int server = 0;
+        for (int i = 0; i < roles->n_servers && !server; i++) server = roles->servers[i] == w;
+        if (!server && c++ == client) return w;
+    }
+    return -1;
 }
 
 int loader_client_done(const CommRoles *roles) {

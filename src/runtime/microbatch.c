@@ -59,7 +59,26 @@ void mb_layout(const Plan *p, int32_t k, int m, int32_t *pos, int32_t *seg) {
     }
 }
 
-int mb_read(const Plan *p, int32_t k, int m, const TokenSource *src, int32_t *tokens, int32_t *targets,
+// One chunk's rows: tokens [at, at + n) of sequence sq read as `need` asks (mb_read); *labelled +=
+// the rows with a label.
+static int read_chunk(const Sequence *sq, int64_t at, int64_t n, int need, const TokenSource *src, int32_t *tokens,
+                      int32_t *targets, uint32_t *scratch, int64_t *labelled) {
+    // the tokens start at the chunk's first (one past its end for the last label); the targets
+    // alone start one later: the labels are the chunk's tokens shifted by one
+    int64_t from = need == MB_TARGETS ? 1 : 0, count = n + (need & MB_TARGETS ? 1 : 0) - from, got = 0;
+    if (need && src->read(src->ctx, sq->id, sq->src + at + from, count, scratch, &got) != 0) return -1;
+    // the chunk's own tokens are inside the document; only the one past it may be missing
+    if (need && got < n - from) return 1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t next = i + 1 - from;  // the label's place in scratch
+        tokens[i] = need & MB_TOKENS ? (int32_t)scratch[i] : 0;
+        targets[i] = need & MB_TARGETS && next < got ? (int32_t)scratch[next] : -1;
+        *labelled += targets[i] >= 0;
+    }
+    return 0;
+}
+
+int mb_read(const Plan *p, int32_t k, int m, int need, const TokenSource *src, int32_t *tokens, int32_t *targets,
             uint32_t *scratch, int64_t *n_targets) {
     const Item *it = &p->items[k];
     int64_t at = 0, labelled = 0;
@@ -70,21 +89,16 @@ int mb_read(const Plan *p, int32_t k, int m, const TokenSource *src, int32_t *to
         int pieces = member_pieces(sg->len, it->n_ranks, m, st, n);
         for (int c = 0; c < pieces; c++) {
             if (n[c] == 0) continue;
-            // one token past the chunk: the label of its last row (none at the document's end)
-            int64_t got;
-            if (src->read(src->ctx, sq->id, sq->src + sg->start + st[c], n[c] + 1, scratch, &got) != 0)
+            int rc = read_chunk(sq, sg->start + st[c], n[c], need, src, tokens + at, targets + at, scratch, &labelled);
+            if (rc < 0)
                 return bs_fail_ctx("plan item %d, sequence %d (document %lld), tokens [%lld, %lld)", k, sg->seq,
                                    (long long)sq->id, (long long)(sg->start + st[c]),
                                    (long long)(sg->start + st[c] + n[c]));
-            if (got < n[c])
-                return bs_fail("plan item %d: document %lld ends %lld tokens before sequence %d's chunk does", k,
-                               (long long)sq->id, (long long)(n[c] - got), sg->seq);
-            for (int64_t i = 0; i < n[c]; i++) {
-                tokens[at] = (int32_t)scratch[i];
-                targets[at] = i + 1 < got ? (int32_t)scratch[i + 1] : -1;
-                labelled += targets[at] >= 0;
-                at++;
-            }
+            if (rc > 0)
+                return bs_fail("plan item %d: document %lld ends before sequence %d's chunk [%lld, %lld) does", k,
+                               (long long)sq->id, sg->seq, (long long)(sg->start + st[c]),
+                               (long long)(sg->start + st[c] + n[c]));
+            at += n[c];
         }
     }
     if (n_targets) *n_targets = labelled;

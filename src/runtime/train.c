@@ -203,8 +203,10 @@ static int open_remote_dataset(Trainer *t) {
     } v;
     memset(&v, 0, sizeof v);
     DocIndex *ix = &t->data.index;
+    int *fetchers = NULL, n_fetchers = 0;
+    if (train_loader_roles(t, &fetchers, &n_fetchers) != 0) return -1;
     if (t->rank == 0) {
-        int rc = loader_gather_index(t->roles, ix, &t->doc_server);
+        int rc = loader_gather_index(t->roles, fetchers, n_fetchers, ix, &t->doc_server);
         if (rc == 0 && (int64_t)ix->vocab != t->model.vocab_size)
             rc = bs_fail("the data servers' dataset %s has a vocabulary of %u tokens but model %s has %d: prepare the "
                          "data with the tokenizer the model was made for",
@@ -218,6 +220,7 @@ static int open_remote_dataset(Trainer *t) {
             snprintf(v.msg, sizeof v.msg, "%s", bs_errmsg());
         }
     }
+    free(fetchers);
     if (comm_bcast(t->comm, &v, sizeof v, 0) != 0) return bs_fail_ctx("sharing the dataset's metadata");
     if (!v.ok) {
         if (t->rank == 0) dataset_close(&t->data);
@@ -228,7 +231,6 @@ static int open_remote_dataset(Trainer *t) {
         ix->tokenizer = (TokenizerKind)v.tokenizer;
     }
     t->data_fingerprint = v.fingerprint;
-    t->remote.roles = t->roles;
     return 0;
 }
 
@@ -320,14 +322,6 @@ int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const Com
                        "library with MPI_THREAD_MULTIPLE; this one does not provide it");
     if (train_config_check(cfg) != 0) return -1;
     int tp = cfg->tp > 1 ? cfg->tp : 1, pp = cfg->pp > 1 ? cfg->pp : 1;
-    if (t->roles && tp * pp > 1) {  // name only the flags given
-        char lay[48];
-        if (tp > 1 && pp > 1) snprintf(lay, sizeof lay, "--tp %d and --pp %d", tp, pp);
-        else snprintf(lay, sizeof lay, "%s %d", tp > 1 ? "--tp" : "--pp", tp > 1 ? tp : pp);
-        return bs_fail("data servers (--servers, `bytescale serve`) serve HDP ranks of tp = pp = 1 only: drop %s, or "
-                       "the servers",
-                       lay);
-    }
     if (parallel_layout(&t->par, comm->size, comm->rank, tp, pp) != 0) return -1;
     t->hdp = t->par.hdp;
     t->hdp_rank = t->par.hdp_rank;
@@ -411,7 +405,8 @@ void trainer_free(Trainer *t) {
     sampler_free(&t->sampler);
     batch_free(&t->batch);
     if (t->data.index.docs) dataset_close(&t->data);
-    if (t->roles && loader_client_done(t->roles) != 0) fprintf(stderr, "bytescale: %s\n", bs_errmsg());
+    if (train_fetches(t) && loader_client_done(t->roles) != 0) fprintf(stderr, "bytescale: %s\n", bs_errmsg());
+    free(t->remote.members);
     free(t->doc_server);
     for (int i = 0; i < 2; i++) load_plan_free(&t->load[i]);
     free(t->remote.ranges);
@@ -522,7 +517,8 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
                                       ps.p2p_wait,
                                       ps.p2p_bytes,
                                       t->tp_seconds,
-                                      t->tp_total_seconds};
+                                      t->tp_total_seconds,
+                                      t->fetch_bytes[slot]};
     double *all = t->gathered;
     if (comm_allgather(t->comm, mine, all, sizeof mine) != 0) return bs_fail_ctx("gathering step times");
     double last = 0;
@@ -553,7 +549,8 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
                                   .p2p_wait = a[17],
                                   .p2p_bytes = a[18],
                                   .tp_seconds = a[19],
-                                  .tp_total_seconds = a[20]};
+                                  .tp_total_seconds = a[20],
+                                  .fetch_bytes = a[21]};
     }
     if (st) {
         int64_t longest = 0;

@@ -17,6 +17,13 @@ int train_bcast_plan(Trainer *t, int64_t step, int slot);
 // data servers; the bytes and seconds it took in t->load_bytes / t->load_seconds.
 int train_read_rows(Trainer *t, int64_t step, int slot);
 void train_bcast_plan_error(Trainer *t);
+// With data servers: who fetches (docs/loader.md, "3D"). Sets this process's part in t->remote (its
+// tp group's leader, or the members it hands its fetch to) and lists the world ranks of every
+// process that asks the servers in *fetchers (*n_fetchers,), malloc'ed: tp rank 0 of every HDP
+// rank of the first and the last stage. -1 + error.
+int train_loader_roles(Trainer *t, int **fetchers, int *n_fetchers);
+// Whether this process asks the data servers (and tells them when it is done).
+int train_fetches(const Trainer *t);
 // Make slot s % 2 hold step s's plan and this rank's rows, and start preparing step s + 1 in the
 // background. -1 + error (on every rank when the plan failed; on this rank when its rows did).
 int train_prefetch_ready(Trainer *t, int64_t s);

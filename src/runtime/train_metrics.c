@@ -97,13 +97,13 @@ int train_metrics_write(FILE *f, const StepStats *s) {
                         "\"tokens\":%lld,\"tokens_per_s\":%.6g,\"ring_bytes\":%.6g,\"act_peak_bytes\":%.0f,"
                         "\"offload_bytes\":%.0f,\"offload_wait\":%.6g,\"load_bytes\":%.0f,\"load_seconds\":%.6g,"
                         "\"core_share\":%.3f,\"stage\":%d,\"tp_rank\":%d,\"hdp_rank\":%d,\"p2p_wait\":%.6g,"
-                        "\"p2p_bytes\":%.0f,\"bubble\":%.4f,\"tp_seconds\":%.6g,\"tp_total_seconds\":%.6g}",
+                        "\"p2p_bytes\":%.0f,\"bubble\":%.4f,\"tp_seconds\":%.6g,\"tp_total_seconds\":%.6g,\"fetch_bytes\":%.0f}",
                         r ? "," : "", r, t->compute, t->comm, t->wait, t->items, t->rings, (long long)t->tokens,
                         s->seconds > 0 ? (double)t->tokens / s->seconds : 0.0, t->ring_bytes, t->act_peak_bytes,
                         t->offload_bytes, t->offload_wait, t->load_bytes, t->load_seconds, t->core_share, t->stage,
                         t->tp_rank, t->hdp_rank, t->p2p_wait, t->p2p_bytes,
                         s->seconds > 0 ? t->p2p_wait / s->seconds : 0.0, t->tp_seconds,
-                        t->tp_total_seconds);
+                        t->tp_total_seconds, t->fetch_bytes);
         }
         if (n >= 0) n = fprintf(f, "]");
     }

@@ -156,6 +156,47 @@ static int injected_fault(const Trainer *t, int64_t step) {
                    (long long)step);
 }
 
+// ---- who reads what (docs/loader.md, "3D") ----------------------------------------------------------
+
+// What this process reads of its rows: the first stage embeds the tokens, the last stage's loss
+// needs the targets, a middle stage reads nothing (its positions and segments come from the plan).
+static int rows_need(const Parallel *p) {
+    return (p->stage == 0 ? MB_TOKENS : 0) | (p->stage == p->pp - 1 ? MB_TARGETS : 0);
+}
+
+// Whether the process at (stage, tp) asks the data servers: tp rank 0 of a stage that needs tokens.
+// Its tp group needs the same rows: fetching them once and handing them over the group's link (one
+// node, the fastest link) moves 1/T of the bytes over the network and the servers answer 1/T as many
+// requests; each member fetching would move T times the bytes for the same rows.
+static int asks_servers(const Parallel *p, int stage, int tp) { return tp == 0 && (stage == 0 || stage == p->pp - 1); }
+
+int train_fetches(const Trainer *t) { return t->roles && asks_servers(&t->par, t->par.stage, t->par.tp_rank); }
+
+int train_loader_roles(Trainer *t, int **fetchers, int *n_fetchers) {
+    const Parallel *p = &t->par;
+    RemoteSource *rs = &t->remote;
+    rs->roles = t->roles;
+    rs->leader = -1;
+    // the fetching processes' world ranks (the scheduler's list for the servers), stage by stage
+    *n_fetchers = 0;
+    *fetchers = bs_malloc(sizeof(int) * 2 * (size_t)p->hdp);
+    if (!*fetchers) return -1;
+    for (int s = 0; s < p->pp; s++)
+        for (int h = 0; h < p->hdp && asks_servers(p, s, 0); h++)
+            (*fetchers)[(*n_fetchers)++] = loader_world_rank(t->roles, parallel_world_rank(p, s, h, 0));
+    if (p->tp < 2 || !rows_need(p)) return 0;
+    // this process's tp group: rank 0 hands its fetch to the others, which take it from rank 0
+    if (p->tp_rank > 0) {
+        rs->leader = loader_world_rank(t->roles, parallel_world_rank(p, p->stage, p->hdp_rank, 0));
+        return 0;
+    }
+    rs->members = bs_malloc(sizeof(int) * (size_t)(p->tp - 1));
+    if (!rs->members) return -1;
+    for (int r = 1; r < p->tp; r++)
+        rs->members[rs->n_members++] = loader_world_rank(t->roles, parallel_world_rank(p, p->stage, p->hdp_rank, r));
+    return 0;
+}
+
 // Counts what a TokenSource delivers: the bytes a rank read for its rows, from shards or servers.
 typedef struct {
     const TokenSource *inner;
@@ -173,18 +214,22 @@ int train_read_rows(Trainer *t, int64_t step, int slot) {
     if (injected_fault(t, step) != 0) return -1;
     double t0 = now_seconds();
     t->load_start[slot] = t0;
-    int rc = 0;
+    int rc = 0, need = rows_need(&t->par);
     TokenSource inner = t->tokens;
-    if (t->roles) {  // note the ranges, fetch them from the servers in one request each, then read
+    t->fetch_bytes[slot] = 0;
+    // note the ranges, fetch them (from the servers in one request each, or from the tp group's
+    // rank 0), then read; a middle stage reads nothing and fetches nothing
+    if (t->roles && need) {
         t->remote.plan = &t->load[slot];
         TokenSource rec = loader_recorder(&t->remote);
-        rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->hdp_rank, &rec);
+        rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->hdp_rank, need, &rec);
         if (rc == 0) rc = loader_fetch(&t->remote);
+        t->fetch_bytes[slot] = t->remote.fetched;
         inner = loader_replayer(&t->remote);
     }
     Counted c = {&inner, 0};
     TokenSource src = {.read = counted_read, .ctx = &c};
-    if (rc == 0) rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->hdp_rank, &src);
+    if (rc == 0) rc = step_rows_read(&t->rows[slot], &t->plans[slot], t->hdp_rank, need, &src);
     t->load_seconds[slot] = now_seconds() - t0;
     t->load_bytes[slot] = c.bytes;
     return rc;

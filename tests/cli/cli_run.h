@@ -102,4 +102,45 @@ static inline int cli_wait_or_kill(pid_t pid, double seconds, int *st) {
     return -1;
 }
 
+// Start `sh -c cmd` (an mpirun job), wait until the file `started` exists (its first step is done),
+// SIGKILL the job's child process whose command line holds `victim`, and wait for the job to end:
+// 0 with its status in *st. -1 with the reason in cli_err when the job never got going or hung after
+// the kill (it is killed then). The waits are bounded but generous, for a loaded machine.
+static inline int cli_kill_child_mid_run(const char *cmd, const char *started, const char *victim, int *st) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int child = -1;
+    for (int i = 0; i < 6000 && child < 0; i++) {
+        usleep(50000);
+        if (access(started, F_OK) != 0) continue;
+        int pids[32], n = cli_children(pid, pids, 32);
+        for (int k = 0; k < n; k++) {
+            char path[64], line[4096] = "";
+            snprintf(path, sizeof path, "/proc/%d/cmdline", pids[k]);
+            FILE *f = fopen(path, "rb");
+            size_t got = f ? fread(line, 1, sizeof line - 1, f) : 0;
+            if (f) fclose(f);
+            for (size_t j = 0; j < got; j++)
+                if (line[j] == '\0') line[j] = ' ';
+            if (strstr(line, victim)) child = pids[k];
+        }
+    }
+    if (child < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        snprintf(cli_err, sizeof cli_err, "the job never got going");
+        return -1;
+    }
+    kill(child, SIGKILL);
+    if (cli_wait_or_kill(pid, 300, st) != 0) {
+        snprintf(cli_err, sizeof cli_err, "the job hung after its process '%s' was killed", victim);
+        return -1;
+    }
+    return 0;
+}
+
 #endif

@@ -234,38 +234,8 @@ static void test_killed_server_ends_the_job(void **state) {
              "/data " COMMON " --steps 400 --metrics " SDIR "/killed.jsonl : -np 1 '%s' serve --data " SDIR
              "/data >" SDIR "/k.out 2>" SDIR "/k.err",
              bin, bin);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    // wait for the first step, then find the server among mpirun's children and kill it (bounded
-    // waits, generous for a loaded machine: only a job that never starts or never ends fails)
-    int server = -1;
-    for (int i = 0; i < 6000 && server < 0; i++) {
-        usleep(50000);
-        if (access(SDIR "/killed.jsonl", F_OK) != 0) continue;
-        int pids[16], n = cli_children(pid, pids, 16);
-        for (int k = 0; k < n; k++) {
-            char path[64], line[4096] = "";
-            snprintf(path, sizeof path, "/proc/%d/cmdline", pids[k]);
-            FILE *f = fopen(path, "rb");
-            size_t got = f ? fread(line, 1, sizeof line - 1, f) : 0;
-            if (f) fclose(f);
-            for (size_t j = 0; j < got; j++)
-                if (line[j] == '\0') line[j] = ' ';
-            if (strstr(line, " serve ")) server = pids[k];
-        }
-    }
-    if (server < 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        fail_msg("the job never got going");
-    }
-    kill(server, SIGKILL);
     int st;
-    if (cli_wait_or_kill(pid, 300, &st) != 0) fail_msg("the job hung after its data server was killed");
+    if (cli_kill_child_mid_run(cmd, SDIR "/killed.jsonl", " serve ", &st) != 0) fail_msg("%s", cli_err);
     assert_true(!WIFEXITED(st) || WEXITSTATUS(st) != 0);
     cli_slurp(SDIR "/k.err", cli_err, sizeof cli_err);
     if (!strstr(cli_err, "rank 2") && !strstr(cli_err, "signal 9")) fail_msg("unclear message: %s", cli_err);
