@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytescale/cost.h"
 #include "bytescale/error.h"
 #include "bytescale/timer.h"
 
@@ -117,6 +118,7 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
     Executor *e = pl->exec;
     Llama *owner = e->llama;
     int S = pl->stage, pp = pl->pp, first = S == 0, last = S == pp - 1, D = owner->cfg.d_model;
+    int sets = cost_pipe_in_flight(pp, S, 0);
     ExecStats s = {0};
     PipeStats q = {0};
     *loss_sum = 0;
@@ -141,7 +143,7 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
         int32_t i = fwd ? fi : bi, k = rows->item[i];
         const Item *it = &p->items[k];
         int64_t at = rows->off[i], T = rows->off[i + 1] - at;
-        int v = i % pp;
+        int v = i % sets;  // the sets the stage's micro-batches in flight need (pipeline.h)
         MicroBatch mb = {.tokens = rows->tokens + at,
                          .targets = rows->targets + at,
                          .pos = rows->pos + at,

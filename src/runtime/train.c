@@ -310,12 +310,14 @@ int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const Com
     // one rank holds up to C tokens, more when it offloads (Eq. 3 with D = 1; the planner says
     // whether the copies hide)
     double one_rank = train_plans_offload(cfg) ? cost_max_offload_tokens(&t->cost, t->capacity) : (double)t->capacity;
-    if ((double)cfg->context > one_rank && t->hdp < 2)
+    if ((double)cfg->context > one_rank && t->hdp < 2) {
+        char most[96] = "";
+        if (train_plans_offload(cfg)) snprintf(most, sizeof most, " (one rank holds %.0f offloading)", floor(one_rank));
         return bs_fail("context %lld > capacity %lld%s: a sequence that long needs a ring, and a ring needs >= 2 HDP "
                        "ranks (run under mpirun -np N with N = tp x pp x HDP ranks), or raise the capacity to the "
                        "context",
-                       (long long)cfg->context, (long long)t->capacity,
-                       train_plans_offload(cfg) ? " and more than one rank holds offloading" : "");
+                       (long long)cfg->context, (long long)t->capacity, most);
+    }
     if (!policy_find(cfg->policy)) return -1;
     // the groups: collective over comm, so every process makes them before anything can fail alone
     if (parallel_open(&t->par, comm, tp, pp, mc, &t->cost, t->capacity) != 0) return -1;

@@ -129,7 +129,7 @@ static void test_wrong_layouts_are_refused(void **state) {
         {3, "--tp 2", "3 processes do not divide into --tp 2 x --pp 1"},
         {3, "--pp 3", "--pp 3: a model of 2 layers has at most 2 pipeline stages"},
         {3, "--tp 3", "tensor parallelism 3 does not divide n_heads 4"},
-        {2, "--pp 2 --offload-tier memory", "offloading runs only without pipeline stages"},
+        {2, "--pp 2 --offload-tier memory --mem-budget 1M", "per micro-batch: stage 0 of 2 holds 2 at once"},
         {2, "--tp 0", "--tp must be in [1, 4096]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
