@@ -70,6 +70,8 @@ median_seconds() {
 # peak NAME: the largest per-process act_peak_bytes of the run; moved NAME: offload bytes per step
 peak() { grep -o '"act_peak_bytes":[0-9]*' "$WORK/$1.jsonl" | cut -d: -f2 | sort -g | tail -1; }
 moved() { grep -o '"offload_bytes":[0-9]*' "$WORK/$1.jsonl" | cut -d: -f2 | awk '{ s += $1 } END { print s / '"$STEPS"' }'; }
+waited() { grep -o '"offload_wait":[0-9.e+-]*' "$WORK/$1.jsonl" | cut -d: -f2 | awk '{ s += $1 } END { printf "%.4f", s / '"$STEPS"' }'; }
+share() { grep -o '"core_share":[0-9.]*' "$WORK/$1.jsonl" | cut -d: -f2 | sort -g | head -1; }
 losses() { grep -o '"loss":[0-9.e+-]*' "$WORK/$1.jsonl" | cut -d: -f2 | tr '\n' ' '; }
 capacity() { sed -n 's/.*capacity \([0-9]*\),.*/\1/p' "$WORK/$1.out" | head -1; }
 
@@ -94,13 +96,14 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 echo "## Offloading under pp = 2 on 2 processes: model base, sequences of 4C = $S tokens, two per step (C = $C)"
 echo
 echo "Smallest --mem-budget per process that trains the step (bisection to 64 KiB; stage 0's share is half);"
-echo "step times: medians of steps 2..$STEPS, provisional (a shared machine)."
+echo "step times: medians of steps 2..$STEPS, provisional; waited: seconds per step the processes blocked on the"
+echo "tier (copies not hidden); core share: the least CPU share a process had (below 1: other work shared its core)."
 echo
-echo "| run | smallest budget MiB | capacity | peak MiB per process | moved MiB/step | median step s | step / same plans resident |"
-echo "|---|---:|---:|---:|---:|---:|---:|"
-echo "| offloading (file tier) | $(mib "$B_OFF") | $C_OFF | $(mib "$(peak off)") | $(mib "$(moved off)") | $T_OFF | $(ratio "$T_OFF" "$T_KEPT") |"
-echo "| the same plans kept resident | - | $C_OFF | $(mib "$(peak kept)") | 0 | $T_KEPT | 1.00 |"
-echo "| without offloading | $(mib "$B_RES") | $C_RES | $(mib "$(peak res)") | 0 | $T_RES | - |"
+echo "| run | smallest budget MiB | capacity | peak MiB per process | moved MiB/step | waited s/step | least core share | median step s | step / same plans resident |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| offloading (file tier) | $(mib "$B_OFF") | $C_OFF | $(mib "$(peak off)") | $(mib "$(moved off)") | $(waited off) | $(share off) | $T_OFF | $(ratio "$T_OFF" "$T_KEPT") |"
+echo "| the same plans kept resident | - | $C_OFF | $(mib "$(peak kept)") | 0 | 0 | $(share kept) | $T_KEPT | 1.00 |"
+echo "| without offloading | $(mib "$B_RES") | $C_RES | $(mib "$(peak res)") | 0 | 0 | $(share res) | $T_RES | - |"
 echo
 echo "Budget with / without offloading: $(ratio "$B_OFF" "$B_RES"); step time offloaded / resident at its own"
 echo "smallest budget: $(ratio "$T_OFF" "$T_RES"). Losses of the offloading run bitwise those of the same plans kept"

@@ -113,6 +113,20 @@ static int set_attention(Pipeline *pl, Llama *m, const Plan *p, int32_t k, ExecS
     return 0;
 }
 
+// A step's start: the sets' peaks from zero, every item's slot (its place in the 1F1B order).
+static int start_step(Pipeline *pl, const Plan *p) {
+    pl->exec->llama->act.peak = 0;
+    for (int v = 1; v < pl->pp; v++)
+        if (pl->made[v]) pl->views[v].act.peak = 0;
+    if (p->n_items > pl->cap_slot) {
+        int32_t *sl = bs_realloc(pl->slot, (size_t)p->n_items * sizeof *sl);
+        if (!sl) return bs_fail_ctx("pipeline stage %d", pl->stage);
+        pl->slot = sl;
+        pl->cap_slot = p->n_items;
+    }
+    return plan_pipeline_slots(p, pl->slot);
+}
+
 int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum, ExecStats *st,
                  PipeStats *ps) {
     Executor *e = pl->exec;
@@ -123,17 +137,8 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
     PipeStats q = {0};
     *loss_sum = 0;
     e->ring.stats = (RingStats){0};
-    owner->act.peak = 0;
-    for (int v = 1; v < pp; v++)
-        if (pl->made[v]) pl->views[v].act.peak = 0;
     ActStats act0 = sets_offload(pl);
-    if (p->n_items > pl->cap_slot) {
-        int32_t *sl = bs_realloc(pl->slot, (size_t)p->n_items * sizeof *sl);
-        if (!sl) return bs_fail_ctx("pipeline stage %d", S);
-        pl->slot = sl;
-        pl->cap_slot = p->n_items;
-    }
-    if (plan_pipeline_slots(p, pl->slot) != 0) return -1;
+    if (start_step(pl, p) != 0) return -1;
     double start = now_seconds();
     int32_t n = rows->n_items, fi = 0, bi = 0;
     while (bi < n) {
