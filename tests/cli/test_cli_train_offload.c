@@ -18,7 +18,10 @@
 
 #include <cJSON.h>
 
+#include "bytescale/cost.h"
 #include "bytescale/fileio.h"
+#include "bytescale/hw.h"
+#include "bytescale/model.h"
 #include "test_corpus.h"
 
 #define DIR "test-tmp/cli_train_offload"
@@ -304,7 +307,8 @@ static void test_pp2_offloading_gives_the_same_losses(void **state) {
 // --mem-budget per process under pp = 2: stage 0 holds 2 micro-batches at once, so each gets half,
 // and the capacity is what half holds. A context above it trains only because one rank offloads;
 // every process stays within the budget, while the same plans kept resident exceed it on stage 0;
-// without offloading the same budget is refused up front, as is one that holds nothing.
+// without offloading the same budget is refused up front, as is one that holds nothing, and one
+// that a stage holding more layers than the capacity was sized for does not fit.
 static void test_pp2_budget_counts_the_micro_batches_in_flight(void **state) {
     (void)state;
     const double budget = 80 * 1048576.0;
@@ -340,6 +344,18 @@ static void test_pp2_budget_counts_the_micro_batches_in_flight(void **state) {
     assert_int_not_equal(rc, 0);
     if (!strstr(cli_err, "--mem-budget 4194304 bytes (2097152 bytes per micro-batch: stage 0 of 2 holds 2 at once"))
         fail_msg("unclear message: %s", cli_err);
+
+    // a cost model whose head is very slow (the derived one has none) puts 7 of the 8 layers on
+    // stage 0 (the split balances time), more than the 4 the capacity was sized for: refused up
+    // front on every process, naming the stage
+    CostModel cm;
+    assert_int_equal(cost_derive(&cm, model_find("base"), hw_find("cpu"), 1, 1, 1, 384), 0);
+    cm.head_token = 100 * cm.lin_token;  // the head as slow as 100 layers
+    assert_int_equal(cost_save(&cm, DIR "/slow-head.json"), 0);
+    rc = mpi_run("", "train " PP2 " --policy balance --mem-budget 80M --offload-tier memory --cost " DIR
+                 "/slow-head.json", 0);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "stage 0 holds 7 layers and 2 micro-batches at once")) fail_msg("unclear message: %s", cli_err);
 }
 
 // 3D: tp 2 x pp 2 with one HDP rank on 4 processes; the memory tier gives the resident losses.
