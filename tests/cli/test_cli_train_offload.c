@@ -9,7 +9,7 @@
 // checkpoint and continues exactly. Under pipeline stages (pp = 2 on 2 processes, tp 2 x pp 2 on 4):
 // the same losses as the plans kept resident with both tiers, a lower per-process peak, and the
 // budget shared by the micro-batches in flight on a stage.
-// ctest: long (20 MPI training runs)
+// ctest: long (21 MPI training runs)
 #include "cli/cli_run.h"
 
 #include <math.h>
