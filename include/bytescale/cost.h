@@ -120,6 +120,12 @@ double cost_act_budget(const CostModel *cm, int64_t C);
 // The capacity a memory budget gives: the most tokens, up to `most`, whose micro-batch holds at most
 // `budget` bytes without offloading (cost_rank_act(C, 0) <= budget); 0 when not even one token fits.
 int64_t cost_capacity_for(const CostModel *cm, double budget, int64_t most);
+// Micro-batches a pipeline stage holds at once between their forward and their backward: 1F1B runs
+// pp - 1 - stage warm-up forwards on stage `stage` before its first backward, so pp - stage are in
+// flight there, or all n_micro of the step when it has fewer (n_micro <= 0: not known, as many as
+// 1F1B can hold). 1 without stages. The simulator's memory walk reaches exactly this (sim.h); the
+// engine's memory budget per process is shared by this many (train --mem-budget).
+int cost_pipe_in_flight(int pp, int stage, int64_t n_micro);
 // The most tokens one rank can hold at r = 1 with capacity C: C when the model cannot offload (l <= 2).
 double cost_max_offload_tokens(const CostModel *cm, int64_t C);
 

@@ -241,6 +241,7 @@ typedef struct Llama {
     size_t act_dirty;        // arena offset below which pages may still be resident from earlier calls
     // offloading and the memory budget (docs/model.md, "Offloading"); set by the caller
     struct Offloader *offload;  // NULL (default): everything stays resident whatever offload_ratio says
+    int offload_set;         // its activation set in the tier: 0, or a pipeline stage's set (offload.h)
     float offload_ratio;     // r in [0, 1]: the share of each of layers 0 .. n_layers-3 that goes to the tier
                              // (like attn, set per micro-batch: the executor sets its plan item's r)
     size_t act_budget;       // most resident activation bytes a micro-batch may need; 0 = no limit
@@ -256,7 +257,8 @@ int llama_init_shard(Llama *m, const ModelConfig *cfg, int max_T, const LlamaSha
 // A second set of activations for the same parameters: a view shares owner's parameters,
 // gradients, tensor table, shard and tp_ops, and has an arena of its own (max_T rows), so a
 // pipeline stage can hold several micro-batches between their forward and their backward. The
-// owner must outlive it. Offloading is the owner's alone (a view never offloads).
+// owner must outlive it. A view starts without offloading; a caller that offloads it gives it the
+// owner's offloader and a set of its own (offload_set), so its bytes never meet another set's.
 int llama_init_view(Llama *view, Llama *owner, int max_T);
 // Frees what m owns (a view: its activations only).
 void llama_free(Llama *m);

@@ -10,10 +10,12 @@
 // stage and TP index of the item's HDP ranks (the hdp group), so a ring runs on every stage, once
 // in the forward and once in the backward.
 //
-// Up to pp micro-batches are between their forward and their backward on a stage at once, so the
-// stage holds pp sets of activations (llama_init_view): item i of the rank's list uses set i mod pp,
-// free again by then because its previous user's backward (key 2 (q + pp) - 1) comes before this
-// forward (key >= 2 (q + pp)).
+// Up to k = pp - s micro-batches are between their forward and their backward on stage s at once
+// (cost_pipe_in_flight), so the stage holds k sets of activations (llama_init_view): item i of the
+// rank's list uses set i mod k, free again by then because its previous user, item i - k of slot q,
+// has its backward (key 2 (q + pp) - 1) before this forward (slot >= q + k, key >= 2 (q + pp)).
+// With offloading every set moves its tails through the model's copiers into its own set of the
+// tier (offload.h), and each micro-batch is held to the process's budget shared by the k.
 #ifndef BYTESCALE_PIPELINE_H
 #define BYTESCALE_PIPELINE_H
 
@@ -26,7 +28,7 @@ typedef struct {
     Executor *exec;        // its model (the stage's shard, activation set 0), ring, ZeRO-1 and trace
     Comm *pipe;            // stage s is rank s
     int stage, pp;
-    Llama *views;          // (pp,) activation sets 1 .. pp - 1 (made on first use); set 0 is the model
+    Llama *views;          // (pp,) activation sets 1 .. k - 1 (made on first use); set 0 is the model
     int *made;             // (pp,) which views exist
     float **x_in;          // (pp,) per set: the activations received from the previous stage (T, d_model)
     int64_t *cap_in;       // (pp,) floats allocated

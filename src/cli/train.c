@@ -58,15 +58,19 @@ static void usage(FILE *f) {
             "  --trace PATH         every rank's timeline as one Chrome-trace JSON (Perfetto, chrome://tracing)\n"
             "  --plot PREFIX        at the end, plot the loss to PREFIX.png and PREFIX.svg (gnuplot)\n"
             "  --offload-tier T     activation offloading: off (default: plans never offload), file or memory\n"
-            "                       (plans may offload, and the share r of layers 0 .. L-3 of a micro-batch\n"
-            "                       moves to a file on disk, O_DIRECT, or to host memory and back), or\n"
+            "                       (plans may offload, and the share r of a stage's layers but its last\n"
+            "                       two, of a micro-batch, moves to a file on disk, O_DIRECT, or to host\n"
+            "                       memory and back; with --pp every micro-batch in flight on a stage has its\n"
+            "                       own place in the tier), or\n"
             "                       resident (the same plans, every byte kept in memory)\n"
             "  --offload-dir DIR    where the file tier makes its file, deleted at once (default: $TMPDIR\n"
             "                       or /tmp)\n"
-            "  --mem-budget BYTES   most activation bytes one rank's micro-batch may hold at once (suffixes\n"
-            "                       K M G): the capacity becomes the most tokens it holds without offloading\n"
-            "                       (a smaller --capacity may be given), the planner offloads longer\n"
-            "                       sequences within it (Eq. 3), and the engine enforces it (default: none)\n"
+            "  --mem-budget BYTES   most activation bytes one process may hold at once (suffixes K M G); with\n"
+            "                       --pp P, stage s shares it among the P - s micro-batches 1F1B keeps in\n"
+            "                       flight there: the capacity becomes the most tokens one such share holds\n"
+            "                       without offloading (a smaller --capacity may be given), the planner\n"
+            "                       offloads longer sequences within it (Eq. 3), and the engine enforces it\n"
+            "                       for every micro-batch (default: none)\n"
             "  --cost FILE          plan with this cost model: a profile of this machine (`bytescale profile`,\n"
             "                       docs/profile.md) or any cost file (default: derived from the model and the\n"
             "                       `cpu` hardware profile)\n"
@@ -449,8 +453,8 @@ int cmd_train(int argc, char **argv) {
         printf("train: offloading: %s%s", t->offloader ? offloader_name(t->offloader) : "resident (no copies)",
                cfg.mem_budget ? "" : "\n");
     if (lead && cfg.mem_budget)
-        printf("%sactivation budget %lld bytes per rank\n", strcmp(cfg.offload_tier, "off") != 0 ? ", " : "train: ",
-               (long long)cfg.mem_budget);
+        printf("%sactivation budget %lld bytes per process%s\n", strcmp(cfg.offload_tier, "off") != 0 ? ", " : "train: ",
+               (long long)cfg.mem_budget, cfg.pp > 1 ? " (shared by the micro-batches in flight on its stage)" : "");
     fflush(stdout);
 
     TrainSummary sum;

@@ -215,6 +215,11 @@ int64_t cost_capacity_for(const CostModel *cm, double budget, int64_t most) {
     return lo;
 }
 
+int cost_pipe_in_flight(int pp, int stage, int64_t n_micro) {
+    int k = pp > stage && stage >= 0 ? pp - stage : 1;
+    return n_micro > 0 && n_micro < k ? (int)n_micro : k;
+}
+
 double cost_max_offload_tokens(const CostModel *cm, int64_t C) {
     double best = (double)C;
     double per_token = cm->act_shared_token + 2.0 * cm->act_token;

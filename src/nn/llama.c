@@ -120,7 +120,7 @@ int llama_init_view(Llama *view, Llama *owner, int max_T) {
     if (owner->owner) owner = owner->owner;  // a view of a view shares the same parameters
     if (max_T < 1) return bs_fail("model %s: max_T must be >= 1 (got %d)", owner->cfg.name, max_T);
     // the parameters, gradients and their table are the owner's (pointers); the activations, their
-    // layout and accounting are the view's own, and it never offloads
+    // layout and accounting are the view's own, and it offloads only when the caller says so
     view->cfg = owner->cfg;
     view->shard = owner->shard;
     view->tp_ops = owner->tp_ops;

@@ -204,8 +204,9 @@ static int held(const Llama *m) { return m->shard.layer_end - m->shard.layer_beg
 
 static int offloads(const Llama *m, int i) { return m->lay.tail > 0 && i >= 0 && i <= held(m) - 3; }
 
-// Block i, and where its tail starts: in the arena and at the same offset in the tier, which so
-// mirrors the arena (page-aligned, as O_DIRECT wants).
+// Block i, and where its tail starts: in the arena and at the same offset in the model's set of the
+// tier, which so mirrors the arena (page-aligned, as O_DIRECT wants); each activation set of a
+// pipeline stage mirrors its own arena in its own set.
 static uint8_t *block_at(const Llama *m, int i) { return m->arena.base + m->lay.layer0 + (size_t)i * m->lay.block; }
 static size_t tail_off(const Llama *m, int i) { return m->lay.layer0 + (size_t)(i + 1) * m->lay.block - m->lay.tail; }
 
@@ -262,8 +263,8 @@ int acts_forward_done(Llama *m, int l) {
         drop(m, m->lay.tail);
     }
     if (offloads(m, i)) {
-        offload_start(m->offload, OFFLOAD_OUT, l, block_at(m, i) + m->lay.block - m->lay.tail, m->lay.tail,
-                      tail_off(m, i));
+        offload_start(m->offload, OFFLOAD_OUT, m->offload_set, l, block_at(m, i) + m->lay.block - m->lay.tail,
+                      m->lay.tail, tail_off(m, i));
         m->act.offloaded += m->lay.tail;
     }
     return 0;
@@ -276,8 +277,8 @@ int acts_backward_layer(Llama *m, int l) {
     // layer l-1's tail comes back while this layer's backward runs
     if (offloads(m, i - 1)) {
         acquire(m, m->lay.tail);
-        offload_start(m->offload, OFFLOAD_IN, l - 1, block_at(m, i - 1) + m->lay.block - m->lay.tail, m->lay.tail,
-                      tail_off(m, i - 1));
+        offload_start(m->offload, OFFLOAD_IN, m->offload_set, l - 1,
+                      block_at(m, i - 1) + m->lay.block - m->lay.tail, m->lay.tail, tail_off(m, i - 1));
     }
     return 0;
 }

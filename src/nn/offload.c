@@ -20,7 +20,7 @@ typedef struct {
     OffloadTier *tier;
     int started, busy, stop;  // the thread runs; a job is posted and not finished; the thread must end
     // the job
-    int layer;
+    int set, layer;
     void *p;
     size_t n;
     uint64_t off;
@@ -38,11 +38,11 @@ struct Offloader {
 static void run_job(Copier *c) {
     int rc;
     if (c->dir == OFFLOAD_OUT) {
-        rc = c->tier->write(c->tier->ctx, c->p, c->n, c->off);
+        rc = c->tier->write(c->tier->ctx, c->set, c->p, c->n, c->off);
         // the bytes are safe in the tier: their pages go back to the system (the resident set shrinks)
         if (rc == 0) rc = arena_discard(c->p, c->n);
     } else {
-        rc = c->tier->read(c->tier->ctx, c->p, c->n, c->off);
+        rc = c->tier->read(c->tier->ctx, c->set, c->p, c->n, c->off);
     }
     c->rc = rc;
     if (rc != 0) snprintf(c->err, sizeof c->err, "%s", bs_errmsg());
@@ -115,11 +115,11 @@ void offloader_free(Offloader *o) {
 
 const char *offloader_name(const Offloader *o) { return o->tier.name; }
 
-void offload_start(Offloader *o, OffloadDir dir, int layer, void *p, size_t n, uint64_t off) {
+void offload_start(Offloader *o, OffloadDir dir, int set, int layer, void *p, size_t n, uint64_t off) {
     Copier *c = &o->copier[dir];
     pthread_mutex_lock(&c->mu);
     while (c->busy) pthread_cond_wait(&c->cv, &c->mu);  // never, when callers wait first (offload.h)
-    c->layer = layer, c->p = p, c->n = n, c->off = off, c->rc = 0, c->err[0] = '\0';
+    c->set = set, c->layer = layer, c->p = p, c->n = n, c->off = off, c->rc = 0, c->err[0] = '\0';
     c->busy = 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -135,7 +135,10 @@ int offload_wait(Offloader *o, OffloadDir dir, double *waited) {
     pthread_mutex_unlock(&c->mu);
     if (waited) *waited += now_seconds() - t0;
     if (rc == 0) return 0;
-    return bs_fail("layer %d: copying %zu bytes of activations %s %s: %s", c->layer, c->n,
+    // set 0 is all there is without pipeline stages: only the others are worth naming
+    char set[32] = "";
+    if (c->set) snprintf(set, sizeof set, " (activation set %d)", c->set);
+    return bs_fail("layer %d%s: copying %zu bytes of activations %s %s: %s", c->layer, set, c->n,
                    dir == OFFLOAD_OUT ? "out to" : "back from", o->tier.name, c->err);
 }
 

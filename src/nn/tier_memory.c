@@ -12,34 +12,42 @@
 // ---- host memory -------------------------------------------------------------------------------------
 
 typedef struct {
-    pthread_mutex_t mu;  // the writer may grow the buffer while the reader copies out of it
-    uint8_t *buf;
-    size_t cap;
+    pthread_mutex_t mu;  // the writer may grow a buffer while the reader copies out of it
+    uint8_t *buf[OFFLOAD_MAX_SETS];  // one per activation set
+    size_t cap[OFFLOAD_MAX_SETS];
 } MemTier;
 
-static int mem_write(void *ctx, const void *buf, size_t n, uint64_t off) {
+static int bad_set(int set) {
+    if (set >= 0 && set < OFFLOAD_MAX_SETS) return 0;
+    return bs_fail("activation set %d: the memory tier serves sets 0 .. %d", set, OFFLOAD_MAX_SETS - 1);
+}
+
+static int mem_write(void *ctx, int set, const void *buf, size_t n, uint64_t off) {
     MemTier *m = ctx;
+    if (bad_set(set)) return -1;
     pthread_mutex_lock(&m->mu);
     int rc = 0;
-    if (off + n > m->cap) {  // grow geometrically: a step's layers arrive at increasing offsets
-        size_t cap = m->cap ? m->cap : 1 << 20;
+    if (off + n > m->cap[set]) {  // grow geometrically: a step's layers arrive at increasing offsets
+        size_t cap = m->cap[set] ? m->cap[set] : 1 << 20;
         while (cap < off + n) cap *= 2;
-        uint8_t *b = realloc(m->buf, cap);
-        if (b) m->buf = b, m->cap = cap;
-        else rc = bs_fail("writing %zu bytes at offset %llu: out of memory growing the buffer to %zu bytes", n,
-                          (unsigned long long)off, cap);
+        uint8_t *b = realloc(m->buf[set], cap);
+        if (b) m->buf[set] = b, m->cap[set] = cap;
+        else rc = bs_fail("writing %zu bytes at offset %llu of set %d: out of memory growing the buffer to %zu bytes",
+                          n, (unsigned long long)off, set, cap);
     }
-    if (rc == 0) memcpy(m->buf + off, buf, n);
+    if (rc == 0) memcpy(m->buf[set] + off, buf, n);
     pthread_mutex_unlock(&m->mu);
     return rc;
 }
 
-static int mem_read(void *ctx, void *buf, size_t n, uint64_t off) {
+static int mem_read(void *ctx, int set, void *buf, size_t n, uint64_t off) {
     MemTier *m = ctx;
+    if (bad_set(set)) return -1;
     pthread_mutex_lock(&m->mu);
     int rc = 0;
-    if (off + n > m->cap) rc = bs_fail("reading %zu bytes at offset %llu: never written", n, (unsigned long long)off);
-    else memcpy(buf, m->buf + off, n);
+    if (off + n > m->cap[set])
+        rc = bs_fail("reading %zu bytes at offset %llu of set %d: never written", n, (unsigned long long)off, set);
+    else memcpy(buf, m->buf[set] + off, n);
     pthread_mutex_unlock(&m->mu);
     return rc;
 }
@@ -47,7 +55,7 @@ static int mem_read(void *ctx, void *buf, size_t n, uint64_t off) {
 static void mem_close(void *ctx) {
     MemTier *m = ctx;
     pthread_mutex_destroy(&m->mu);
-    free(m->buf);
+    for (int s = 0; s < OFFLOAD_MAX_SETS; s++) free(m->buf[s]);
     free(m);
 }
 
@@ -79,18 +87,18 @@ static int fail_now(FailTier *f, char op) {
     return 1;
 }
 
-static int fail_write(void *ctx, const void *buf, size_t n, uint64_t off) {
+static int fail_write(void *ctx, int set, const void *buf, size_t n, uint64_t off) {
     FailTier *f = ctx;
     if (fail_now(f, 'w'))
         return bs_fail("writing %zu bytes at offset %llu: %s (injected)", n, (unsigned long long)off, strerror(f->err));
-    return f->inner.write(f->inner.ctx, buf, n, off);
+    return f->inner.write(f->inner.ctx, set, buf, n, off);
 }
 
-static int fail_read(void *ctx, void *buf, size_t n, uint64_t off) {
+static int fail_read(void *ctx, int set, void *buf, size_t n, uint64_t off) {
     FailTier *f = ctx;
     if (fail_now(f, 'r'))
         return bs_fail("reading %zu bytes at offset %llu: %s (injected)", n, (unsigned long long)off, strerror(f->err));
-    return f->inner.read(f->inner.ctx, buf, n, off);
+    return f->inner.read(f->inner.ctx, set, buf, n, off);
 }
 
 static void fail_close(void *ctx) {

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytescale/cost.h"
 #include "bytescale/error.h"
 #include "bytescale/timer.h"
 
@@ -59,16 +60,29 @@ static int grow(float **buf, int64_t *cap, int64_t n) {
     return 0;
 }
 
-// Activation set v (0 = the model itself), with room for T rows.
+// Activation set v (0 = the model itself), with room for T rows. A view offloads as the model
+// does, through the same copiers, into set v of the tier, within the same per-micro-batch budget
+// (the process's budget shared by the micro-batches in flight, train.c).
 static Llama *view_for(Pipeline *pl, int v, int64_t T) {
     Llama *owner = pl->exec->llama;
     if (v == 0) return T > owner->max_T && llama_reserve(owner, (int)T) != 0 ? NULL : owner;
     if (!pl->made[v]) {
         if (llama_init_view(&pl->views[v], owner, owner->max_T) != 0) return NULL;
         pl->made[v] = 1;
+        pl->views[v].offload = owner->offload;
+        pl->views[v].offload_set = v;
+        pl->views[v].act_budget = owner->act_budget;
     }
     Llama *m = &pl->views[v];
     return T > m->max_T && llama_reserve(m, (int)T) != 0 ? NULL : m;
+}
+
+// The offload counters of every activation set, added (the sets share the copiers).
+static ActStats sets_offload(const Pipeline *pl) {
+    ActStats a = {.offloaded = pl->exec->llama->act.offloaded, .wait = pl->exec->llama->act.wait};
+    for (int v = 1; v < pl->pp; v++)
+        if (pl->made[v]) a.offloaded += pl->views[v].act.offloaded, a.wait += pl->views[v].act.wait;
+    return a;
 }
 
 // Receive n floats from pipe rank `from` into buf, blocking; the time goes to *wait.
@@ -99,25 +113,32 @@ static int set_attention(Pipeline *pl, Llama *m, const Plan *p, int32_t k, ExecS
     return 0;
 }
 
+// A step's start: the sets' peaks from zero, every item's slot (its place in the 1F1B order).
+static int start_step(Pipeline *pl, const Plan *p) {
+    pl->exec->llama->act.peak = 0;
+    for (int v = 1; v < pl->pp; v++)
+        if (pl->made[v]) pl->views[v].act.peak = 0;
+    if (p->n_items > pl->cap_slot) {
+        int32_t *sl = bs_realloc(pl->slot, (size_t)p->n_items * sizeof *sl);
+        if (!sl) return bs_fail_ctx("pipeline stage %d", pl->stage);
+        pl->slot = sl;
+        pl->cap_slot = p->n_items;
+    }
+    return plan_pipeline_slots(p, pl->slot);
+}
+
 int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum, ExecStats *st,
                  PipeStats *ps) {
     Executor *e = pl->exec;
     Llama *owner = e->llama;
     int S = pl->stage, pp = pl->pp, first = S == 0, last = S == pp - 1, D = owner->cfg.d_model;
+    int sets = cost_pipe_in_flight(pp, S, 0);
     ExecStats s = {0};
     PipeStats q = {0};
     *loss_sum = 0;
     e->ring.stats = (RingStats){0};
-    owner->act.peak = 0;
-    for (int v = 1; v < pp; v++)
-        if (pl->made[v]) pl->views[v].act.peak = 0;
-    if (p->n_items > pl->cap_slot) {
-        int32_t *sl = bs_realloc(pl->slot, (size_t)p->n_items * sizeof *sl);
-        if (!sl) return bs_fail_ctx("pipeline stage %d", S);
-        pl->slot = sl;
-        pl->cap_slot = p->n_items;
-    }
-    if (plan_pipeline_slots(p, pl->slot) != 0) return -1;
+    ActStats act0 = sets_offload(pl);
+    if (start_step(pl, p) != 0) return -1;
     double start = now_seconds();
     int32_t n = rows->n_items, fi = 0, bi = 0;
     while (bi < n) {
@@ -127,7 +148,7 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
         int32_t i = fwd ? fi : bi, k = rows->item[i];
         const Item *it = &p->items[k];
         int64_t at = rows->off[i], T = rows->off[i + 1] - at;
-        int v = i % pp;
+        int v = i % sets;  // the sets the stage's micro-batches in flight need (pipeline.h)
         MicroBatch mb = {.tokens = rows->tokens + at,
                          .targets = rows->targets + at,
                          .pos = rows->pos + at,
@@ -150,6 +171,7 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
             float *x_out = NULL;
             double item_loss = 0;
             double c0 = now_seconds();
+            m->offload_ratio = it->offload;  // the plan's r: its tails go out now and come back in its backward
             if (rc == 0) rc = llama_stage_forward(m, &mb, x_in, loss_scale, &item_loss, NULL, &x_out);
             if (rc == 0 && e->trace) e->trace(e->trace_ctx, it->n_ranks > 1 ? "ring fwd" : "pack fwd", k, c0, now_seconds());
             if (rc == 0 && !last) {
@@ -194,6 +216,9 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
     s.ring_compute = e->ring.stats.compute;
     s.ring_wait = e->ring.stats.wait + q.p2p_wait;
     s.ring_bytes = e->ring.stats.bytes_sent;
+    ActStats act1 = sets_offload(pl);
+    s.offload_bytes = (double)(act1.offloaded - act0.offloaded);
+    s.offload_wait = act1.wait - act0.wait;
     // the sets are resident side by side: their peaks added bound what the stage held at once
     s.act_peak = (double)owner->act.peak;
     for (int v = 1; v < pp; v++)

@@ -604,10 +604,10 @@ static int measure_tier(Profile *p, Comm *comm, ProfileTick *t) {
         rc = comm_barrier(comm);  // every rank's copies at once, as every rank offloads in training
         double t0 = now_seconds();
         for (size_t k = 0; rc == 0 && k < n_chunks; k++)
-            rc = tier.write(tier.ctx, a.base, chunk, (uint64_t)(k * chunk));
+            rc = tier.write(tier.ctx, 0, a.base, chunk, (uint64_t)(k * chunk));
         double t1 = now_seconds();
         for (size_t k = 0; rc == 0 && r > 0 && k < n_chunks; k++)
-            rc = tier.read(tier.ctx, a.base, chunk, (uint64_t)(k * chunk));
+            rc = tier.read(tier.ctx, 0, a.base, chunk, (uint64_t)(k * chunk));
         double t2 = now_seconds();
         if (rc == 0 && r > 0) mine[2 * (r - 1)] = total / (t1 - t0), mine[2 * (r - 1) + 1] = total / (t2 - t1);
         snprintf(note, sizeof note, "offload tier: %s %d of %d", r ? "pass" : "first write", r, c->tier_reps);

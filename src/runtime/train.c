@@ -76,11 +76,6 @@ int train_config_check(const TrainConfig *c) {
                                           (long long)c->mem_budget);
     if (c->tp < 0 || c->tp > 4096) return bs_fail("--tp must be in [1, 4096] (got %d)", c->tp);
     if (c->pp < 0 || c->pp > 256) return bs_fail("--pp must be in [1, 256] (got %d)", c->pp);
-    // a stage holds up to pp micro-batches between forward and backward in separate activation
-    // sets (pipeline.h); the offload tier mirrors one set's arena, so the two do not combine yet
-    if (c->pp > 1 && !tier_is(c, "off"))
-        return bs_fail("--offload-tier %s with --pp %d: offloading runs only without pipeline stages (pp = 1)",
-                       c->offload_tier, c->pp);
     return 0;
 }
 
@@ -103,10 +98,19 @@ static int wrap_failing_tier(OffloadTier *tier) {
     return offload_tier_failing(tier, inner, w ? 'w' : 'r', n, w ? ENOSPC : EIO);
 }
 
-// The copiers and tier of --offload-tier file|memory, attached to the model; the budget.
+// The budget of one micro-batch: --mem-budget is per process, and a pipeline stage holds the
+// micro-batches 1F1B has in flight on it at once, each in an activation set of its own (pipeline.h),
+// so each may use its share. Without stages: all of it.
+static double micro_batch_budget(const TrainConfig *c, int stage) {
+    int pp = c->pp > 1 ? c->pp : 1;
+    return (double)c->mem_budget / cost_pipe_in_flight(pp, stage, 0);
+}
+
+// The copiers and tier of --offload-tier file|memory, attached to the model (and, through it, to a
+// stage's other activation sets, pipeline.c); the budget.
 static int open_offload(Trainer *t) {
     const TrainConfig *c = &t->cfg;
-    t->llama.act_budget = (size_t)c->mem_budget;
+    t->llama.act_budget = (size_t)floor(micro_batch_budget(c, t->par.stage));
     if (!tier_is(c, "file") && !tier_is(c, "memory")) return 0;
     OffloadTier tier;
     int rc = tier_is(c, "file") ? offload_tier_file(&tier, c->offload_dir) : offload_tier_memory(&tier);
@@ -122,23 +126,32 @@ static int open_offload(Trainer *t) {
 // (profile_engine_act), so Eq. 3 counts what the engine holds. A --mem-budget is the paper's device
 // memory: C is the most tokens it holds without offloading (unless --capacity sets a smaller C), and
 // Eq. 3 offloads only what a longer sequence on fewer ranks must, within that budget, and only where
-// the copies hide at the profile's tier bandwidth. The engine enforces the same budget.
+// the copies hide at the profile's tier bandwidth. The engine enforces the same budget. With pp
+// stages the memory terms are one stage's layers (ceil(layers / pp), as the planner's), and the
+// budget is shared by the micro-batches in flight on the first stage, which holds the most
+// (cost_pipe_in_flight): C is what one of pp such shares holds.
 static int plan_cost_model(Trainer *t, const ModelConfig *mc) {
     const TrainConfig *cfg = &t->cfg;
     int tp = cfg->tp > 1 ? cfg->tp : 1, pp = cfg->pp > 1 ? cfg->pp : 1;
     CostModel acts = {.n_layers = mc->n_layers};
     if (profile_engine_act(mc, &acts, NULL, NULL) != 0) return bs_fail_ctx("cost model");
+    acts.n_layers = (mc->n_layers + pp - 1) / pp;
     t->capacity = cfg->capacity ? cfg->capacity : cfg->context;
     if (cfg->mem_budget > 0) {
-        int64_t fit = cost_capacity_for(&acts, (double)cfg->mem_budget, t->capacity);
+        double share = micro_batch_budget(cfg, 0);
+        char per[160] = "";
+        if (pp > 1)
+            snprintf(per, sizeof per, " (%.0f bytes per micro-batch: stage 0 of %d holds %d at once, each %d layers)",
+                     floor(share), pp, cost_pipe_in_flight(pp, 0, 0), acts.n_layers);
+        int64_t fit = cost_capacity_for(&acts, share, t->capacity);
         if (fit < 1)
-            return bs_fail("--mem-budget %lld bytes holds no micro-batch of model %s (one token needs %.0f bytes)",
-                           (long long)cfg->mem_budget, mc->name, ceil(cost_rank_act(&acts, 1.0, 0.0)));
+            return bs_fail("--mem-budget %lld bytes%s holds no micro-batch of model %s (one token needs %.0f bytes)",
+                           (long long)cfg->mem_budget, per, mc->name, ceil(cost_rank_act(&acts, 1.0, 0.0)));
         if (cfg->capacity && fit < cfg->capacity)
-            return bs_fail("--mem-budget %lld bytes holds %lld tokens without offloading, less than --capacity %lld "
+            return bs_fail("--mem-budget %lld bytes%s holds %lld tokens without offloading, less than --capacity %lld "
                            "(which needs %.0f bytes): raise the budget, lower the capacity, or leave --capacity out "
                            "to take it from the budget",
-                           (long long)cfg->mem_budget, (long long)fit, (long long)cfg->capacity,
+                           (long long)cfg->mem_budget, per, (long long)fit, (long long)cfg->capacity,
                            ceil(cost_rank_act(&acts, (double)cfg->capacity, 0.0)));
         t->capacity = fit;
     }
@@ -158,6 +171,28 @@ static int plan_cost_model(Trainer *t, const ModelConfig *mc) {
     cm->act_token = acts.act_token, cm->act_const = acts.act_const;
     cm->act_shared_token = acts.act_shared_token, cm->act_shared_const = acts.act_shared_const;
     cm->capacity_bytes = cost_act_budget(cm, t->capacity);
+    return 0;
+}
+
+// The split of the layers into stages is known once the groups are made (parallel_open balances
+// time, so a stage may hold more than the ceil(layers / pp) C was sized for): every stage's
+// micro-batch of C tokens must fit its share of the budget. Every process checks every stage, so
+// all refuse together.
+static int check_stage_budgets(Trainer *t) {
+    const TrainConfig *c = &t->cfg;
+    int pp = t->par.pp;
+    if (pp < 2 || c->mem_budget <= 0) return 0;
+    CostModel acts = t->cost;
+    for (int s = 0; s < pp; s++) {
+        acts.n_layers = t->par.stage_begin[s + 1] - t->par.stage_begin[s];
+        double need = cost_rank_act(&acts, (double)t->capacity, 0.0), share = micro_batch_budget(c, s);
+        if (need > share)
+            return bs_fail("--mem-budget %lld bytes with --pp %d: stage %d holds %d layers and %d micro-batches at "
+                           "once, and one of capacity %lld tokens needs %.0f bytes, more than its share of %.0f: "
+                           "raise the budget or lower --capacity",
+                           (long long)c->mem_budget, pp, s, acts.n_layers, cost_pipe_in_flight(pp, s, 0),
+                           (long long)t->capacity, ceil(need), floor(share));
+    }
     return 0;
 }
 
@@ -333,14 +368,24 @@ int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const Com
     if (pipeline_split_layers(mc->n_layers, pp, NULL, 0, NULL) != 0 || llama_shard_check(mc, &whole_tp) != 0)
         return -1;
     if (plan_cost_model(t, mc) != 0) return -1;
-    if (cfg->context > t->capacity && t->hdp < 2)
-        return bs_fail("context %lld > capacity %lld: a sequence that long needs a ring, and a ring needs >= 2 HDP "
+    // one rank holds up to C tokens, more when it offloads (Eq. 3 with D = 1; the planner says
+    // whether the copies hide)
+    double one_rank = train_plans_offload(cfg) ? cost_max_offload_tokens(&t->cost, t->capacity) : (double)t->capacity;
+    if ((double)cfg->context > one_rank && t->hdp < 2) {
+        char most[96] = "";
+        if (train_plans_offload(cfg)) snprintf(most, sizeof most, " (one rank holds %.0f offloading)", floor(one_rank));
+        return bs_fail("context %lld > capacity %lld%s: a sequence that long needs a ring, and a ring needs >= 2 HDP "
                        "ranks (run under mpirun -np N with N = tp x pp x HDP ranks), or raise the capacity to the "
                        "context",
-                       (long long)cfg->context, (long long)t->capacity);
+                       (long long)cfg->context, (long long)t->capacity, most);
+    }
     if (!policy_find(cfg->policy)) return -1;
     // the groups: collective over comm, so every process makes them before anything can fail alone
     if (parallel_open(&t->par, comm, tp, pp, mc, &t->cost, t->capacity) != 0) return -1;
+    if (check_stage_budgets(t) != 0) {
+        parallel_close(&t->par);
+        return -1;
+    }
     if (t->roles ? open_remote_dataset(t) != 0 : open_dataset(t) != 0) {
         parallel_close(&t->par);
         return -1;

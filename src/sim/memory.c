@@ -7,7 +7,8 @@
 //                a forward adds what its item keeps for the backward on one member, the item's
 //                backward frees it; the largest running sum is the peak. Under 1F1B stage s runs
 //                pp - 1 - s warm-up forwards before its first backward, so the walk holds up to
-//                pp - s micro-batches at once on stage s without being told.
+//                pp - s micro-batches at once on stage s without being told (cost_pipe_in_flight,
+//                the count the engine's memory budget shares a process among).
 //                The buffers all layers share (the head's input, backward scratch: act_shared_*)
 //                are held once per rank, not once per micro-batch in flight: the engine reserves
 //                them once, with room for its longest micro-batch (llama.h, ActLayout), so they

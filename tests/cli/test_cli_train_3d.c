@@ -171,7 +171,6 @@ static void test_wrong_layouts_are_refused(void **state) {
         {3, "--tp 2", "error: rank 0 of 3: --tp 2 needs a multiple of 2 processes, and this job has 3"},
         {3, "--pp 3", "--pp 3: model tiny has 2 layers, so at most 2 stages"},
         {3, "--tp 3", "--tp 3: tensor parallelism 3 does not divide n_heads 4"},
-        {2, "--pp 2 --offload-tier memory", "offloading runs only without pipeline stages"},
         {2, "--tp 0", "--tp must be in [1, 4096]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -182,6 +181,10 @@ static void test_wrong_layouts_are_refused(void **state) {
             fail_msg("-np %d %s: exit %d, expected an error with \"%s\": %s", cases[i].np, cases[i].flags, rc,
                      cases[i].want, cli_err);
     }
+    // a budget no micro-batch fits is the run's refusal (exit 1), naming the stage's share
+    int rc = mpi_run(2, "", "train " COMMON " --steps 1 --pp 2 --offload-tier memory --mem-budget 1M");
+    if (rc != 1 || !strstr(cli_err, "per micro-batch: stage 0 of 2 holds 2 at once"))
+        fail_msg("--pp 2 --mem-budget 1M: exit %d: %s", rc, cli_err);
 }
 
 // A process of stage 1 fails reading its rows: the job ends, naming its rank, stage and the cause.

@@ -6,8 +6,10 @@
 // without offloading trains on 2 within the budget (more than it when kept resident); a tier
 // that fails (a real EFBIG from RLIMIT_FSIZE, an injected EIO) stops the job with the layer and the
 // file named, exit code != 0, and no checkpoint of the failed step; the run resumes from the last
-// checkpoint and continues exactly.
-// ctest: long (11 MPI training runs)
+// checkpoint and continues exactly. Under pipeline stages (pp = 2 on 2 processes, tp 2 x pp 2 on 4):
+// the same losses as the plans kept resident with both tiers, a lower per-process peak, and the
+// budget shared by the micro-batches in flight on a stage.
+// ctest: long (21 MPI training runs)
 #include "cli/cli_run.h"
 
 #include <math.h>
@@ -16,7 +18,10 @@
 
 #include <cJSON.h>
 
+#include "bytescale/cost.h"
 #include "bytescale/fileio.h"
+#include "bytescale/hw.h"
+#include "bytescale/model.h"
 #include "test_corpus.h"
 
 #define DIR "test-tmp/cli_train_offload"
@@ -24,17 +29,17 @@
     "--data " DIR "/data --model small --context 4K --capacity 1K --tokens 4K --policy naive-eq3min --lr 3e-3 " \
     "--warmup 1"
 
-enum { MAX_STEPS = 8 };
+enum { MAX_STEPS = 8, MAX_PROCS = 4 };
 
 // `mpirun -np 2 bytescale <args>` with env before it, under a file-size limit when fsize > 0; the
 // output into cli_out / cli_err. A job that hangs is killed and fails the test. The exit code.
-static int mpi_run(const char *env, const char *args, rlim_t fsize) {
+static int mpi_run_np(int np, const char *env, const char *args, rlim_t fsize) {
     const char *bin = getenv("BS_BINARY");
     if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
-             "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 exec mpirun -np 2 --oversubscribe '%s' %s >%s/stdout 2>%s/stderr", env,
-             bin, args, DIR, DIR);
+             "%s BS_QUIET=1 OPENBLAS_NUM_THREADS=1 exec mpirun -np %d --oversubscribe '%s' %s >%s/stdout 2>%s/stderr", env,
+             np, bin, args, DIR, DIR);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -53,6 +58,8 @@ static int mpi_run(const char *env, const char *args, rlim_t fsize) {
     return WEXITSTATUS(st);
 }
 
+static int mpi_run(const char *env, const char *args, rlim_t fsize) { return mpi_run_np(2, env, args, fsize); }
+
 // Go-like files of 200 to 4,000 bytes: with C = 1K the long ones need offloading or rings.
 static void make_data(void) {
     test_tmpdir("cli_train_offload");
@@ -62,13 +69,14 @@ static void make_data(void) {
 
 typedef struct {
     double loss[MAX_STEPS + 1];
-    double peak[MAX_STEPS + 1][2];     // act_peak_bytes per rank
-    double offloaded[MAX_STEPS + 1][2];
+    double peak[MAX_STEPS + 1][MAX_PROCS];  // act_peak_bytes per process
+    double offloaded[MAX_STEPS + 1][MAX_PROCS];
+    int stage[MAX_PROCS];                   // each process's pipeline stage
     int rings;                         // steps whose plan has a ring
     int steps;
 } Metrics;
 
-static void read_metrics(const char *path, Metrics *m) {
+static void read_metrics_np(const char *path, int np, Metrics *m) {
     memset(m, 0, sizeof *m);
     char *text;
     size_t n;
@@ -84,7 +92,7 @@ static void read_metrics(const char *path, Metrics *m) {
         m->loss[step] = cJSON_GetObjectItemCaseSensitive(o, "loss")->valuedouble;
         m->rings += cJSON_GetObjectItemCaseSensitive(o, "plan_rings")->valuedouble > 0;
         const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks"), *r;
-        assert_int_equal(cJSON_GetArraySize(ranks), 2);
+        assert_int_equal(cJSON_GetArraySize(ranks), np);
         int k = 0;
         cJSON_ArrayForEach(r, ranks) {
             const cJSON *peak = cJSON_GetObjectItemCaseSensitive(r, "act_peak_bytes");
@@ -93,6 +101,8 @@ static void read_metrics(const char *path, Metrics *m) {
             assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, "offload_wait")));
             m->peak[step][k] = peak->valuedouble;
             m->offloaded[step][k] = off->valuedouble;
+            const cJSON *stage = cJSON_GetObjectItemCaseSensitive(r, "stage");
+            m->stage[k] = cJSON_IsNumber(stage) ? (int)stage->valuedouble : 0;
             k++;
         }
         cJSON_Delete(o);
@@ -101,6 +111,8 @@ static void read_metrics(const char *path, Metrics *m) {
     }
     free(text);
 }
+
+static void read_metrics(const char *path, Metrics *m) { read_metrics_np(path, 2, m); }
 
 static int dir_entries(const char *path) {
     char cmd[600], line[64];
@@ -247,10 +259,131 @@ static void test_failing_tier_stops_without_a_checkpoint(void **state) {
         if (c.loss[s] != r.loss[s]) fail_msg("step %d after resuming: loss %.9g, uninterrupted %.9g", s, c.loss[s], r.loss[s]);
 }
 
+// ---- pipeline stages --------------------------------------------------------------------------------
+
+// Model base (8 layers) in 2 stages of 4: layers 0 and 1 of each stage may offload, its last two stay.
+#define PP2 "--data " DIR "/data --model base --pp 2 --context 384 --tokens 1K --lr 3e-3 --warmup 1 --steps 2"
+
+// The largest per-process peak of a run, and the bytes it moved, over its steps.
+static void peak_and_moved(const Metrics *m, int np, double *peak, double *moved) {
+    *peak = *moved = 0;
+    for (int s = 1; s <= m->steps; s++)
+        for (int k = 0; k < np; k++) *peak = fmax(*peak, m->peak[s][k]), *moved += m->offloaded[s][k];
+}
+
+// pp = 2 on 2 processes (one HDP rank): sequences of 384 tokens on one rank of capacity 256 at r > 0
+// (Eq. 3 with D = 1). Both tiers give the losses of the same plans kept resident, bit for bit, with
+// a lower per-process peak on every stage; the file tier's file of each activation set is unlinked.
+static void test_pp2_offloading_gives_the_same_losses(void **state) {
+    (void)state;
+    assert_int_equal(make_dirs(DIR "/pp-off"), 0);
+    const char *run[3] = {"--offload-tier resident --metrics " DIR "/pp-r.jsonl",
+                          "--offload-tier file --offload-dir " DIR "/pp-off --metrics " DIR "/pp-f.jsonl",
+                          "--offload-tier memory --metrics " DIR "/pp-m.jsonl"};
+    for (int i = 0; i < 3; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "train " PP2 " --capacity 256 --policy naive-eq3min %s", run[i]);
+        int rc = mpi_run("", args, 0);
+        if (rc != 0) fail_msg("%s: exit %d: %s", run[i], rc, cli_err);
+    }
+    assert_int_equal(dir_entries(DIR "/pp-off"), 0);
+    Metrics r, f, m;
+    read_metrics(DIR "/pp-r.jsonl", &r);
+    read_metrics(DIR "/pp-f.jsonl", &f);
+    read_metrics(DIR "/pp-m.jsonl", &m);
+    assert_int_equal(f.steps, 2);
+    assert_true(f.stage[0] != f.stage[1]);  // one process per stage
+    for (int s = 1; s <= 2; s++) {
+        if (f.loss[s] != r.loss[s] || m.loss[s] != r.loss[s])
+            fail_msg("step %d: loss %.9g resident, %.9g file, %.9g memory", s, r.loss[s], f.loss[s], m.loss[s]);
+        for (int k = 0; k < 2; k++) {
+            // every stage offloads its own first layers: the same bytes to either tier, less held
+            assert_true(f.offloaded[s][k] > 0 && f.offloaded[s][k] == m.offloaded[s][k]);
+            assert_true(f.peak[s][k] == m.peak[s][k] && f.peak[s][k] < 0.9 * r.peak[s][k]);
+        }
+    }
+}
+
+// --mem-budget per process under pp = 2: stage 0 holds 2 micro-batches at once, so each gets half,
+// and the capacity is what half holds. A context above it trains only because one rank offloads;
+// every process stays within the budget, while the same plans kept resident exceed it on stage 0;
+// without offloading the same budget is refused up front, as is one that holds nothing, and one
+// that a stage holding more layers than the capacity was sized for does not fit.
+static void test_pp2_budget_counts_the_micro_batches_in_flight(void **state) {
+    (void)state;
+    const double budget = 80 * 1048576.0;
+    int rc = mpi_run("", "train " PP2 " --policy balance --mem-budget 80M --offload-tier off", 0);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "context 384 > capacity ")) fail_msg("without offloading: %s", cli_err);
+    rc = mpi_run("", "train " PP2 " --policy balance --mem-budget 80M --offload-tier file --offload-dir " DIR
+                 " --metrics " DIR "/pp-b.jsonl", 0);
+    if (rc != 0) fail_msg("with offloading: exit %d: %s", rc, cli_err);
+    if (!strstr(cli_out, "shared by the micro-batches in flight on its stage")) fail_msg("no budget line: %s", cli_out);
+    const char *cap = strstr(cli_out, "capacity ");
+    assert_non_null(cap);
+    long long C = atoll(cap + 9);
+    assert_true(C > 64 && C < 384);
+    char args[1024];
+    snprintf(args, sizeof args, "train " PP2 " --policy balance --capacity %lld --offload-tier resident --metrics " DIR
+             "/pp-k.jsonl", C);
+    rc = mpi_run("", args, 0);
+    if (rc != 0) fail_msg("kept resident: exit %d: %s", rc, cli_err);
+    Metrics b, k;
+    read_metrics(DIR "/pp-b.jsonl", &b);
+    read_metrics(DIR "/pp-k.jsonl", &k);
+    double peak_b, peak_k, moved_b, moved_k;
+    peak_and_moved(&b, 2, &peak_b, &moved_b);
+    peak_and_moved(&k, 2, &peak_k, &moved_k);
+    for (int s = 1; s <= 2; s++)
+        if (b.loss[s] != k.loss[s]) fail_msg("step %d: loss %.9g offloaded, %.9g kept", s, b.loss[s], k.loss[s]);
+    assert_true(moved_b > 0 && moved_k == 0);
+    if (!(peak_b <= budget && peak_k > budget))
+        fail_msg("peaks: %.0f offloaded, %.0f kept, budget %.0f", peak_b, peak_k, budget);
+
+    rc = mpi_run("", "train " PP2 " --policy balance --mem-budget 4M --offload-tier memory", 0);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "--mem-budget 4194304 bytes (2097152 bytes per micro-batch: stage 0 of 2 holds 2 at once"))
+        fail_msg("unclear message: %s", cli_err);
+
+    // a cost model whose head is very slow (the derived one has none) puts 7 of the 8 layers on
+    // stage 0 (the split balances time), more than the 4 the capacity was sized for: refused up
+    // front on every process, naming the stage
+    CostModel cm;
+    assert_int_equal(cost_derive(&cm, model_find("base"), hw_find("cpu"), 1, 1, 1, 384), 0);
+    cm.head_token = 100 * cm.lin_token;  // the head as slow as 100 layers
+    assert_int_equal(cost_save(&cm, DIR "/slow-head.json"), 0);
+    rc = mpi_run("", "train " PP2 " --policy balance --mem-budget 80M --offload-tier memory --cost " DIR
+                 "/slow-head.json", 0);
+    assert_int_not_equal(rc, 0);
+    if (!strstr(cli_err, "stage 0 holds 7 layers and 2 micro-batches at once")) fail_msg("unclear message: %s", cli_err);
+}
+
+// 3D: tp 2 x pp 2 with one HDP rank on 4 processes; the memory tier gives the resident losses.
+static void test_tp2_pp2_offloading_gives_the_same_losses(void **state) {
+    (void)state;
+    const char *run[2] = {"resident --metrics " DIR "/3d-r.jsonl", "memory --metrics " DIR "/3d-m.jsonl"};
+    for (int i = 0; i < 2; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "train " PP2 " --tp 2 --capacity 256 --policy naive-eq3min --offload-tier %s", run[i]);
+        int rc = mpi_run_np(4, "", args, 0);
+        if (rc != 0) fail_msg("%s: exit %d: %s", run[i], rc, cli_err);
+    }
+    Metrics r, m;
+    read_metrics_np(DIR "/3d-r.jsonl", 4, &r);
+    read_metrics_np(DIR "/3d-m.jsonl", 4, &m);
+    for (int s = 1; s <= 2; s++) {
+        if (m.loss[s] != r.loss[s]) fail_msg("step %d: loss %.9g resident, %.9g memory", s, r.loss[s], m.loss[s]);
+        for (int k = 0; k < 4; k++) assert_true(m.offloaded[s][k] > 0 && m.peak[s][k] < r.peak[s][k]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offloading_gives_the_same_losses),
         cmocka_unit_test(test_failing_tier_stops_without_a_checkpoint),
+        cmocka_unit_test(test_pp2_offloading_gives_the_same_losses),
+        cmocka_unit_test(test_pp2_budget_counts_the_micro_batches_in_flight),
+        cmocka_unit_test(test_tp2_pp2_offloading_gives_the_same_losses),
         cmocka_unit_test(test_budget_sets_capacity_and_offloading_fits),  // last: it makes the data afresh
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

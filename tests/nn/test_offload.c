@@ -4,7 +4,8 @@
 // never exceeds llama_resident_bytes; the process's peak RSS drops by about the bytes offloading
 // saves; a failing tier (injected, and a real EFBIG from RLIMIT_FSIZE) gives an error naming the
 // layer and the file, with the gradients untouched when the copy out fails; the budget refuses a
-// micro-batch that does not fit, before anything runs; the tiers themselves.
+// micro-batch that does not fit, before anything runs; the tiers themselves, with several activation
+// sets; a pipeline stage's sets (views) sharing one offloader, forwards and backwards interleaved.
 #include "test_util.h"
 
 #include <dirent.h>
@@ -415,11 +416,26 @@ static void test_tiers(void **state) {
             assert_int_equal(offload_tier_memory(&t), 0);
         }
         // out at an offset, released, back: the same bytes at the same addresses
-        assert_int_equal(t.write(t.ctx, a.base, n, 5 * page), 0);
+        assert_int_equal(t.write(t.ctx, 0, a.base, n, 5 * page), 0);
         assert_int_equal(arena_discard(a.base, n), 0);
         assert_true(a.base[0] == 0 && a.base[n - 1] == 0);  // released pages read as zeros
-        assert_int_equal(t.read(t.ctx, a.base, n, 5 * page), 0);
+        // other activation sets at the same offset keep their own bytes (a pipeline stage's
+        // micro-batches in flight mirror arenas of the same layout)
+        for (int set = 1; set < 4; set++) {
+            for (size_t i = 0; i < n; i++) a.base[i] = (uint8_t)(i * 3 + (size_t)set * 11);
+            assert_int_equal(t.write(t.ctx, set * 85, a.base, n, 5 * page), 0);
+        }
+        if (kind) assert_int_equal(files_in(TMP), 0);  // each set's file unlinked too
+        assert_int_equal(t.read(t.ctx, 0, a.base, n, 5 * page), 0);
         for (size_t i = 0; i < n; i++) assert_true(a.base[i] == (uint8_t)(i * 7 + 1));
+        for (int set = 3; set >= 1; set--) {
+            assert_int_equal(t.read(t.ctx, set * 85, a.base, n, 5 * page), 0);
+            for (size_t i = 0; i < n; i++) assert_true(a.base[i] == (uint8_t)(i * 3 + (size_t)set * 11));
+        }
+        // a set outside the tier's range is refused, naming it
+        assert_int_equal(t.write(t.ctx, OFFLOAD_MAX_SETS, a.base, n, 0), -1);
+        assert_non_null(strstr(bs_errmsg(), "activation set 256"));
+        for (size_t i = 0; i < n; i++) a.base[i] = (uint8_t)(i * 7 + 1);
         offload_tier_close(&t);
     }
     // a directory that is not there: the message names it
@@ -431,6 +447,76 @@ static void test_tiers(void **state) {
     arena_free(&a);
 }
 
+// ---- a pipeline stage's activation sets --------------------------------------------------------------
+
+// A stage holds several micro-batches between forward and backward, each in a view of its own
+// (pipeline.c): the views share one offloader, each in its own set of the tier. Forwards and
+// backwards interleaved as 1F1B runs them (k forwards ahead, then one backward per forward) give
+// the losses and gradients of the same micro-batches run one after another without offloading, bit
+// for bit, and each set's accounting is the one micro-batch's llama_resident_bytes.
+static void test_views_share_the_offloader(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 77);
+    for (int trial = 0; trial < 4; trial++) {
+        ModelConfig cfg = random_config(&rng);
+        int max_T = 64 + (int)rng_below(&rng, 200), n = 2 + (int)rng_below(&rng, 4), sets = 2 + trial % 3;
+        int file = trial % 2;
+        double ratio = RATIOS[1 + rng_below(&rng, N_RATIOS - 1)];
+        Llama plain, owner, views[4];
+        assert_int_equal(llama_init(&plain, &cfg, max_T), 0);
+        assert_int_equal(llama_init(&owner, &cfg, max_T), 0);
+        llama_init_weights(&plain, 5 + (uint64_t)trial);
+        llama_init_weights(&owner, 5 + (uint64_t)trial);
+        Rows r[6];
+        double want[6], got[6];
+        for (int i = 0; i < n; i++) r[i] = random_rows(&rng, 1 + (int)rng_below(&rng, (uint64_t)max_T), cfg.vocab_size);
+        llama_zero_grad(&plain);
+        for (int i = 0; i < n; i++) {
+            MicroBatch mb = view(&r[i]);
+            assert_int_equal(llama_forward_backward(&plain, &mb, 1.0f / 64, &want[i], NULL), 0);
+        }
+        owner.offload = offloader(file);
+        Llama *set[4] = {&owner};
+        for (int v = 1; v < sets; v++) {
+            assert_int_equal(llama_init_view(&views[v], &owner, max_T), 0);
+            views[v].offload = owner.offload, views[v].offload_set = v;
+            set[v] = &views[v];
+        }
+        llama_zero_grad(&owner);
+        // 1F1B on a stage with `sets` in flight: forward i runs while backward i - sets has not
+        for (int fi = 0, bi = 0; bi < n;) {
+            int fwd = fi < n && fi - bi < sets;
+            int i = fwd ? fi++ : bi++;
+            Llama *m = set[i % sets];
+            MicroBatch mb = view(&r[i]);
+            if (fwd) {
+                m->offload_ratio = (float)ratio;
+                m->act.peak = 0;
+                if (llama_stage_forward(m, &mb, NULL, 1.0f / 64, &got[i], NULL, NULL) != 0) fail_msg("%s", bs_errmsg());
+            } else {
+                if (llama_stage_backward(m, &mb, NULL, NULL) != 0) fail_msg("%s", bs_errmsg());
+                assert_int_equal(m->act.peak, llama_resident_bytes(&cfg, r[i].T, ratio));
+            }
+        }
+        for (int i = 0; i < n; i++)
+            if (memcmp(&want[i], &got[i], sizeof want[i]) != 0)
+                fail_msg("%d sets, %s tier, micro-batch %d: loss %.17g, one at a time %.17g", sets,
+                         file ? "file" : "memory", i, got[i], want[i]);
+        if (memcmp(plain.grads, owner.grads, plain.n_params * sizeof(float)) != 0)
+            fail_msg("%d sets, %s tier: the gradients differ", sets, file ? "file" : "memory");
+        uint64_t moved = owner.act.offloaded;
+        for (int v = 1; v < sets; v++) moved += views[v].act.offloaded;
+        assert_true(moved > 0);
+        for (int v = 1; v < sets; v++) llama_free(&views[v]);
+        offloader_free(owner.offload);
+        owner.offload = NULL;
+        for (int i = 0; i < n; i++) rows_free(&r[i]);
+        llama_free(&plain);
+        llama_free(&owner);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_bits_with_offloading),
@@ -439,6 +525,7 @@ int main(void) {
         cmocka_unit_test(test_failing_tier),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_views_share_the_offloader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,9 @@
 // test_sim_memory.c: the peak device memory of a simulated step (sim_memory, docs/simulator.md
 // "Memory") against independent computations: without PP items run one at a time, so a rank's peak
 // is its largest item (plus the shared buffers of its longest one); with PP and k equal micro-batches
-// on one rank, 1F1B keeps min(k, pp - s) of them on stage s; over random plans the peak lies between
-// the largest item and the sum of all the rank's items; the paper's presets fit an 80 GB device.
+// on one rank, 1F1B keeps min(k, pp - s) of them on stage s (cost_pipe_in_flight, and never more over
+// random plans); over random plans the peak lies between the largest item and the sum of all the
+// rank's items; the paper's presets fit an 80 GB device.
 #include "test_util.h"
 
 #include <math.h>
@@ -153,7 +154,8 @@ static void test_pipeline_holds_the_1f1b_micro_batches_in_flight(void **state) {
             simulate(&r, &mem, &p, &cfg);
             double one = layers_by_hand(&cm, 64, 0);  // 4 x (10 x 64 + 100)
             for (int s = 0; s < pp; s++) {
-                int in_flight = k < pp - s ? k : pp - s;
+                int in_flight = cost_pipe_in_flight(pp, s, k);  // the engine's count (train's budget)
+                assert_int_equal(in_flight, k < pp - s ? k : pp - s);
                 assert_close(mem.act_peak[s], in_flight * one + shared_by_hand(&cm, 64), 1e-12, 0);
             }
             assert_int_equal(mem.peak.rank, 0);
@@ -233,7 +235,18 @@ static void test_random_plans_peak_between_one_item_and_all(void **state) {
                 layers_max = fmax(layers_max, layers_by_hand(&cm, n, it->offload));
                 shared_max = fmax(shared_max, shared_by_hand(&cm, n));
             }
+            int n_items = p.rank_begin[rank + 1] - p.rank_begin[rank];
             for (int s = 0; s < pp; s++) {
+                // the walk never holds more micro-batches than cost_pipe_in_flight says (the count
+                // the engine's per-process budget is shared among)
+                int held = 0, most = 0, k = rank * pp + s;
+                for (int32_t q = r.res_begin[k]; q < r.res_begin[k + 1]; q++) {
+                    held += r.ops[r.res_ops[q]].bwd ? -1 : 1;
+                    most = held > most ? held : most;
+                }
+                if (most > cost_pipe_in_flight(pp, s, n_items))
+                    fail_msg("trial %d, rank %d, stage %d of %d: %d micro-batches in flight of %d", trial, rank, s, pp,
+                             most, n_items);
                 double peak = mem.act_peak[rank * pp + s];
                 if (peak < largest * (1 - 1e-12) || peak > sum * (1 + 1e-12))
                     fail_msg("trial %d, rank %d, stage %d: peak %.9g outside [%.9g, %.9g]", trial, rank, s, peak,
