@@ -600,6 +600,8 @@ int cost_load(CostModel *cm, const char *path) {
     if (c.ring_bw_intra == 0) c.ring_bw_intra = c.ring_bw, c.ring_lat_intra = c.ring_lat;
     // files written before the 3D fields existed: the TP all-reduce and the stage messages ran over
     // the link the profile's two ranks measured (docs/profile.md, "Old files")
+    // (checked first, so that a bad latency given without its bandwidth is named, not replaced)
+    if (check_fields(&c, path) != 0) return -1;
     if (c.tp_bw == 0) c.tp_bw = c.ring_bw_intra, c.tp_lat = c.ring_lat_intra, c.derived_3d |= 1;
     if (c.stage_bw == 0) c.stage_bw = c.ring_bw_intra, c.stage_lat = c.ring_lat_intra, c.derived_3d |= 2;
     if (check_fields(&c, path) != 0) return -1;

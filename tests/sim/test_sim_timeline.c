@@ -330,6 +330,53 @@ static void test_pp2_one_f_one_b_with_unequal_micro_batches(void **state) {
     plan_free(&p);
 }
 
+// tp 2 x pp 2: the TP all-reduces on every operation and the stage messages between stages, as the
+// engine executes them. On top of hand_cm(1): tp_token 2 B per token, tp_bw 100 B/s, tp_lat 0.001 s,
+// so one all-reduce of r rows is 2 (1/2) 2r / 100 + 2 x 0.001 = 0.02 r + 0.002; dW shares 0.5 and 1 of
+// lin_token (0.0015 r and 0.003 r); stage messages 1 B per token at 100 B/s + 0.002 s.
+//   a = {4}: all-reduce 0.082; forward + 2 x 0.082 = 0.034 + 0.164 = 0.198;
+//            backward + (0.082 - 0.006) + (0.082 - 0.012) = 0.068 + 0.146 = 0.214; message 0.042
+//   b = {1}: all-reduce 0.022; forward 0.013 + 0.044 = 0.057; backward 0.026 + 0.0205 + 0.019 = 0.0655;
+//            message 0.012
+// 1F1B (stage 0: F a, F b, B a, B b; stage 1: F a, B a, F b, B b):
+//   S0 F a [0, 0.198]          S1 F a [0.198 + 0.042 = 0.240, 0.438]
+//   S0 F b [0.198, 0.255]      S1 B a [0.438, 0.652]
+//   S0 B a [0.652 + 0.042 = 0.694, 0.908]
+//   S1 F b [0.652, 0.709] (its input was there at 0.255 + 0.012)
+//   S1 B b [0.709, 0.7745]     S0 B b [0.908, 0.9735] (input at 0.7745 + 0.012)
+static void test_tp2_pp2_all_reduces_and_stage_messages(void **state) {
+    (void)state;
+    const int64_t lens[] = {4, 1};
+    ItemSpec items[] = {{{0}, 1, {0}, 1, 0}, {{1}, 1, {0}, 1, 0}};
+    CostModel cm = hand_cm(1);
+    cm.tp = 2, cm.tp_token = 2, cm.tp_bw = 100, cm.tp_lat = 0.001, cm.tp_hide_qkv = 0.5, cm.tp_hide_mlp = 1;
+    cm.stage_token = 1, cm.stage_bw = 100, cm.stage_lat = 0.002;
+    Cluster c = hand_cluster(4, 2, 2);
+    Plan p;
+    build(&p, lens, 2, 1, 2, items, 2, &cm);
+    SimResult r;
+    run(&r, &p, &cm, &c);
+    expect_op(&r, 0, 0, 0, 0.000, 0.198);
+    expect_op(&r, 0, 1, 0, 0.240, 0.438);
+    expect_op(&r, 1, 0, 0, 0.198, 0.255);
+    expect_op(&r, 0, 1, 1, 0.438, 0.652);
+    expect_op(&r, 0, 0, 1, 0.694, 0.908);
+    expect_op(&r, 1, 1, 0, 0.652, 0.709);
+    expect_op(&r, 1, 1, 1, 0.709, 0.7745);
+    expect_op(&r, 1, 0, 1, 0.908, 0.9735);
+    // the all-reduces are comm, not compute: each op's tp part as above, on both stages
+    assert_close(find_op(&r, 0, 1, 0)->cost.tp, 0.164, 0, EPS);
+    assert_close(find_op(&r, 0, 1, 1)->cost.tp, 0.146, 0, EPS);
+    assert_close(find_op(&r, 1, 0, 1)->cost.tp, 0.0395, 0, EPS);
+    assert_close(find_op(&r, 1, 0, 1)->cost.compute, 0.026, 0, EPS);
+    assert_close(r.exposed_tp, 2 * (0.164 + 0.146 + 0.044 + 0.0395), 0, EPS);
+    assert_close(r.stage_msgs, 2 * 0.042 + 2 * 0.012, 0, EPS);
+    // the step: stage 0 ends last, then its sync (0.5) and the optimizer (0.25)
+    assert_close(r.step_time, 0.9735 + 0.75, 0, EPS);
+    sim_result_free(&r);
+    plan_free(&p);
+}
+
 static void test_pp2_rings_with_different_schedules_do_not_deadlock(void **state) {
     (void)state;
     // Pipelines A = rank 0 and B = rank 1 share rings j (item 0) and i (item 2); B also has the pack
@@ -384,6 +431,7 @@ int main(void) {
         cmocka_unit_test(test_ring_waits_for_a_busy_member),
         cmocka_unit_test(test_offload_that_cannot_hide),
         cmocka_unit_test(test_pp2_one_f_one_b_with_unequal_micro_batches),
+        cmocka_unit_test(test_tp2_pp2_all_reduces_and_stage_messages),
         cmocka_unit_test(test_pp2_rings_with_different_schedules_do_not_deadlock),
         cmocka_unit_test(test_mismatched_cluster_is_an_error),
     };
