@@ -127,6 +127,11 @@ double cost_tp_allreduce(const CostModel *cm, double rows);
 // two after wo and w_down, exposed; backward, the two of the input gradients of wq/wk/wv and of
 // w_gate/w_up, each overlapping that matmul's weight gradient: max(0, allreduce - dW) each.
 void cost_tp_layer_times(const CostModel *cm, double rows, double *fwd, double *bwd);
+// The all-reduces outside the layers, once per micro-batch: forward on the first stage, the
+// vocabulary-parallel embedding's sum (one cost_tp_allreduce); backward on the last stage, the
+// vocabulary-parallel loss's row max (4 bytes a row) and exp-sum with target logit (8 bytes a row),
+// and the head's input gradient (one cost_tp_allreduce). All exposed. 0 with tp <= 1.
+void cost_tp_head_times(const CostModel *cm, double rows, int first, int last, double *fwd, double *bwd);
 // One stage-to-stage message of `rows` tokens: rows x stage_token / stage_bw + stage_lat; 0 when
 // stage_bw is 0 (not modelled here: the simulator's cluster prices it).
 double cost_stage_transfer(const CostModel *cm, double rows);
@@ -166,7 +171,7 @@ double cost_max_offload_tokens(const CostModel *cm, int64_t C);
 // (backward also moves dK/dV) with one transfer exposed (the dK/dV returning home at the end of
 // backward); offload copies that compute cannot hide are added, and the head once (cost_head_time of
 // the rank's tokens/D); with tp > 1 every layer adds its all-reduces (cost_tp_layer_times of the
-// rank's tokens/D). docs/cost-model.md has the formula.
+// rank's tokens/D) and the head its (cost_tp_head_times, both ends). docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
 // The same estimate for an item run as a Ulysses all-to-all group of D ranks (flexsp, docs/peers.md,

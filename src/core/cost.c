@@ -217,11 +217,20 @@ void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp) {
 
 // ---- tensor and pipeline parallelism ----------------------------------------------------------------
 
-double cost_tp_allreduce(const CostModel *cm, double rows) {
+// A ring all-reduce of `bytes` over the TP group.
+static double tp_ring(const CostModel *cm, double bytes) {
     int T = cm->tp;
-    if (T <= 1 || !(cm->tp_bw > 0) || !(rows > 0)) return 0.0;
-    double bytes = rows * cm->tp_token;
+    if (T <= 1 || !(cm->tp_bw > 0) || !(bytes > 0)) return 0.0;
     return 2.0 * (T - 1) / T * bytes / cm->tp_bw + 2.0 * (T - 1) * cm->tp_lat;
+}
+
+double cost_tp_allreduce(const CostModel *cm, double rows) { return tp_ring(cm, rows * cm->tp_token); }
+
+void cost_tp_head_times(const CostModel *cm, double rows, int first, int last, double *fwd, double *bwd) {
+    *fwd = first ? cost_tp_allreduce(cm, rows) : 0.0;
+    // the vocabulary-parallel loss: the row max (4 bytes a row), then the exp-sum and the target logit
+    // (8), then the head's input gradient (the residual stream)
+    *bwd = last ? tp_ring(cm, 4.0 * rows) + tp_ring(cm, 8.0 * rows) + cost_tp_allreduce(cm, rows) : 0.0;
 }
 
 void cost_tp_layer_times(const CostModel *cm, double rows, double *fwd, double *bwd) {
@@ -359,7 +368,9 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
     if (r > 1) r = 1;
     double fwd, bwd;
     item_layer_times(cm, tokens, area, D, &fwd, &bwd);
-    double total = cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D);
+    double head_fwd, head_bwd;  // one stage holds both ends here (the planner's per-rank estimate)
+    cost_tp_head_times(cm, tokens / D, 1, 1, &head_fwd, &head_bwd);
+    double total = cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
     int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
     if (r > 0 && n_off > 0 && cm->offload_bw > 0) {
         double copy = offload_copy_time(cm, tokens, D, r);
@@ -402,7 +413,9 @@ double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, 
     cost_tp_layer_times(cm, tokens / D, &tp_fwd, &tp_bwd);
     double layer = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D) +
                    cm->attn_step + tp_fwd + tp_bwd;  // one attention call over whole segments
-    return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D);
+    double head_fwd, head_bwd;
+    cost_tp_head_times(cm, tokens / D, 1, 1, &head_fwd, &head_bwd);
+    return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
 }
 
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------

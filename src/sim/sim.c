@@ -65,6 +65,10 @@ SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int sta
     oc.compute = l * (lin + attn);
     if (stage == p->pp - 1) oc.compute += phi * cost_head_time(cm, n);  // embedding, head and loss: once
     oc.tp = l * tp;
+    // the embedding's sum (first stage, forward) and the loss's and head's (last stage, backward)
+    double head_fwd, head_bwd;
+    cost_tp_head_times(cm, n, stage == 0, stage == p->pp - 1, &head_fwd, &head_bwd);
+    oc.tp += bwd ? head_bwd : head_fwd;
     oc.comm = l * (attn_elapsed - attn) + oc.tp;
     // offload: l - 2 layers move r of their activations; the copy of one layer overlaps the next
     // layer's work (forward: out; backward: the prefetch in), the last two layers stay resident

@@ -104,9 +104,11 @@ static void test_derive_is_consistent_with_flops(void **state) {
             if (m->n_heads % tp != 0) continue;
             CostModel cm;
             assert_int_equal(cost_derive(&cm, m, &hw, tp, 1, 64, 8192), 0);
-            double tp_fwd, tp_bwd;  // the TP all-reduces are communication, not FLOPs
+            double tp_fwd, tp_bwd, head_fwd, head_bwd;  // the TP all-reduces are communication, not FLOPs
             cost_tp_layer_times(&cm, 34197, &tp_fwd, &tp_bwd);
-            double t = cost_item_time(&cm, segs, 4, 1, 0) - cm.n_layers * (cm.layer_const + tp_fwd + tp_bwd);
+            cost_tp_head_times(&cm, 34197, 1, 1, &head_fwd, &head_bwd);
+            double t = cost_item_time(&cm, segs, 4, 1, 0) - cm.n_layers * (cm.layer_const + tp_fwd + tp_bwd) -
+                       head_fwd - head_bwd;
             double flops = cost_train_flops(m, segs, 4) - 3.0 * cost_head_flops_per_token(m) * 34197;
             assert_close(t * tp * hw.peak_flops * hw.efficiency, flops, 1e-9, 0);
             // T(s) = a1 s^2 + b1 s + c with a1 = attn_pair / 2, b1 = lin_token + attn_pair / 2
@@ -626,6 +628,16 @@ static void test_tp_allreduce_by_hand(void **state) {
     cost_tp_layer_times(&cm, 1000, &fwd, &bwd);
     assert_close(fwd, 2.04e-3, 1e-12, 0);
     assert_close(bwd, 2e-5, 1e-9, 0);
+    // outside the layers: the embedding's sum forward on the first stage; backward on the last, the
+    // loss's row max (4 B a row) and exp-sum + target logit (8 B a row), then the head's input gradient
+    cm.lin_token = 1e-6;
+    double hf, hb;
+    cost_tp_head_times(&cm, 1000, 1, 0, &hf, &hb);
+    assert_close(hf, 1.02e-3, 1e-12, 0);
+    assert_close(hb, 0, 0, 0);
+    cost_tp_head_times(&cm, 1000, 0, 1, &hf, &hb);
+    assert_close(hf, 0, 0, 0);
+    assert_close(hb, (4e3 / 1e9 + 2e-5) + (8e3 / 1e9 + 2e-5) + 1.02e-3, 1e-12, 0);
     // T = 4: 2 (3/4) bytes / bw + 6 lat
     cm.tp = 4;
     assert_close(cost_tp_allreduce(&cm, 1000), 1.5e-3 + 6e-5, 1e-12, 0);
@@ -664,15 +676,14 @@ static void test_tp_terms_of_derive_and_shard(void **state) {
     CostModel no_tp = cm;
     no_tp.tp = 1;
     int64_t s[] = {4096}, s2[] = {8192};
-    double fwd, bwd;
+    double fwd, bwd, hf, hb;
     cost_tp_layer_times(&cm, 4096, &fwd, &bwd);
-    assert_true(fwd > 0 && bwd >= 0 && bwd <= fwd);
-    assert_close(cost_item_time(&cm, s, 1, 1, 0), cost_item_time(&no_tp, s, 1, 1, 0) + cm.n_layers * (fwd + bwd),
-                 1e-12, 0);
-    assert_close(cost_item_time(&cm, s2, 1, 2, 0), cost_item_time(&no_tp, s2, 1, 2, 0) + cm.n_layers * (fwd + bwd),
-                 1e-12, 0);
-    assert_close(cost_a2a_item_time(&cm, s2, 1, 2), cost_a2a_item_time(&no_tp, s2, 1, 2) + cm.n_layers * (fwd + bwd),
-                 1e-12, 0);
+    cost_tp_head_times(&cm, 4096, 1, 1, &hf, &hb);
+    assert_true(fwd > 0 && bwd >= 0 && bwd <= fwd && hf > 0 && hb > hf);
+    double add = cm.n_layers * (fwd + bwd) + hf + hb;
+    assert_close(cost_item_time(&cm, s, 1, 1, 0), cost_item_time(&no_tp, s, 1, 1, 0) + add, 1e-12, 0);
+    assert_close(cost_item_time(&cm, s2, 1, 2, 0), cost_item_time(&no_tp, s2, 1, 2, 0) + add, 1e-12, 0);
+    assert_close(cost_a2a_item_time(&cm, s2, 1, 2), cost_a2a_item_time(&no_tp, s2, 1, 2) + add, 1e-12, 0);
     // tp 1: no all-reduce
     assert_int_equal(cost_derive(&cm, m, h100, 1, 1, 16, 8192), 0);
     cost_tp_layer_times(&cm, 4096, &fwd, &bwd);
