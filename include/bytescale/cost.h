@@ -94,6 +94,11 @@ typedef struct {
     double stage_token;
     double tp_hide_qkv;
     double tp_hide_mlp;
+    // Derived only: 1 (cost_derive, cost_shard with pp = 1) when cost_item_time charges the head's
+    // all-reduces (cost_tp_head_times, both ends: one stage holds the whole model). With pp > 1 they
+    // are on the first and last stage only, which a per-stage estimate cannot tell apart: 0, and the
+    // simulator charges them where they run.
+    int tp_head;
     // Set by cost_load when the file lacked the 3D link fields and they were taken from
     // ring_bw_intra / ring_lat_intra: 1 tp_bw, 2 stage_bw (both: 3); the commands say so.
     int derived_3d;
@@ -171,7 +176,8 @@ double cost_max_offload_tokens(const CostModel *cm, int64_t C);
 // (backward also moves dK/dV) with one transfer exposed (the dK/dV returning home at the end of
 // backward); offload copies that compute cannot hide are added, and the head once (cost_head_time of
 // the rank's tokens/D); with tp > 1 every layer adds its all-reduces (cost_tp_layer_times of the
-// rank's tokens/D) and the head its (cost_tp_head_times, both ends). docs/cost-model.md has the formula.
+// rank's tokens/D) and, when tp_head (pp = 1), the head its (cost_tp_head_times, both ends).
+// docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
 // The same estimate for an item run as a Ulysses all-to-all group of D ranks (flexsp, docs/peers.md,

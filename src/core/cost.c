@@ -107,12 +107,13 @@ static double stage_params(const ModelConfig *m, int pp) {
 // all-reduce moves d_model elements per token; the weight gradients of wq, wk, wv and of w_gate, w_up
 // (a third of their forward + backward) are the fractions of lin_token the backward all-reduces hide
 // behind (cost_linear_flops_per_token counts forward FLOPs, lin_token forward + backward: 3x).
-static void tp_terms(CostModel *cm, const ModelConfig *m, int tp, int elem_bytes) {
+static void tp_terms(CostModel *cm, const ModelConfig *m, int tp, int pp, int elem_bytes) {
     double d = m->d_model;
     double lin = cost_linear_flops_per_token(m);
     double qkv = 2.0 * d * ((double)m->n_heads * m->head_dim + 2.0 * (double)m->n_kv_heads * m->head_dim);
     double gate_up = 2.0 * 2.0 * d * m->d_ff * (double)m->top_k;
     cm->tp = tp;
+    cm->tp_head = pp == 1;  // cost.h: the head's all-reduces in the item estimate only without stages
     cm->tp_token = d * elem_bytes;
     cm->tp_hide_qkv = lin > 0 ? qkv / (3.0 * lin) : 0.0;
     cm->tp_hide_mlp = lin > 0 ? gate_up / (3.0 * lin) : 0.0;
@@ -196,7 +197,7 @@ int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, 
     // 3D: the TP group stays inside a node (check_layout), so its all-reduces use NVLink; the stage
     // messages are left to the simulator's cluster (stage_bw 0), whose placement knows whether two
     // stages share a node. Sequence parallelism splits the stage message over the TP group.
-    tp_terms(&c, m, tp, hw->elem_bytes);
+    tp_terms(&c, m, tp, pp, hw->elem_bytes);
     c.tp_bw = hw->intra_bw;
     c.tp_lat = hw->intra_lat;
     c.stage_token = c.tp_token / tp;
@@ -211,7 +212,7 @@ void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp) {
     cm->attn_pair /= tp, cm->lin_token /= tp, cm->kv_token /= tp, cm->head_token /= tp;
     // the engine (src/nn/llama.c, src/runtime/pipeline.c) all-reduces and sends the whole fp32
     // residual stream, rows x d_model floats, on every TP rank
-    tp_terms(cm, m, tp, (int)sizeof(float));
+    tp_terms(cm, m, tp, pp, (int)sizeof(float));
     cm->stage_token = cm->tp_token;
 }
 
@@ -369,7 +370,7 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
     double fwd, bwd;
     item_layer_times(cm, tokens, area, D, &fwd, &bwd);
     double head_fwd, head_bwd;  // one stage holds both ends here (the planner's per-rank estimate)
-    cost_tp_head_times(cm, tokens / D, 1, 1, &head_fwd, &head_bwd);
+    cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
     double total = cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
     int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
     if (r > 0 && n_off > 0 && cm->offload_bw > 0) {
@@ -414,7 +415,7 @@ double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, 
     double layer = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D) +
                    cm->attn_step + tp_fwd + tp_bwd;  // one attention call over whole segments
     double head_fwd, head_bwd;
-    cost_tp_head_times(cm, tokens / D, 1, 1, &head_fwd, &head_bwd);
+    cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
     return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
 }
 

@@ -672,6 +672,18 @@ static void test_tp_terms_of_derive_and_shard(void **state) {
     assert_close(cm.tp_bw, h100->intra_bw, 0, 0);  // NVLink: TP stays inside a node
     assert_close(cm.tp_lat, h100->intra_lat, 0, 0);
     assert_close(cm.stage_bw, 0, 0, 0);  // the simulator's cluster places the stages
+    // with stages the head's all-reduces are on the end stages only: not in the per-stage estimate
+    assert_int_equal(cm.tp_head, 0);
+    int64_t one[] = {4096};
+    CostModel no_tp_pp = cm;
+    no_tp_pp.tp = 1;
+    double lf, lb;
+    cost_tp_layer_times(&cm, 4096, &lf, &lb);
+    assert_close(cost_item_time(&cm, one, 1, 1, 0), cost_item_time(&no_tp_pp, one, 1, 1, 0) + cm.n_layers * (lf + lb),
+                 1e-12, 0);
+    // one stage: the whole model, the head's all-reduces too
+    assert_int_equal(cost_derive(&cm, m, h100, 8, 1, 16, 8192), 0);
+    assert_int_equal(cm.tp_head, 1);
     // the item time adds l x (fwd + bwd) of the rank's tokens: a pack of 4096, a ring of 2 over 8192
     CostModel no_tp = cm;
     no_tp.tp = 1;
@@ -695,6 +707,7 @@ static void test_tp_terms_of_derive_and_shard(void **state) {
     prof.n_layers = tiny->n_layers, prof.lin_token = 1e-6, prof.tp_bw = 1e9, prof.stage_bw = 2e9;
     cost_shard(&prof, tiny, 2, 2);
     assert_int_equal(prof.tp, 2);
+    assert_int_equal(prof.tp_head, 0);
     assert_int_equal(prof.n_layers, (tiny->n_layers + 1) / 2);
     assert_close(prof.lin_token, 5e-7, 1e-15, 0);
     assert_close(prof.tp_token, tiny->d_model * 4.0, 0, 0);
