@@ -125,6 +125,12 @@ double cost_field_value(const CostModel *cm, int i);
 // plans or simulates a 3D layout; for tp = pp = 1 only the derived byte counts are set.
 void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp);
 
+// The derived-only 3D terms (tp, tp_head, tp_token, stage_token, tp_hide_*) of model m on tp x pp,
+// its residual stream in elem_bytes; seq_parallel: the stage message is split over the TP group
+// (Megatron's sequence parallelism, what cost_derive assumes), else every TP rank sends all of it
+// (the engine). cost_derive and cost_shard call it; so does a command that loads a file (which
+// cannot hold these terms) for a layout.
+void cost_layout_3d(CostModel *cm, const ModelConfig *m, int tp, int pp, int elem_bytes, int seq_parallel);
 // One TP all-reduce of the residual stream of `rows` tokens: a ring over cm->tp ranks of rows x
 // tp_token bytes, 2 (T-1)/T bytes / tp_bw + 2 (T-1) tp_lat. 0 with tp <= 1 or tp_bw 0.
 double cost_tp_allreduce(const CostModel *cm, double rows);

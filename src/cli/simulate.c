@@ -355,11 +355,23 @@ static int memory_verdicts(const Flags *fl, const SimVariant *v, const SimMemPea
     return rc;
 }
 
+// A --cost file for a planned scenario: the file's coefficients, and the 3D terms a file cannot hold
+// (the TP group's and the stage message's bytes per token) from the scenario's model, hardware and
+// layout, as cost_derive sets them.
+static int load_cost(CostModel *cm, const char *path, const Scenario *sc) {
+    if (cost_load(cm, path) != 0) return -1;
+    const ModelConfig *m = model_find(sc->model);
+    HardwareProfile hw;
+    if (!m || hw_resolve(sc->hardware, &hw) != 0) return -1;
+    cost_layout_3d(cm, m, sc->tp, sc->pp, hw.elem_bytes, 1);
+    return 0;
+}
+
 // One seed as a table: the report's single-run table (sim_table_print), so that --seeds 1 shows just
 // what one run shows, whatever columns that table grows.
 static int simulate_one_seed(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
     SimSetup s;
-    if (sim_setup_init(&s, sc, (uint64_t)fl->seed) != 0 || (fl->cost && cost_load(&s.cm, fl->cost) != 0)) {
+    if (sim_setup_init(&s, sc, (uint64_t)fl->seed) != 0 || (fl->cost && load_cost(&s.cm, fl->cost, sc) != 0)) {
         sim_setup_free(&s);
         return fail();
     }
@@ -473,7 +485,7 @@ static int print_seeds_json(SeedsOut *so, const SimSeedsResult *r) {
 // Every policy on every seed: the mean with min-max, as a table or JSON.
 static int simulate_seeds(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
     CostModel cm;  // the same coefficients for every seed: the batch does not change them
-    if (fl->cost && cost_load(&cm, fl->cost) != 0) return fail();
+    if (fl->cost && load_cost(&cm, fl->cost, sc) != 0) return fail();
     SeedsOut so;
     memset(&so, 0, sizeof so);
     so.fl = fl;

@@ -103,22 +103,6 @@ static double stage_params(const ModelConfig *m, int pp) {
     return layers * (double)model_params_per_layer(m) + outer;
 }
 
-// The derived TP terms of a layer of m split over tp ranks, the residual stream in elem_bytes: one
-// all-reduce moves d_model elements per token; the weight gradients of wq, wk, wv and of w_gate, w_up
-// (a third of their forward + backward) are the fractions of lin_token the backward all-reduces hide
-// behind (cost_linear_flops_per_token counts forward FLOPs, lin_token forward + backward: 3x).
-static void tp_terms(CostModel *cm, const ModelConfig *m, int tp, int pp, int elem_bytes) {
-    double d = m->d_model;
-    double lin = cost_linear_flops_per_token(m);
-    double qkv = 2.0 * d * ((double)m->n_heads * m->head_dim + 2.0 * (double)m->n_kv_heads * m->head_dim);
-    double gate_up = 2.0 * 2.0 * d * m->d_ff * (double)m->top_k;
-    cm->tp = tp;
-    cm->tp_head = pp == 1;  // cost.h: the head's all-reduces in the item estimate only without stages
-    cm->tp_token = d * elem_bytes;
-    cm->tp_hide_qkv = lin > 0 ? qkv / (3.0 * lin) : 0.0;
-    cm->tp_hide_mlp = lin > 0 ? gate_up / (3.0 * lin) : 0.0;
-}
-
 static int check_layout(const ModelConfig *m, const HardwareProfile *hw, int tp, int pp, int hdp_ranks,
                         int64_t capacity) {
     if (model_check(m) != 0 || hw_check(hw) != 0) return -1;
@@ -197,10 +181,9 @@ int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, 
     // 3D: the TP group stays inside a node (check_layout), so its all-reduces use NVLink; the stage
     // messages are left to the simulator's cluster (stage_bw 0), whose placement knows whether two
     // stages share a node. Sequence parallelism splits the stage message over the TP group.
-    tp_terms(&c, m, tp, pp, hw->elem_bytes);
+    cost_layout_3d(&c, m, tp, pp, hw->elem_bytes, 1);
     c.tp_bw = hw->intra_bw;
     c.tp_lat = hw->intra_lat;
-    c.stage_token = c.tp_token / tp;
     *cm = c;
     return 0;
 }
@@ -212,11 +195,26 @@ void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp) {
     cm->attn_pair /= tp, cm->lin_token /= tp, cm->kv_token /= tp, cm->head_token /= tp;
     // the engine (src/nn/llama.c, src/runtime/pipeline.c) all-reduces and sends the whole fp32
     // residual stream, rows x d_model floats, on every TP rank
-    tp_terms(cm, m, tp, pp, (int)sizeof(float));
-    cm->stage_token = cm->tp_token;
+    cost_layout_3d(cm, m, tp, pp, (int)sizeof(float), 0);
 }
 
 // ---- tensor and pipeline parallelism ----------------------------------------------------------------
+
+void cost_layout_3d(CostModel *cm, const ModelConfig *m, int tp, int pp, int elem_bytes, int seq_parallel) {
+    if (tp < 1) tp = 1;
+    // the weight gradients of wq, wk, wv and of w_gate, w_up are a third of those matmuls' forward +
+    // backward; cost_linear_flops_per_token counts forward FLOPs, lin_token forward + backward (3x)
+    double d = m->d_model;
+    double lin = cost_linear_flops_per_token(m);
+    double qkv = 2.0 * d * ((double)m->n_heads * m->head_dim + 2.0 * (double)m->n_kv_heads * m->head_dim);
+    double gate_up = 2.0 * 2.0 * d * m->d_ff * (double)m->top_k;
+    cm->tp = tp;
+    cm->tp_head = pp <= 1;  // cost.h: the head's all-reduces in the item estimate only without stages
+    cm->tp_token = d * elem_bytes;
+    cm->stage_token = seq_parallel ? cm->tp_token / tp : cm->tp_token;
+    cm->tp_hide_qkv = lin > 0 ? qkv / (3.0 * lin) : 0.0;
+    cm->tp_hide_mlp = lin > 0 ? gate_up / (3.0 * lin) : 0.0;
+}
 
 // A ring all-reduce of `bytes` over the TP group.
 static double tp_ring(const CostModel *cm, double bytes) {
