@@ -21,8 +21,11 @@
 # simulator charges them. The profile measures both on the same two ranks (docs/profile.md, "3D").
 # TP x PP is at most 2: the job has two processes.
 #
+# PROFILE=FILE uses that profile instead of measuring one (it must be of MODEL on this machine under
+# mpirun -np 2: the TP=2 and PP=2 runs can share one).
+#
 # Usage: scripts/sim_vs_train.sh [BUILD_DIR]   (env: OUT, STEPS, DATA, MODEL, CONTEXT, CAPACITY, TOKENS, PP,
-#                                               TP)
+#                                               TP, PROFILE)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -53,8 +56,15 @@ mkdir -p "$OUT"
 # writer with SIGPIPE under pipefail)
 json_num() { sed -n "s/.*\"$1\":[[:space:]]*\([-0-9.eE+]*\).*/\1/p" | sed -n 1p; }
 
-echo "== profile ($MODEL, 2 ranks; tp $TP, pp $PP)" >&2
-$MPIRUN "$BIN" profile --model "$MODEL" --lengths 256,512,1K,2K,4K,8K,12K,16K --out "$OUT/profile.json" >"$OUT/profile.txt"
+if [ -n "${PROFILE:-}" ]; then
+    [ -f "$PROFILE" ] || { echo "sim_vs_train.sh: PROFILE=$PROFILE is not a file" >&2; exit 1; }
+    echo "== profile: $PROFILE (not measured again)" >&2
+    [ "$PROFILE" -ef "$OUT/profile.json" ] || cp "$PROFILE" "$OUT/profile.json"
+else
+    echo "== profile ($MODEL, 2 ranks; tp $TP, pp $PP)" >&2
+    $MPIRUN "$BIN" profile --model "$MODEL" --lengths 256,512,1K,2K,4K,8K,12K,16K --out "$OUT/profile.json" \
+        >"$OUT/profile.txt"
+fi
 
 printf '%-8s %6s %12s %13s %10s %16s %12s %16s\n' policy steps "measured s" "simulated s" "diff" "max step diff" \
     "core steps" "max diff there"
