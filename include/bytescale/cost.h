@@ -125,6 +125,9 @@ double cost_field_value(const CostModel *cm, int i);
 // plans or simulates a 3D layout; for tp = pp = 1 only the derived byte counts are set.
 void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp);
 
+// The fields cost_load took from the intra-node link (derived_3d), for a note: "tp_bw, tp_lat",
+// "stage_bw, stage_lat", both, or NULL when the file had them.
+const char *cost_derived_3d_fields(const CostModel *cm);
 // The derived-only 3D terms (tp, tp_head, tp_token, stage_token, tp_hide_*) of model m on tp x pp,
 // its residual stream in elem_bytes; seq_parallel: the stage message is split over the TP group
 // (Megatron's sequence parallelism, what cost_derive assumes), else every TP rank sends all of it

@@ -259,10 +259,8 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
     if (fl->cost && s.cm.n_layers == s.model.n_layers) cost_shard(&s.cm, &s.model, tp, pp);
     if (fl->cost && s.cm.derived_3d && (tp > 1 || pp > 1))
         fprintf(stderr, "bytescale simulate: note: --cost %s has no %s (a profile from before they were measured): "
-                "taken from ring_bw_intra %g bytes/s and ring_lat_intra %g s\n", fl->cost,
-                s.cm.derived_3d == 3 ? "tp_bw, tp_lat, stage_bw, stage_lat"
-                : s.cm.derived_3d == 1 ? "tp_bw, tp_lat" : "stage_bw, stage_lat",
-                s.cm.ring_bw_intra, s.cm.ring_lat_intra);
+                "taken from ring_bw_intra %g bytes/s and ring_lat_intra %g s\n",
+                fl->cost, cost_derived_3d_fields(&s.cm), s.cm.ring_bw_intra, s.cm.ring_lat_intra);
     if (plan_finalize(&p, &s.cm) != 0 || plan_validate(&p, &s.cm) != 0) {
         bs_fail_ctx("%s", fl->plan);
         goto done;

@@ -239,6 +239,11 @@ void cost_tp_layer_times(const CostModel *cm, double rows, double *fwd, double *
     *bwd = fmax(0.0, ar - cm->tp_hide_qkv * lin) + fmax(0.0, ar - cm->tp_hide_mlp * lin);
 }
 
+const char *cost_derived_3d_fields(const CostModel *cm) {
+    static const char *names[] = {NULL, "tp_bw, tp_lat", "stage_bw, stage_lat", "tp_bw, tp_lat, stage_bw, stage_lat"};
+    return names[cm->derived_3d & 3];
+}
+
 double cost_stage_transfer(const CostModel *cm, double rows) {
     if (!(cm->stage_bw > 0) || !(rows > 0)) return 0.0;
     return rows * cm->stage_token / cm->stage_bw + cm->stage_lat;

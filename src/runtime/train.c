@@ -154,9 +154,8 @@ static int plan_cost_model(Trainer *t, const ModelConfig *mc) {
         cost_shard(cm, mc, tp, pp);  // one stage's layers, one tp rank's share, its all-reduces
         if (cm->derived_3d && (tp > 1 || pp > 1) && t->comm->rank == 0 && !progress_env_quiet())
             fprintf(stderr, "bytescale train: note: --cost %s has no %s (a profile from before they were measured): "
-                    "taken from ring_bw_intra %g bytes/s and ring_lat_intra %g s\n", cfg->cost,
-                    cm->derived_3d == 3 ? "tp_bw, tp_lat, stage_bw, stage_lat" : cm->derived_3d == 1 ? "tp_bw, tp_lat" : "stage_bw, stage_lat",
-                    cm->ring_bw_intra, cm->ring_lat_intra);
+                    "taken from ring_bw_intra %g bytes/s and ring_lat_intra %g s\n",
+                    cfg->cost, cost_derived_3d_fields(cm), cm->ring_bw_intra, cm->ring_lat_intra);
     } else {
         const HardwareProfile *hw = hw_find("cpu");
         if (!hw || cost_derive(cm, mc, hw, tp, pp, t->hdp, t->capacity) != 0) return bs_fail_ctx("cost model");

@@ -780,6 +780,7 @@ static void test_load_errors_name_the_field(void **state) {
     assert_true(cm.tp_bw == cm.ring_bw_intra && cm.tp_lat == cm.ring_lat_intra);
     assert_true(cm.stage_bw == cm.ring_bw_intra && cm.stage_lat == cm.ring_lat_intra);
     assert_int_equal(cm.derived_3d, 3);
+    assert_string_equal(cost_derived_3d_fields(&cm), "tp_bw, tp_lat, stage_bw, stage_lat");
     // with them: as written, nothing derived
     char with[1024];
     snprintf(with, sizeof with, "{\"tp_bw\": 3e9, \"tp_lat\": 2e-6, \"stage_bw\": 4e9, \"stage_lat\": 5e-6, %s",
@@ -788,6 +789,7 @@ static void test_load_errors_name_the_field(void **state) {
     assert_int_equal(cost_load(&cm, path), 0);
     assert_true(cm.tp_bw == 3e9 && cm.tp_lat == 2e-6 && cm.stage_bw == 4e9 && cm.stage_lat == 5e-6);
     assert_int_equal(cm.derived_3d, 0);
+    assert_null(cost_derived_3d_fields(&cm));
     assert_int_equal(cost_save(&cm, path), 0);  // and they are written back
     CostModel back;
     assert_int_equal(cost_load(&back, path), 0);
