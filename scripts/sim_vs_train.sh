@@ -14,9 +14,18 @@
 #
 # With PP=2 the two ranks are one pipeline of 2 stages (train --pp 2, one HDP rank: no rings, so the
 # context defaults to the capacity) and the plans are PP-Balance's; the simulator replays their 1F1B
-# schedule with the same profile, each stage running its half of the layers.
+# schedule with the same profile, each stage running its half of the layers and sending its
+# activations (stage_bw, stage_lat) to the next. With TP=2 the two ranks are one tensor-parallel group
+# (train --tp 2, one HDP rank): each computes half of every layer and all-reduces the residual stream
+# four times per layer (tp_bw, tp_lat; the backward two behind the weight gradients), as the
+# simulator charges them. The profile measures both on the same two ranks (docs/profile.md, "3D").
+# TP x PP is at most 2: the job has two processes.
 #
-# Usage: scripts/sim_vs_train.sh [BUILD_DIR]   (env: OUT, STEPS, DATA, MODEL, CONTEXT, CAPACITY, TOKENS, PP)
+# PROFILE=FILE uses that profile instead of measuring one (it must be of MODEL on this machine under
+# mpirun -np 2: the TP=2 and PP=2 runs can share one).
+#
+# Usage: scripts/sim_vs_train.sh [BUILD_DIR]   (env: OUT, STEPS, DATA, MODEL, CONTEXT, CAPACITY, TOKENS, PP,
+#                                               TP, PROFILE)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -26,8 +35,14 @@ STEPS=${STEPS:-20}
 DATA=${DATA:-data/go-byte}
 MODEL=${MODEL:-tiny}
 PP=${PP:-1}
+TP=${TP:-1}
 CAPACITY=${CAPACITY:-8K}
-if [ "$PP" -gt 1 ]; then CONTEXT=${CONTEXT:-$CAPACITY}; else CONTEXT=${CONTEXT:-16K}; fi
+if [ $((TP * PP)) -gt 2 ]; then
+    echo "sim_vs_train.sh: TP=$TP x PP=$PP needs more than the job's 2 processes (TP=2 or PP=2, not both)" >&2
+    exit 2
+fi
+# one HDP rank (TP or PP takes both processes): no rings, so the context is the capacity
+if [ $((TP * PP)) -gt 1 ]; then CONTEXT=${CONTEXT:-$CAPACITY}; else CONTEXT=${CONTEXT:-16K}; fi
 TOKENS=${TOKENS:-32K}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 BS_QUIET=1
 MPIRUN="mpirun -np 2 --bind-to core"
@@ -41,8 +56,15 @@ mkdir -p "$OUT"
 # writer with SIGPIPE under pipefail)
 json_num() { sed -n "s/.*\"$1\":[[:space:]]*\([-0-9.eE+]*\).*/\1/p" | sed -n 1p; }
 
-echo "== profile ($MODEL, 2 ranks)" >&2
-$MPIRUN "$BIN" profile --model "$MODEL" --lengths 256,512,1K,2K,4K,8K,12K,16K --out "$OUT/profile.json" >"$OUT/profile.txt"
+if [ -n "${PROFILE:-}" ]; then
+    [ -f "$PROFILE" ] || { echo "sim_vs_train.sh: PROFILE=$PROFILE is not a file" >&2; exit 1; }
+    echo "== profile: $PROFILE (not measured again)" >&2
+    [ "$PROFILE" -ef "$OUT/profile.json" ] || cp "$PROFILE" "$OUT/profile.json"
+else
+    echo "== profile ($MODEL, 2 ranks; tp $TP, pp $PP)" >&2
+    $MPIRUN "$BIN" profile --model "$MODEL" --lengths 256,512,1K,2K,4K,8K,12K,16K --out "$OUT/profile.json" \
+        >"$OUT/profile.txt"
+fi
 
 printf '%-8s %6s %12s %13s %10s %16s %12s %16s\n' policy steps "measured s" "simulated s" "diff" "max step diff" \
     "core steps" "max diff there"
@@ -50,12 +72,12 @@ for policy in static naive balance; do
     echo "== train: $policy, $((STEPS + 1)) steps" >&2
     rm -rf "${OUT:?}/$policy" "$OUT/$policy.jsonl"
     $MPIRUN "$BIN" train --data "$DATA" --model "$MODEL" --context "$CONTEXT" --capacity "$CAPACITY" \
-        --tokens "$TOKENS" --policy "$policy" --steps $((STEPS + 1)) --cost "$OUT/profile.json" --pp "$PP" \
+        --tokens "$TOKENS" --policy "$policy" --steps $((STEPS + 1)) --cost "$OUT/profile.json" --pp "$PP" --tp "$TP" \
         --save-plans "$OUT/$policy" --metrics "$OUT/$policy.jsonl" >/dev/null
     : >"$OUT/$policy-steps.txt"
     for step in $(seq 2 $((STEPS + 1))); do
         plan=$(printf '%s/%s/plan-%06d.json' "$OUT" "$policy" "$step")
-        sim=$("$BIN" simulate --plan "$plan" --cost "$OUT/profile.json" --model "$MODEL" --hardware cpu --tp 1 --json |
+        sim=$("$BIN" simulate --plan "$plan" --cost "$OUT/profile.json" --model "$MODEL" --hardware cpu --tp "$TP" --json |
               json_num step_time)
         line=$(sed -n "/\"step\":$step,/p" "$OUT/$policy.jsonl")
         meas=$(echo "$line" | sed -n 's/.*"seconds":\([-0-9.eE+]*\).*/\1/p')

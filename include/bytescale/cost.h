@@ -72,6 +72,36 @@ typedef struct {
     // all-to-all group one. Split forward / backward like the rest of the layer. Optional in a file, 0
     // when absent (not modelled); TP does not shrink it (every TP device launches its own kernel).
     double attn_step;
+    // added with the 3D cost terms (docs/cost-model.md section 4, "Tensor and pipeline parallelism"):
+    // the links a TP group's all-reduces and a pipeline's stage-to-stage messages use. A TP all-reduce
+    // of b bytes over T ranks is a ring: 2 (T-1)/T b / tp_bw + 2 (T-1) tp_lat; a stage message of b
+    // bytes b / stage_bw + stage_lat. Optional in a file: a file without them (written before they
+    // existed) takes ring_bw_intra / ring_lat_intra for both, the link its ranks measured. 0 (a
+    // hand-built model, or stage_bw of cost_derive) means: TP all-reduces free, stage messages priced by
+    // the simulator's cluster (its placement knows which stages share a node).
+    double tp_bw;      // bytes/s per device of the TP group's all-reduce (bus bandwidth, inside a node)
+    double tp_lat;     // seconds per step of that all-reduce (a ring all-reduce makes 2 (T-1) steps)
+    double stage_bw;   // bytes/s of one stage-to-stage message (activations forward, gradients backward)
+    double stage_lat;  // seconds per stage-to-stage message
+    // Derived only (cost_derive, cost_shard; 0 in a loaded file: no TP, no stage bytes). tp: the TP
+    // group's size. tp_token: bytes per token of one all-reduce of the residual stream (d_model
+    // elements). stage_token: bytes per token of one stage message (d_model elements; / tp on a GPU,
+    // where sequence parallelism splits them). tp_hide_qkv, tp_hide_mlp: the weight-gradient compute
+    // each backward all-reduce overlaps, as a fraction of lin_token (the dW of wq, wk, wv; of w_gate,
+    // w_up: a third of those matmuls' forward + backward).
+    int tp;
+    double tp_token;
+    double stage_token;
+    double tp_hide_qkv;
+    double tp_hide_mlp;
+    // Derived only: 1 (cost_derive, cost_shard with pp = 1) when cost_item_time charges the head's
+    // all-reduces (cost_tp_head_times, both ends: one stage holds the whole model). With pp > 1 they
+    // are on the first and last stage only, which a per-stage estimate cannot tell apart: 0, and the
+    // simulator charges them where they run.
+    int tp_head;
+    // Set by cost_load when the file lacked the 3D link fields and they were taken from
+    // ring_bw_intra / ring_lat_intra: 1 tp_bw, 2 stage_bw (both: 3); the commands say so.
+    int derived_3d;
 } CostModel;
 
 // Derive from a model and hardware. tp and pp >= 1; hdp_ranks = devices / (tp * pp), used for the
@@ -89,10 +119,36 @@ double cost_field_value(const CostModel *cm, int i);
 
 // A profile measures one process running every layer of the model; one stage of pp runs the layers
 // of the largest stage (ceil(n_layers / pp)), and one of tp tensor-parallel processes about 1/tp of
-// each layer's and the head's work and K/V (its all-reduces not counted). Applied to a cost model
-// loaded for a whole model (cm->n_layers = model_layers) when it plans or simulates a 3D layout;
-// nothing changes for tp = pp = 1.
-void cost_shard(CostModel *cm, int model_layers, int tp, int pp);
+// each layer's and the head's work and K/V, plus its all-reduces (cost_tp_layer_times: tp, tp_token,
+// tp_hide_* set for the engine's fp32 residual stream) and the stage messages (stage_token: the
+// engine sends rows x d_model floats). Applied to a cost model loaded for a whole model of m when it
+// plans or simulates a 3D layout; for tp = pp = 1 only the derived byte counts are set.
+void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp);
+
+// The fields cost_load took from the intra-node link (derived_3d), for a note: "tp_bw, tp_lat",
+// "stage_bw, stage_lat", both, or NULL when the file had them.
+const char *cost_derived_3d_fields(const CostModel *cm);
+// The derived-only 3D terms (tp, tp_head, tp_token, stage_token, tp_hide_*) of model m on tp x pp,
+// its residual stream in elem_bytes; seq_parallel: the stage message is split over the TP group
+// (Megatron's sequence parallelism, what cost_derive assumes), else every TP rank sends all of it
+// (the engine). cost_derive and cost_shard call it; so does a command that loads a file (which
+// cannot hold these terms) for a layout.
+void cost_layout_3d(CostModel *cm, const ModelConfig *m, int tp, int pp, int elem_bytes, int seq_parallel);
+// One TP all-reduce of the residual stream of `rows` tokens: a ring over cm->tp ranks of rows x
+// tp_token bytes, 2 (T-1)/T bytes / tp_bw + 2 (T-1) tp_lat. 0 with tp <= 1 or tp_bw 0.
+double cost_tp_allreduce(const CostModel *cm, double rows);
+// What one layer's all-reduces add to a rank's time for a micro-batch of `rows` tokens: forward, the
+// two after wo and w_down, exposed; backward, the two of the input gradients of wq/wk/wv and of
+// w_gate/w_up, each overlapping that matmul's weight gradient: max(0, allreduce - dW) each.
+void cost_tp_layer_times(const CostModel *cm, double rows, double *fwd, double *bwd);
+// The all-reduces outside the layers, once per micro-batch: forward on the first stage, the
+// vocabulary-parallel embedding's sum (one cost_tp_allreduce); backward on the last stage, the
+// vocabulary-parallel loss's row max (4 bytes a row) and exp-sum with target logit (8 bytes a row),
+// and the head's input gradient (one cost_tp_allreduce). All exposed. 0 with tp <= 1.
+void cost_tp_head_times(const CostModel *cm, double rows, int first, int last, double *fwd, double *bwd);
+// One stage-to-stage message of `rows` tokens: rows x stage_token / stage_bw + stage_lat; 0 when
+// stage_bw is 0 (not modelled here: the simulator's cluster prices it).
+double cost_stage_transfer(const CostModel *cm, double rows);
 
 // FLOPs of one layer's forward pass (backward is counted as 2x forward where FLOPs are reported).
 double cost_linear_flops_per_token(const ModelConfig *m);      // projections + MLP (active experts)
@@ -134,7 +190,9 @@ double cost_max_offload_tokens(const CostModel *cm, int64_t C);
 // r: offload ratio. A ring pays, per layer, D steps of max(attention block compute, K/V transfer)
 // (backward also moves dK/dV) with one transfer exposed (the dK/dV returning home at the end of
 // backward); offload copies that compute cannot hide are added, and the head once (cost_head_time of
-// the rank's tokens/D). docs/cost-model.md has the formula.
+// the rank's tokens/D); with tp > 1 every layer adds its all-reduces (cost_tp_layer_times of the
+// rank's tokens/D) and, when tp_head (pp = 1), the head its (cost_tp_head_times, both ends).
+// docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
 // The same estimate for an item run as a Ulysses all-to-all group of D ranks (flexsp, docs/peers.md,

@@ -13,6 +13,8 @@
 //             fitted to head_token s + head_const;
 //   links     ping-pong between ranks 0 and 1 of an MPI job through the Comm API at the sizes of
 //             ring blocks, fitted to lat + bytes / bw (one process: the `cpu` profile's figures);
+//   3D        the TP all-reduce (every rank) and the stage-to-stage message (ranks 0 and 1) at
+//             micro-batch sizes, rows x d_model floats, fitted to lat + bytes / bw (profile_3d.c);
 //   tier      the write and read bandwidth of the offload file tier (offload.h, O_DIRECT);
 //   ring step one attention block's forward + backward as a ring step computes it (ring_attn.c's
 //             attn_forward + attn_merge, attn_backward per block) on n x n blocks, full and causal,
@@ -167,6 +169,14 @@ typedef struct {
     ProfileLinkPoint link[PROFILE_MAX_SIZES];
     int n_link;
     double link_lat, link_bw;
+    // 3D (profile_3d.c): rows x d_model floats as the engine sends them, fitted to lat + bytes / bw
+    int measured_3d;        // 0: one process, tp_* and stage_* are ring_*_intra (cost_load's rule)
+    ProfileLinkPoint tp_ar[PROFILE_MAX_SIZES];  // the all-reduce over every rank (samples NULL)
+    int n_tp_ar;
+    double tp_ar_lat, tp_ar_bw;                 // its fit; cm.tp_lat, cm.tp_bw from the ring form
+    ProfileLinkPoint stage[PROFILE_MAX_SIZES];  // one way between ranks 0 and 1 (samples NULL)
+    int n_stage;
+    double stage_fit_lat, stage_fit_bw;         // = cm.stage_lat, cm.stage_bw
     // offload tier
     char tier_name[1300];
     int64_t tier_chunk;     // bytes per write / read call

@@ -27,6 +27,10 @@
 //                        b + (D - 1) * max(b, x);  backward adds the last dK/dV hop home
 //              offload  l - 2 layers copy r * Act(n) bytes out (forward) and back (backward),
 //                        each copy overlapping one layer; the part longer than the layer is exposed
+//              TP        with cm->tp > 1, cost_tp_layer_times(n): forward two all-reduces exposed,
+//                        backward two, each less the weight gradient it overlaps (comm)
+// Between stages: an operation's input is ready the previous stage's end plus one message of n
+// tokens (cost_stage_transfer when cm->stage_bw > 0, else the cluster's link between the stages).
 // After the last operation of a stage on every rank: the ZeRO-1 gradient sync of that stage
 // (cluster_sync_time, or cm->grad_sync when no model is given), then cm->optimizer.
 #ifndef BYTESCALE_SIM_H
@@ -55,7 +59,8 @@ typedef struct {
 // What one member of an operation spends, seconds (identical on all members of a ring).
 typedef struct {
     double compute;        // busy: linear + attention blocks (+ nothing else)
-    double comm;           // ring transfers not hidden behind attention blocks
+    double comm;           // ring transfers not hidden behind attention blocks, + tp
+    double tp;             // the TP all-reduces' exposed part (cost_tp_layer_times x layers), in comm
     double offload;        // offload copies not hidden behind a layer
     double ring_bytes;     // bytes each device of one member sends in this operation
     double offload_bytes;  // bytes each device of one member copies to / from host memory
@@ -89,6 +94,9 @@ typedef struct {
     double offload_bytes;   // bytes all devices copied to and from host memory
     double exposed_comm;    // sum over resources of ring communication not hidden
     double exposed_offload; // sum over resources of offload copies not hidden
+    double exposed_tp;      // sum over resources of TP all-reduce time not hidden (part of exposed_comm)
+    double stage_msgs;      // sum over operations of their stage-to-stage message (activations forward,
+                            // gradients backward): seconds between the previous stage's end and `ready`
     int32_t n_rings;        // items with D >= 2
     // per resource, seconds: busy + comm + wait = step_time on every resource
     double *busy;           // (n_res,) compute of operations + optimizer

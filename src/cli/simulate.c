@@ -51,7 +51,9 @@ static void usage(FILE *f) {
             "  --plan FILE         simulate this plan file (docs/plan-format.md) instead of planning; the\n"
             "                      cluster is --gpus or --ranks (default: the plan's ranks x tp x pp) with --tp\n"
             "  --cost FILE         cost model coefficients, JSON (docs/cost-model.md); default: derived from\n"
-            "                      --model and --hardware\n"
+            "                      --model and --hardware. A profile of the whole model (bytescale profile) is\n"
+            "                      cut to one stage of --pp and one TP rank of --tp, and its tp_bw / tp_lat and\n"
+            "                      stage_bw / stage_lat price the TP all-reduces and the stage messages\n"
             "\n"
             "Outputs (a table on stdout by default):\n"
             "  --json              the set-up and every policy's results as JSON on stdout instead: mean,\n"
@@ -250,7 +252,11 @@ static int simulate_plan_file(const Flags *fl, const Scenario *sc) {
                  : cost_derive(&s.cm, &s.model, &s.hw, tp, pp, s.cluster.n_ranks, p.capacity) != 0)
         goto done;
     // a profile of one process running the whole model (`bytescale profile`), as `train --tp --pp` plans
-    if (fl->cost && s.cm.n_layers == s.model.n_layers) cost_shard(&s.cm, s.model.n_layers, tp, pp);
+    if (fl->cost && s.cm.n_layers == s.model.n_layers) cost_shard(&s.cm, &s.model, tp, pp);
+    if (fl->cost && s.cm.derived_3d && (tp > 1 || pp > 1))
+        fprintf(stderr, "bytescale simulate: note: --cost %s has no %s (a profile from before they were measured): "
+                "taken from ring_bw_intra %g bytes/s and ring_lat_intra %g s\n",
+                fl->cost, cost_derived_3d_fields(&s.cm), s.cm.ring_bw_intra, s.cm.ring_lat_intra);
     if (plan_finalize(&p, &s.cm) != 0 || plan_validate(&p, &s.cm) != 0) {
         bs_fail_ctx("%s", fl->plan);
         goto done;
@@ -343,11 +349,23 @@ static int memory_verdicts(const Flags *fl, const SimVariant *v, const SimMemPea
     return rc;
 }
 
+// A --cost file for a planned scenario: the file's coefficients, and the 3D terms a file cannot hold
+// (the TP group's and the stage message's bytes per token) from the scenario's model, hardware and
+// layout, as cost_derive sets them.
+static int load_cost(CostModel *cm, const char *path, const Scenario *sc) {
+    if (cost_load(cm, path) != 0) return -1;
+    const ModelConfig *m = model_find(sc->model);
+    HardwareProfile hw;
+    if (!m || hw_resolve(sc->hardware, &hw) != 0) return -1;
+    cost_layout_3d(cm, m, sc->tp, sc->pp, hw.elem_bytes, 1);
+    return 0;
+}
+
 // One seed as a table: the report's single-run table (sim_table_print), so that --seeds 1 shows just
 // what one run shows, whatever columns that table grows.
 static int simulate_one_seed(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
     SimSetup s;
-    if (sim_setup_init(&s, sc, (uint64_t)fl->seed) != 0 || (fl->cost && cost_load(&s.cm, fl->cost) != 0)) {
+    if (sim_setup_init(&s, sc, (uint64_t)fl->seed) != 0 || (fl->cost && load_cost(&s.cm, fl->cost, sc) != 0)) {
         sim_setup_free(&s);
         return fail();
     }
@@ -461,7 +479,7 @@ static int print_seeds_json(SeedsOut *so, const SimSeedsResult *r) {
 // Every policy on every seed: the mean with min-max, as a table or JSON.
 static int simulate_seeds(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
     CostModel cm;  // the same coefficients for every seed: the batch does not change them
-    if (fl->cost && cost_load(&cm, fl->cost) != 0) return fail();
+    if (fl->cost && load_cost(&cm, fl->cost, sc) != 0) return fail();
     SeedsOut so;
     memset(&so, 0, sizeof so);
     so.fl = fl;

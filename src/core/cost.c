@@ -177,8 +177,76 @@ int cost_derive(CostModel *cm, const ModelConfig *m, const HardwareProfile *hw, 
     double sync_bw = R <= c.ranks_per_node ? hw->intra_bw : hw->inter_bw;
     c.grad_sync = R > 1 ? 2.0 * (R - 1) / R * shard * hw->elem_bytes / sync_bw : 0.0;
     c.optimizer = hw->mem_bw > 0 ? ADAMW_BYTES_PER_PARAM * shard / R / hw->mem_bw : 0.0;
+
+    // 3D: the TP group stays inside a node (check_layout), so its all-reduces use NVLink; the stage
+    // messages are left to the simulator's cluster (stage_bw 0), whose placement knows whether two
+    // stages share a node. Sequence parallelism splits the stage message over the TP group.
+    cost_layout_3d(&c, m, tp, pp, hw->elem_bytes, 1);
+    c.tp_bw = hw->intra_bw;
+    c.tp_lat = hw->intra_lat;
     *cm = c;
     return 0;
+}
+
+void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp) {
+    if (tp < 1) tp = 1;
+    if (pp < 1) pp = 1;
+    cm->n_layers = (m->n_layers + pp - 1) / pp;
+    cm->attn_pair /= tp, cm->lin_token /= tp, cm->kv_token /= tp, cm->head_token /= tp;
+    // the engine (src/nn/llama.c, src/runtime/pipeline.c) all-reduces and sends the whole fp32
+    // residual stream, rows x d_model floats, on every TP rank
+    cost_layout_3d(cm, m, tp, pp, (int)sizeof(float), 0);
+}
+
+// ---- tensor and pipeline parallelism ----------------------------------------------------------------
+
+void cost_layout_3d(CostModel *cm, const ModelConfig *m, int tp, int pp, int elem_bytes, int seq_parallel) {
+    if (tp < 1) tp = 1;
+    // the weight gradients of wq, wk, wv and of w_gate, w_up are a third of those matmuls' forward +
+    // backward; cost_linear_flops_per_token counts forward FLOPs, lin_token forward + backward (3x)
+    double d = m->d_model;
+    double lin = cost_linear_flops_per_token(m);
+    double qkv = 2.0 * d * ((double)m->n_heads * m->head_dim + 2.0 * (double)m->n_kv_heads * m->head_dim);
+    double gate_up = 2.0 * 2.0 * d * m->d_ff * (double)m->top_k;
+    cm->tp = tp;
+    cm->tp_head = pp <= 1;  // cost.h: the head's all-reduces in the item estimate only without stages
+    cm->tp_token = d * elem_bytes;
+    cm->stage_token = seq_parallel ? cm->tp_token / tp : cm->tp_token;
+    cm->tp_hide_qkv = lin > 0 ? qkv / (3.0 * lin) : 0.0;
+    cm->tp_hide_mlp = lin > 0 ? gate_up / (3.0 * lin) : 0.0;
+}
+
+// A ring all-reduce of `bytes` over the TP group.
+static double tp_ring(const CostModel *cm, double bytes) {
+    int T = cm->tp;
+    if (T <= 1 || !(cm->tp_bw > 0) || !(bytes > 0)) return 0.0;
+    return 2.0 * (T - 1) / T * bytes / cm->tp_bw + 2.0 * (T - 1) * cm->tp_lat;
+}
+
+double cost_tp_allreduce(const CostModel *cm, double rows) { return tp_ring(cm, rows * cm->tp_token); }
+
+void cost_tp_head_times(const CostModel *cm, double rows, int first, int last, double *fwd, double *bwd) {
+    *fwd = first ? cost_tp_allreduce(cm, rows) : 0.0;
+    // the vocabulary-parallel loss: the row max (4 bytes a row), then the exp-sum and the target logit
+    // (8), then the head's input gradient (the residual stream)
+    *bwd = last ? tp_ring(cm, 4.0 * rows) + tp_ring(cm, 8.0 * rows) + cost_tp_allreduce(cm, rows) : 0.0;
+}
+
+void cost_tp_layer_times(const CostModel *cm, double rows, double *fwd, double *bwd) {
+    double ar = cost_tp_allreduce(cm, rows);
+    double lin = cm->lin_token * (rows > 0 ? rows : 0);
+    *fwd = 2.0 * ar;  // after wo and after w_down: the next op needs the sum
+    *bwd = fmax(0.0, ar - cm->tp_hide_qkv * lin) + fmax(0.0, ar - cm->tp_hide_mlp * lin);
+}
+
+const char *cost_derived_3d_fields(const CostModel *cm) {
+    static const char *names[] = {NULL, "tp_bw, tp_lat", "stage_bw, stage_lat", "tp_bw, tp_lat, stage_bw, stage_lat"};
+    return names[cm->derived_3d & 3];
+}
+
+double cost_stage_transfer(const CostModel *cm, double rows) {
+    if (!(cm->stage_bw > 0) || !(rows > 0)) return 0.0;
+    return rows * cm->stage_token / cm->stage_bw + cm->stage_lat;
 }
 
 // ---- T(s), Act(s) and item times -------------------------------------------------------------------
@@ -246,7 +314,7 @@ static double transfer_time(double bytes, double bw, double lat) { return (bw > 
 
 // One layer of an item on one of its D ranks, forward and backward, without offloading. tokens and
 // area: the item's total tokens and visible (query, key) pairs.
-static void item_layer_times(const CostModel *cm, double tokens, double area, int D, double *fwd, double *bwd) {
+static void item_layer_compute(const CostModel *cm, double tokens, double area, int D, double *fwd, double *bwd) {
     double attn = cm->attn_pair * area;
     double lin = cm->lin_token * tokens + cm->layer_const;
     if (D == 1) {  // forward is a third of the layer's work, backward two thirds; one attention block
@@ -271,6 +339,15 @@ static void item_layer_times(const CostModel *cm, double tokens, double area, in
     double lin_rank = cm->lin_token * tokens / D;
     *fwd = (lin_rank + cm->layer_const) / 3.0 + blk_fwd + (D - 1) * fmax(blk_fwd, x_fwd);
     *bwd = 2.0 * (lin_rank + cm->layer_const) / 3.0 + blk_bwd + (D - 1) * fmax(blk_bwd, x_bwd) + x_fwd;
+}
+
+// The same with the layer's TP all-reduces (cost_tp_layer_times of the rank's tokens / D).
+static void item_layer_times(const CostModel *cm, double tokens, double area, int D, double *fwd, double *bwd) {
+    double tp_fwd, tp_bwd;
+    cost_tp_layer_times(cm, tokens / D, &tp_fwd, &tp_bwd);
+    item_layer_compute(cm, tokens, area, D, fwd, bwd);
+    *fwd += tp_fwd;
+    *bwd += tp_bwd;
 }
 
 // Offloading, the one definition both the item time and Eq. 3's overlap test use: all but two
@@ -300,7 +377,9 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
     if (r > 1) r = 1;
     double fwd, bwd;
     item_layer_times(cm, tokens, area, D, &fwd, &bwd);
-    double total = cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D);
+    double head_fwd, head_bwd;  // one stage holds both ends here (the planner's per-rank estimate)
+    cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
+    double total = cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
     int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
     if (r > 0 && n_off > 0 && cm->offload_bw > 0) {
         double copy = offload_copy_time(cm, tokens, D, r);
@@ -339,9 +418,13 @@ double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, 
     double bw, lat;
     ring_link(cm, D, &bw, &lat);
     double x = transfer_time(cost_a2a_bytes(cm, D) * tokens / D * (D - 1) / D, bw, lat);
+    double tp_fwd, tp_bwd;
+    cost_tp_layer_times(cm, tokens / D, &tp_fwd, &tp_bwd);
     double layer = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D) +
-                   cm->attn_step;  // one attention call over whole segments
-    return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D);
+                   cm->attn_step + tp_fwd + tp_bwd;  // one attention call over whole segments
+    double head_fwd, head_bwd;
+    cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
+    return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
 }
 
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------
@@ -475,6 +558,8 @@ static const CostField cost_fields[] = {
     DFIELD(act_shared_token, 0, 1, K_BYTES_PER), DFIELD(act_shared_const, 0, 1, K_BYTES),
     DFIELD(head_token, 0, 1, K_TIME_PER),     DFIELD(head_const, 0, 1, K_TIME),
     DFIELD(attn_step, 0, 1, K_CALL),
+    DFIELD(tp_bw, 0, 1, K_BW),                DFIELD(tp_lat, 0, 1, K_LAT),
+    DFIELD(stage_bw, 0, 1, K_BW),             DFIELD(stage_lat, 0, 1, K_LAT),
 };
 #undef DFIELD
 enum { N_COST_FIELDS = (int)(sizeof cost_fields / sizeof cost_fields[0]) };
@@ -535,6 +620,12 @@ int cost_load(CostModel *cm, const char *path) {
     c.ranks_per_node = (int)ranks_per_node;
     // files written before the intra-node fields existed: every ring uses ring_bw
     if (c.ring_bw_intra == 0) c.ring_bw_intra = c.ring_bw, c.ring_lat_intra = c.ring_lat;
+    // files written before the 3D fields existed: the TP all-reduce and the stage messages ran over
+    // the link the profile's two ranks measured (docs/profile.md, "Old files")
+    // (checked first, so that a bad latency given without its bandwidth is named, not replaced)
+    if (check_fields(&c, path) != 0) return -1;
+    if (c.tp_bw == 0) c.tp_bw = c.ring_bw_intra, c.tp_lat = c.ring_lat_intra, c.derived_3d |= 1;
+    if (c.stage_bw == 0) c.stage_bw = c.ring_bw_intra, c.stage_lat = c.ring_lat_intra, c.derived_3d |= 2;
     if (check_fields(&c, path) != 0) return -1;
     *cm = c;
     return 0;
@@ -554,9 +645,4 @@ int cost_save(const CostModel *cm, const char *path) {
     return rc;
 }
 
-void cost_shard(CostModel *cm, int model_layers, int tp, int pp) {
-    if (tp < 1) tp = 1;
-    if (pp < 1) pp = 1;
-    cm->n_layers = (model_layers + pp - 1) / pp;
-    cm->attn_pair /= tp, cm->lin_token /= tp, cm->kv_token /= tp, cm->head_token /= tp;
-}
+

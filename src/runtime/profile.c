@@ -679,7 +679,8 @@ int profile_run(Profile *p, const ProfileConfig *c, Comm *comm) {
     int64_t units = 0;
     for (int i = 0; i < c->n_lengths; i++)
         units += (int64_t)(c->warmup + c->reps) * compute_units(p, c->lengths[i]);
-    units += profile_ring_units(p) + (comm->size > 1 ? 32 : 0) + tier_units(c) * (c->tier_reps + 1) / 2;
+    units += profile_ring_units(p) + (comm->size > 1 ? 32 : 0) + tier_units(c) * (c->tier_reps + 1) / 2 +
+             profile_3d_units(p, comm);
     progress_start(&pr, "profile", units);
     pr.quiet |= c->quiet || comm->rank != 0;
     ProfileTick t = {&pr, 0};
@@ -690,6 +691,7 @@ int profile_run(Profile *p, const ProfileConfig *c, Comm *comm) {
     if (profile_measure_ring(p, comm, &pr, &t.done) != 0) return -1;
     if (profile_fit_compute(p) != 0) return -1;
     if (measure_p2p(p, comm, &t) != 0) return -1;
+    if (profile_measure_3d(p, comm, &t) != 0) return -1;
     if (measure_tier(p, comm, &t) != 0) return -1;
     progress_finish(&pr, units, "done");
 
@@ -698,6 +700,10 @@ int profile_run(Profile *p, const ProfileConfig *c, Comm *comm) {
     if (p->p2p_measured) {  // one node: both levels are the link just measured
         cm->ring_bw = cm->ring_bw_intra = p->link_bw;
         cm->ring_lat = cm->ring_lat_intra = p->link_lat;
+    }
+    if (!p->measured_3d) {  // one process: the link's figures, as cost_load takes them for an old file
+        cm->tp_bw = cm->stage_bw = cm->ring_bw_intra;
+        cm->tp_lat = cm->stage_lat = cm->ring_lat_intra;
     }
     // the model copies out during forward and back during backward, one direction at a time
     cm->offload_bw = fmin(p->tier_write_bw, p->tier_read_bw);
@@ -806,6 +812,8 @@ void profile_print(FILE *f, const Profile *p) {
                 cm->ring_bw, cm->ring_lat, cm->ring_bw_intra, cm->ring_lat_intra);
     }
 
+    profile_3d_print(f, p);
+
     fprintf(f, "offload tier: %s\n", p->tier_name);
     fprintf(f, "  %lld MiB in chunks of %.1f MiB, median of %d: write %.3f GB/s, read %.3f GB/s -> offload_bw = %.3f "
                "GB/s (the slower; `cpu` profile: %.3g)\n\n",
@@ -842,6 +850,13 @@ static const char *field_source(const Profile *p, const char *key, int *measured
         *measured = p->p2p_measured;
         return p->p2p_measured ? "fit of lat + bytes / bw to the ping-pong between ranks 0 and 1 (links.points)"
                                : "the `cpu` hardware profile (one process: not measured)";
+    }
+    if (!strncmp(key, "tp_", 3) || !strncmp(key, "stage_", 6)) {
+        *measured = p->measured_3d;
+        if (!p->measured_3d) return "ring_bw_intra / ring_lat_intra (one process: not measured)";
+        return key[0] == 't' ? "fit of lat + bytes / bw to the all-reduce of rows x d_model floats (3d.tp_allreduce), "
+                               "in the ring form: tp_bw = 2 (W-1)/W bw, tp_lat = lat / (2 (W-1))"
+                             : "fit of lat + bytes / bw to rows x d_model floats between ranks 0 and 1 (3d.stage)";
     }
     if (!strcmp(key, "offload_bw")) return "min(write, read) bandwidth of the offload tier (offload)";
     if (!strcmp(key, "capacity_bytes"))
@@ -986,6 +1001,8 @@ static cJSON *profile_json(const Profile *p) {
     } else {
         cJSON_AddStringToObject(ln, "method", "not measured: one process; the ring_* fields are the `cpu` profile's");
     }
+
+    cJSON_AddItemToObject(o, "3d", profile_3d_json(p));
 
     cJSON *off = cJSON_AddObjectToObject(o, "offload");
     cJSON_AddStringToObject(off, "tier", p->tier_name);

@@ -35,4 +35,11 @@ int64_t profile_ring_units(const Profile *p);
 void profile_ring_print(FILE *f, const Profile *p);
 cJSON *profile_ring_json(const Profile *p);
 
+// The 3D part (profile_3d.c): its progress units, the measurement (collective; nothing with one
+// process), its table for profile_print and its member "3d" for the file.
+int64_t profile_3d_units(const Profile *p, const Comm *comm);
+int profile_measure_3d(Profile *p, Comm *comm, ProfileTick *t);
+void profile_3d_print(FILE *f, const Profile *p);
+cJSON *profile_3d_json(const Profile *p);
+
 #endif

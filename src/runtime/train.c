@@ -15,6 +15,7 @@
 #include "bytescale/offload.h"
 #include "bytescale/policy.h"
 #include "bytescale/profile.h"
+#include "bytescale/progress.h"
 #include "bytescale/timer.h"
 #include "runtime/train_internal.h"
 
@@ -163,7 +164,11 @@ static int plan_cost_model(Trainer *t, const ModelConfig *mc) {
             return bs_fail("--cost %s: the file is for a model of %d layers, model %s has %d (`bytescale profile "
                            "--model %s` makes one)",
                            cfg->cost, cm->n_layers, mc->name, mc->n_layers, mc->name);
-        cost_shard(cm, mc->n_layers, tp, pp);  // one stage's layers, one tp rank's share
+        cost_shard(cm, mc, tp, pp);  // one stage's layers, one tp rank's share, its all-reduces
+        if (cm->derived_3d && (tp > 1 || pp > 1) && t->comm->rank == 0 && !progress_env_quiet())
+            fprintf(stderr, "bytescale train: note: --cost %s has no %s (a profile from before they were measured): "
+                    "taken from ring_bw_intra %g bytes/s and ring_lat_intra %g s\n",
+                    cfg->cost, cost_derived_3d_fields(cm), cm->ring_bw_intra, cm->ring_lat_intra);
     } else {
         const HardwareProfile *hw = hw_find("cpu");
         if (!hw || cost_derive(cm, mc, hw, tp, pp, t->hdp, t->capacity) != 0) return bs_fail_ctx("cost model");

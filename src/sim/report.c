@@ -52,7 +52,12 @@ void sim_result_print(FILE *f, const SimResult *r) {
     fprintf(f,
             "traffic          ring %.4g TB (exposed %.4g rank-s over %d rings), offload %.4g TB (exposed %.4g "
             "rank-s)\n",
-            r->ring_bytes / 1e12, r->exposed_comm, r->n_rings, r->offload_bytes / 1e12, r->exposed_offload);
+            r->ring_bytes / 1e12, r->exposed_comm - r->exposed_tp, r->n_rings, r->offload_bytes / 1e12,
+            r->exposed_offload);
+    if (r->exposed_tp > 0 || r->stage_msgs > 0)
+        fprintf(f, "3D               TP all-reduces exposed %.4g rank-s, stage-to-stage messages %.4g s (summed over "
+                   "operations)\n",
+                r->exposed_tp, r->stage_msgs);
 }
 
 void sim_setup_describe(FILE *f, const SimSetup *s) {
@@ -140,6 +145,8 @@ cJSON *sim_outcome_json(const SimOutcome *oc) {
     cJSON_AddNumberToObject(o, "offload_bytes", r->offload_bytes);
     cJSON_AddNumberToObject(o, "exposed_comm_rank_seconds", r->exposed_comm);
     cJSON_AddNumberToObject(o, "exposed_offload_rank_seconds", r->exposed_offload);
+    cJSON_AddNumberToObject(o, "exposed_tp_rank_seconds", r->exposed_tp);
+    cJSON_AddNumberToObject(o, "stage_msg_seconds", r->stage_msgs);
     cJSON_AddNumberToObject(o, "items", oc->n_items);
     cJSON_AddNumberToObject(o, "rings", r->n_rings);
     cJSON_AddNumberToObject(o, "planner_makespan", oc->planner_makespan);

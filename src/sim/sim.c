@@ -56,10 +56,20 @@ SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int sta
         if (bwd) attn_elapsed += cluster_ring_hop_time(cfg->cluster, ranks, D, stage, kv);
         oc.ring_bytes = l * (bwd ? (2.0 * (D - 1) + 1.0) * kv : (D - 1.0) * kv);
     }
-    double layer = lin + attn_elapsed;
+    // TP (cost_tp_layer_times): forward, the all-reduces after wo and w_down, exposed; backward, those
+    // of the input gradients, each behind its weight gradient
+    double tp_fwd, tp_bwd;
+    cost_tp_layer_times(cm, n, &tp_fwd, &tp_bwd);
+    double tp = bwd ? tp_bwd : tp_fwd;
+    double layer = lin + attn_elapsed + tp;
     oc.compute = l * (lin + attn);
     if (stage == p->pp - 1) oc.compute += phi * cost_head_time(cm, n);  // embedding, head and loss: once
-    oc.comm = l * (attn_elapsed - attn);
+    oc.tp = l * tp;
+    // the embedding's sum (first stage, forward) and the loss's and head's (last stage, backward)
+    double head_fwd, head_bwd;
+    cost_tp_head_times(cm, n, stage == 0, stage == p->pp - 1, &head_fwd, &head_bwd);
+    oc.tp += bwd ? head_bwd : head_fwd;
+    oc.comm = l * (attn_elapsed - attn) + oc.tp;
     // offload: l - 2 layers move r of their activations; the copy of one layer overlaps the next
     // layer's work (forward: out; backward: the prefetch in), the last two layers stay resident
     double r = it->offload;
@@ -115,11 +125,14 @@ static SimSpread spread_of(const double *v, int n) {
     return s;
 }
 
-// The slowest activation hop of a ring item between two stages of its members' pipelines.
+// The slowest activation hop of a ring item between two stages of its members' pipelines: the cost
+// model's stage link when it has one (a profile measured it: cost_stage_transfer), else the
+// cluster's link between the two stages' devices.
 static double stage_hop(const SimConfig *cfg, const Plan *p, const Item *it, int from, int to) {
-    if (!cfg->model) return 0;
     const Cluster *c = cfg->cluster;
     double n = (double)it->tokens / it->n_ranks;
+    if (cfg->cm->stage_bw > 0) return cost_stage_transfer(cfg->cm, n);
+    if (!cfg->model) return 0;
     // hidden states (or their gradients), split over the TP group (sequence parallel)
     double bytes = n * cfg->model->d_model * elem_bytes(cfg) / (double)c->tp;
     double worst = 0;
@@ -265,8 +278,12 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
         int s = ok.stage;
         if (wave[ok.item] > cur_wave) cur_wave = wave[ok.item], floor_t = all_end;
         double ready;
-        if (!ok.bwd) ready = s == 0 ? floor_t : f_end[ok.item] + stage_hop(cfg, p, it, s - 1, s);
-        else ready = s == pp - 1 ? f_end[ok.item] : b_end[ok.item] + stage_hop(cfg, p, it, s + 1, s);
+        double hop = 0;
+        if (!ok.bwd && s > 0) hop = stage_hop(cfg, p, it, s - 1, s);
+        if (ok.bwd && s < pp - 1) hop = stage_hop(cfg, p, it, s + 1, s);
+        if (!ok.bwd) ready = s == 0 ? floor_t : f_end[ok.item] + hop;
+        else ready = s == pp - 1 ? f_end[ok.item] : b_end[ok.item] + hop;
+        out->stage_msgs += hop;
         double start = ready;
         for (int m = 0; m < it->n_ranks; m++) start = fmax(start, freet[members[m] * pp + s]);
         SimOpCost oc = sim_op_cost(cfg, p, ok.item, s, ok.bwd);
@@ -289,6 +306,7 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
         out->offload_bytes += oc.offload_bytes * devices;
         out->exposed_comm += oc.comm * it->n_ranks;
         out->exposed_offload += oc.offload * it->n_ranks;
+        out->exposed_tp += oc.tp * it->n_ranks;
     }
     for (int32_t i = 0; i < n_items; i++) out->n_rings += p->items[i].n_ranks >= 2;
 

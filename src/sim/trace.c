@@ -48,7 +48,7 @@ static void rank_track(Writer *w, const SimResult *r, const Plan *p, int rank, i
         double t0 = op->start;
         event(w, label, "compute", t0, op->cost.compute, rank, stage, args);
         t0 += op->cost.compute;
-        event(w, "ring comm (exposed)", "comm", t0, op->cost.comm, rank, stage, NULL);
+        event(w, "comm (exposed: ring, TP all-reduce)", "comm", t0, op->cost.comm, rank, stage, NULL);
         t0 += op->cost.comm;
         event(w, "offload (exposed)", "offload", t0, op->cost.offload, rank, stage, NULL);
         t = t0 + op->cost.offload;

@@ -75,7 +75,13 @@ static void test_one_process_file_plan_simulate_plot(void **state) {
     assert_true(cm.ring_bw == cpu->inter_bw && cm.ring_lat == cpu->inter_lat && cm.ring_bw_intra == cpu->intra_bw);
     assert_true(cm.attn_pair >= 0 && cm.lin_token > 0 && cm.offload_bw > 0);
     assert_int_equal(cm.n_layers, 2);
+    // 3D not measured: the TP all-reduce and the stage messages are the link's figures, written out
+    assert_true(cm.tp_bw == cm.ring_bw_intra && cm.tp_lat == cm.ring_lat_intra && cm.derived_3d == 0);
+    assert_true(cm.stage_bw == cm.ring_bw_intra && cm.stage_lat == cm.ring_lat_intra);
+    assert_non_null(strstr(cli_out, "3D: not measured"));
     cJSON *root = read_json(DIR "/one.json");
+    assert_true(cJSON_IsFalse(member(root, "profile.fields.tp_bw.measured")));
+    assert_true(cJSON_IsFalse(member(root, "profile.3d.measured")));
     assert_true(cJSON_IsFalse(member(root, "profile.fields.ring_bw.measured")));
     assert_true(cJSON_IsFalse(member(root, "profile.links.measured")));
     assert_true(cJSON_IsTrue(member(root, "profile.fields.lin_token.measured")));
@@ -136,6 +142,29 @@ static void test_two_ranks_measure_links(void **state) {
     assert_true(cJSON_GetArraySize(pts) >= 5);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(pts, 0), "samples")), 2);
     assert_int_equal((int)member(root, "profile.machine.ranks")->valuedouble, 2);
+    // 3D: the all-reduce and the stage messages at micro-batch sizes (rows x d_model floats, C/64 .. 2C
+    // rows: 8 sizes at C = 512), fitted, and the fields are those fits in the cost model's forms
+    assert_non_null(strstr(cli_out, "3D, TP all-reduce"));
+    assert_non_null(strstr(cli_out, "3D, stage to stage"));
+    const char *f3d[] = {"tp_bw", "tp_lat", "stage_bw", "stage_lat"};
+    for (int i = 0; i < 4; i++) {
+        char path[96];
+        snprintf(path, sizeof path, "profile.fields.%s.measured", f3d[i]);
+        assert_true(cJSON_IsTrue(member(root, path)));
+    }
+    assert_int_equal(cm.derived_3d, 0);
+    // two ranks: the ring all-reduce form 2 (W-1)/W bytes / tp_bw + 2 (W-1) tp_lat is bytes / bw + 2 tp_lat
+    assert_close(cm.tp_bw, member(root, "profile.3d.tp_allreduce.bw")->valuedouble, 1e-12, 0);
+    assert_close(2 * cm.tp_lat, member(root, "profile.3d.tp_allreduce.lat")->valuedouble, 1e-12, 0);
+    assert_close(cm.stage_bw, member(root, "profile.3d.stage.bw")->valuedouble, 1e-12, 0);
+    assert_close(cm.stage_lat, member(root, "profile.3d.stage.lat")->valuedouble, 1e-12, 0);
+    const cJSON *tpp = member(root, "profile.3d.tp_allreduce.points");
+    assert_int_equal(cJSON_GetArraySize(tpp), 8);
+    assert_int_equal(cJSON_GetArraySize(member(root, "profile.3d.stage.points")), 8);
+    // the sizes are rows x d_model floats of tiny, ascending from C/64 = 8 rows
+    double row = model_find("tiny")->d_model * 4.0;
+    assert_close(cJSON_GetObjectItem(cJSON_GetArrayItem(tpp, 0), "bytes")->valuedouble, 8 * row, 0, 0);
+    assert_close(cJSON_GetObjectItem(cJSON_GetArrayItem(tpp, 7), "bytes")->valuedouble, 1024 * row, 0, 0);
     // every rank's runs are in the compute samples: 3 runs x 2 ranks
     const cJSON *p0 = cJSON_GetArrayItem(member(root, "profile.compute.points"), 0);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(p0, "samples")), 6);

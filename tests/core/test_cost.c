@@ -104,7 +104,11 @@ static void test_derive_is_consistent_with_flops(void **state) {
             if (m->n_heads % tp != 0) continue;
             CostModel cm;
             assert_int_equal(cost_derive(&cm, m, &hw, tp, 1, 64, 8192), 0);
-            double t = cost_item_time(&cm, segs, 4, 1, 0) - cm.n_layers * cm.layer_const;
+            double tp_fwd, tp_bwd, head_fwd, head_bwd;  // the TP all-reduces are communication, not FLOPs
+            cost_tp_layer_times(&cm, 34197, &tp_fwd, &tp_bwd);
+            cost_tp_head_times(&cm, 34197, 1, 1, &head_fwd, &head_bwd);
+            double t = cost_item_time(&cm, segs, 4, 1, 0) - cm.n_layers * (cm.layer_const + tp_fwd + tp_bwd) -
+                       head_fwd - head_bwd;
             double flops = cost_train_flops(m, segs, 4) - 3.0 * cost_head_flops_per_token(m) * 34197;
             assert_close(t * tp * hw.peak_flops * hw.efficiency, flops, 1e-9, 0);
             // T(s) = a1 s^2 + b1 s + c with a1 = attn_pair / 2, b1 = lin_token + attn_pair / 2
@@ -602,6 +606,115 @@ static void test_min_ranks_rules(void **state) {
 
 // ---- profile files -----------------------------------------------------------------------------------
 
+// ---- 3D: TP all-reduces and stage messages ---------------------------------------------------------
+
+// The layer's all-reduces by hand on a hand-built model: tp 2, 1000 bytes per token, 1e9 B/s,
+// 1e-5 s per step, lin_token 1e-6 s, dW shares 0.1 (wq, wk, wv) and 0.2 (w_gate, w_up).
+static void test_tp_allreduce_by_hand(void **state) {
+    (void)state;
+    CostModel cm;
+    memset(&cm, 0, sizeof cm);
+    cm.tp = 2, cm.tp_token = 1000, cm.tp_bw = 1e9, cm.tp_lat = 1e-5, cm.lin_token = 1e-6;
+    cm.tp_hide_qkv = 0.1, cm.tp_hide_mlp = 0.2;
+    // 1000 rows: 1e6 bytes; ring of 2: 2 (1/2) 1e6 / 1e9 + 2 x 1e-5 = 1.02e-3 s
+    assert_close(cost_tp_allreduce(&cm, 1000), 1.02e-3, 1e-12, 0);
+    double fwd, bwd;
+    cost_tp_layer_times(&cm, 1000, &fwd, &bwd);
+    assert_close(fwd, 2.04e-3, 1e-12, 0);  // both forward all-reduces exposed
+    // lin = 1e-3 s: dW 1e-4 and 2e-4 hide that much of each backward all-reduce
+    assert_close(bwd, (1.02e-3 - 1e-4) + (1.02e-3 - 2e-4), 1e-12, 0);
+    // ten times the compute: dW 1e-3 and 2e-3; the first leaves 2e-5 exposed, the second hides it all
+    cm.lin_token = 1e-5;
+    cost_tp_layer_times(&cm, 1000, &fwd, &bwd);
+    assert_close(fwd, 2.04e-3, 1e-12, 0);
+    assert_close(bwd, 2e-5, 1e-9, 0);
+    // outside the layers: the embedding's sum forward on the first stage; backward on the last, the
+    // loss's row max (4 B a row) and exp-sum + target logit (8 B a row), then the head's input gradient
+    cm.lin_token = 1e-6;
+    double hf, hb;
+    cost_tp_head_times(&cm, 1000, 1, 0, &hf, &hb);
+    assert_close(hf, 1.02e-3, 1e-12, 0);
+    assert_close(hb, 0, 0, 0);
+    cost_tp_head_times(&cm, 1000, 0, 1, &hf, &hb);
+    assert_close(hf, 0, 0, 0);
+    assert_close(hb, (4e3 / 1e9 + 2e-5) + (8e3 / 1e9 + 2e-5) + 1.02e-3, 1e-12, 0);
+    // T = 4: 2 (3/4) bytes / bw + 6 lat
+    cm.tp = 4;
+    assert_close(cost_tp_allreduce(&cm, 1000), 1.5e-3 + 6e-5, 1e-12, 0);
+    // no TP, no link: free
+    cm.tp = 1;
+    assert_close(cost_tp_allreduce(&cm, 1000), 0, 0, 0);
+    cm.tp = 2, cm.tp_bw = 0;
+    assert_close(cost_tp_allreduce(&cm, 1000), 0, 0, 0);
+    // a stage message: rows x stage_token / stage_bw + stage_lat; 0 when the cost model has no stage link
+    cm.stage_token = 512, cm.stage_bw = 1e8, cm.stage_lat = 3e-5;
+    assert_close(cost_stage_transfer(&cm, 2048), 2048 * 512 / 1e8 + 3e-5, 1e-12, 0);
+    cm.stage_bw = 0;
+    assert_close(cost_stage_transfer(&cm, 2048), 0, 0, 0);
+}
+
+// cost_derive and cost_shard set the derived terms from the model: one all-reduce moves d_model
+// elements per token; the dW shares are the FLOPs of wq, wk, wv and of w_gate, w_up over 3x the
+// layer's linear FLOPs (lin_token counts forward + backward).
+static void test_tp_terms_of_derive_and_shard(void **state) {
+    (void)state;
+    const ModelConfig *m = model_find("llama-7b");
+    const HardwareProfile *h100 = hw_find("h100-sxm");
+    CostModel cm;
+    assert_int_equal(cost_derive(&cm, m, h100, 8, 2, 16, 8192), 0);
+    double d = m->d_model, q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
+    double lin = 4 * d * q + 4 * d * kv + 6 * d * m->d_ff;  // Q, O; K, V; gate, up, down (dense)
+    assert_int_equal(cm.tp, 8);
+    assert_close(cm.tp_token, d * h100->elem_bytes, 0, 0);
+    assert_close(cm.stage_token, d * h100->elem_bytes / 8, 1e-15, 0);  // sequence parallel
+    assert_close(cm.tp_hide_qkv, (2 * d * q + 4 * d * kv) / (3 * lin), 1e-12, 0);
+    assert_close(cm.tp_hide_mlp, 4 * d * m->d_ff / (3 * lin), 1e-12, 0);
+    assert_close(cm.tp_bw, h100->intra_bw, 0, 0);  // NVLink: TP stays inside a node
+    assert_close(cm.tp_lat, h100->intra_lat, 0, 0);
+    assert_close(cm.stage_bw, 0, 0, 0);  // the simulator's cluster places the stages
+    // with stages the head's all-reduces are on the end stages only: not in the per-stage estimate
+    assert_int_equal(cm.tp_head, 0);
+    int64_t one[] = {4096};
+    CostModel no_tp_pp = cm;
+    no_tp_pp.tp = 1;
+    double lf, lb;
+    cost_tp_layer_times(&cm, 4096, &lf, &lb);
+    assert_close(cost_item_time(&cm, one, 1, 1, 0), cost_item_time(&no_tp_pp, one, 1, 1, 0) + cm.n_layers * (lf + lb),
+                 1e-12, 0);
+    // one stage: the whole model, the head's all-reduces too
+    assert_int_equal(cost_derive(&cm, m, h100, 8, 1, 16, 8192), 0);
+    assert_int_equal(cm.tp_head, 1);
+    // the item time adds l x (fwd + bwd) of the rank's tokens: a pack of 4096, a ring of 2 over 8192
+    CostModel no_tp = cm;
+    no_tp.tp = 1;
+    int64_t s[] = {4096}, s2[] = {8192};
+    double fwd, bwd, hf, hb;
+    cost_tp_layer_times(&cm, 4096, &fwd, &bwd);
+    cost_tp_head_times(&cm, 4096, 1, 1, &hf, &hb);
+    assert_true(fwd > 0 && bwd >= 0 && bwd <= fwd && hf > 0 && hb > hf);
+    double add = cm.n_layers * (fwd + bwd) + hf + hb;
+    assert_close(cost_item_time(&cm, s, 1, 1, 0), cost_item_time(&no_tp, s, 1, 1, 0) + add, 1e-12, 0);
+    assert_close(cost_item_time(&cm, s2, 1, 2, 0), cost_item_time(&no_tp, s2, 1, 2, 0) + add, 1e-12, 0);
+    assert_close(cost_a2a_item_time(&cm, s2, 1, 2), cost_a2a_item_time(&no_tp, s2, 1, 2) + add, 1e-12, 0);
+    // tp 1: no all-reduce
+    assert_int_equal(cost_derive(&cm, m, h100, 1, 1, 16, 8192), 0);
+    cost_tp_layer_times(&cm, 4096, &fwd, &bwd);
+    assert_true(fwd == 0 && bwd == 0);
+    // a profile of the whole model (the engine: fp32, the whole residual stream to the next stage)
+    const ModelConfig *tiny = model_find("tiny");
+    CostModel prof;
+    memset(&prof, 0, sizeof prof);
+    prof.n_layers = tiny->n_layers, prof.lin_token = 1e-6, prof.tp_bw = 1e9, prof.stage_bw = 2e9;
+    cost_shard(&prof, tiny, 2, 2);
+    assert_int_equal(prof.tp, 2);
+    assert_int_equal(prof.tp_head, 0);
+    assert_int_equal(prof.n_layers, (tiny->n_layers + 1) / 2);
+    assert_close(prof.lin_token, 5e-7, 1e-15, 0);
+    assert_close(prof.tp_token, tiny->d_model * 4.0, 0, 0);
+    assert_close(prof.stage_token, tiny->d_model * 4.0, 0, 0);
+    assert_close(cost_stage_transfer(&prof, 100), 100 * tiny->d_model * 4.0 / 2e9, 1e-12, 0);
+}
+
 static int cost_equal(const CostModel *a, const CostModel *b) {
     return a->attn_pair == b->attn_pair && a->lin_token == b->lin_token && a->layer_const == b->layer_const &&
            a->act_token == b->act_token && a->act_const == b->act_const && a->n_layers == b->n_layers &&
@@ -663,6 +776,24 @@ static void test_load_errors_name_the_field(void **state) {
     // written before the intra-node fields: every ring uses ring_bw
     assert_true(cm.ring_bw_intra == cm.ring_bw && cm.ring_lat_intra == cm.ring_lat && cm.ranks_per_node == 1);
     assert_int_equal(cm.n_layers, 32);
+    // written before the 3D fields: the TP all-reduce and the stage messages use the intra-node link
+    assert_true(cm.tp_bw == cm.ring_bw_intra && cm.tp_lat == cm.ring_lat_intra);
+    assert_true(cm.stage_bw == cm.ring_bw_intra && cm.stage_lat == cm.ring_lat_intra);
+    assert_int_equal(cm.derived_3d, 3);
+    assert_string_equal(cost_derived_3d_fields(&cm), "tp_bw, tp_lat, stage_bw, stage_lat");
+    // with them: as written, nothing derived
+    char with[1024];
+    snprintf(with, sizeof with, "{\"tp_bw\": 3e9, \"tp_lat\": 2e-6, \"stage_bw\": 4e9, \"stage_lat\": 5e-6, %s",
+             good + 1);
+    write_text(path, with);
+    assert_int_equal(cost_load(&cm, path), 0);
+    assert_true(cm.tp_bw == 3e9 && cm.tp_lat == 2e-6 && cm.stage_bw == 4e9 && cm.stage_lat == 5e-6);
+    assert_int_equal(cm.derived_3d, 0);
+    assert_null(cost_derived_3d_fields(&cm));
+    assert_int_equal(cost_save(&cm, path), 0);  // and they are written back
+    CostModel back;
+    assert_int_equal(cost_load(&back, path), 0);
+    assert_true(back.tp_bw == 3e9 && back.tp_lat == 2e-6 && back.stage_bw == 4e9 && back.stage_lat == 5e-6);
     struct {
         const char *from, *to, *field;
     } bad[] = {
@@ -683,6 +814,13 @@ static void test_load_errors_name_the_field(void **state) {
         {"\"capacity_bytes\": 4e9", "\"capacity_bytes\": 1e300", "\"capacity_bytes\" is 1e+300 bytes"},
         {"\"ring_lat\": 1e-5", "\"ring_lat\": 60", "\"ring_lat\" is 60 s, outside"},
         {"\"offload_bw\": 5e10", "\"offload_bw\": 1e15", "\"offload_bw\" is 1e+15 bytes/s"},
+        // the 3D fields: optional, but checked like the others when present
+        {"{", "{\"tp_bw\": 1e-300, ", "\"tp_bw\" is 1e-300 bytes/s, outside"},
+        {"{", "{\"tp_bw\": -1e9, ", "tp_bw"},
+        {"{", "{\"tp_lat\": 60, ", "\"tp_lat\" is 60 s, outside"},
+        {"{", "{\"stage_bw\": 1e15, ", "\"stage_bw\" is 1e+15 bytes/s"},
+        {"{", "{\"stage_lat\": -1, ", "stage_lat"},
+        {"{", "{\"stage_bw\": \"fast\", ", "stage_bw"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[1024];
@@ -749,6 +887,8 @@ int main(void) {
         cmocka_unit_test(test_offload_overlap_matches_item_time),
         cmocka_unit_test(test_save_load_round_trip),
         cmocka_unit_test(test_load_errors_name_the_field),
+        cmocka_unit_test(test_tp_allreduce_by_hand),
+        cmocka_unit_test(test_tp_terms_of_derive_and_shard),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

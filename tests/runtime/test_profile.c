@@ -335,6 +335,11 @@ static void test_profile_file_round_trip(void **state) {
     p->cm.act_token = 2840, p->cm.ring_bw = p->cm.ring_bw_intra = 4.1e9, p->cm.offload_bw = 1.0 / 3e-10;
     p->n_ranks = 2, p->p2p_measured = 1, p->link_bw = 4.1e9, p->link_lat = 2e-6;
     p->cm.attn_step = 1.0 / 3e5, p->ring_rate = 1.0 / 7e7, p->n_ring = 2;  // two ring-step points
+    // the 3D part as two ranks measure it: the all-reduce fit in the ring form, the stage fit as is
+    p->measured_3d = 1, p->tp_ar_bw = 1.0 / 3e-10, p->tp_ar_lat = 2e-6, p->stage_fit_bw = 2.5e9;
+    p->stage_fit_lat = 1.0 / 3e5;
+    p->cm.tp_bw = p->tp_ar_bw, p->cm.tp_lat = p->tp_ar_lat / 2;
+    p->cm.stage_bw = p->stage_fit_bw, p->cm.stage_lat = p->stage_fit_lat;
     for (int i = 0; i < 2; i++) {
         ProfileRingPoint *rp = &p->ring[i];
         rp->n = 16, rp->causal = i, rp->pairs = i ? 136 : 256, rp->iters = 64;
@@ -363,7 +368,9 @@ static void test_profile_file_round_trip(void **state) {
     SAME(attn_pair), SAME(lin_token), SAME(layer_const), SAME(act_token), SAME(act_const), SAME(n_layers);
     SAME(kv_token), SAME(ring_bw), SAME(ring_lat), SAME(offload_bw), SAME(grad_sync), SAME(optimizer);
     SAME(capacity_bytes), SAME(ring_bw_intra), SAME(ring_lat_intra), SAME(ranks_per_node), SAME(attn_step);
+    SAME(tp_bw), SAME(tp_lat), SAME(stage_bw), SAME(stage_lat);
 #undef SAME
+    assert_int_equal(back.derived_3d, 0);
     // the measurements are there, and say what was measured
     cJSON *root;
     assert_int_equal(json_read_file(path, &root), 0);
@@ -374,6 +381,12 @@ static void test_profile_file_round_trip(void **state) {
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "attn_pair"), "measured")));
     assert_true(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "grad_sync"), "measured")));
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "attn_step"), "measured")));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "tp_bw"), "measured")));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(fields, "stage_lat"), "measured")));
+    const cJSON *p3d = cJSON_GetObjectItem(prof, "3d");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(p3d, "measured")));
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(p3d, "tp_allreduce"), "bw")->valuedouble == p->tp_ar_bw);
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(p3d, "stage"), "lat")->valuedouble == p->stage_fit_lat);
     const cJSON *ring = cJSON_GetObjectItem(prof, "ring_step");
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(ring, "measured")));
     assert_true(cJSON_GetObjectItem(ring, "attn_step")->valuedouble == p->cm.attn_step);

@@ -330,6 +330,55 @@ static void test_pp2_one_f_one_b_with_unequal_micro_batches(void **state) {
     plan_free(&p);
 }
 
+// tp 2 x pp 2: the TP all-reduces on every operation and the stage messages between stages, as the
+// engine executes them. On top of hand_cm(1): tp_token 2 B per token, tp_bw 100 B/s, tp_lat 0.001 s,
+// so a ring all-reduce of b bytes is 2 (1/2) b / 100 + 2 x 0.001 and one of r rows 0.02 r + 0.002; dW
+// shares 0.5 and 1 of lin_token (0.0015 r and 0.003 r); stage messages 1 B per token at 100 B/s + 0.002 s.
+//   a = {4}: layer all-reduce 0.082; forward 0.034 + 2 x 0.082 = 0.198, on stage 0 + the embedding's
+//            0.082 = 0.280; backward 0.068 + (0.082 - 0.006) + (0.082 - 0.012) = 0.214, on stage 1 + the
+//            loss's (16 B: 0.162, 32 B: 0.322) and the head's 0.082 = 0.780; message 0.042
+//   b = {1}: layer all-reduce 0.022; forward 0.013 + 0.044 = 0.057, stage 0: 0.079; backward 0.026 +
+//            0.0205 + 0.019 = 0.0655, stage 1: + 0.042 + 0.082 + 0.022 = 0.2115; message 0.012
+// 1F1B (stage 0: F a, F b, B a, B b; stage 1: F a, B a, F b, B b):
+//   S0 F a [0, 0.280]          S1 F a [0.280 + 0.042 = 0.322, 0.520]
+//   S0 F b [0.280, 0.359]      S1 B a [0.520, 1.300]
+//   S0 B a [1.300 + 0.042 = 1.342, 1.556]
+//   S1 F b [1.300, 1.357] (its input was there at 0.359 + 0.012)
+//   S1 B b [1.357, 1.5685]     S0 B b [1.5685 + 0.012 = 1.5805, 1.646]
+static void test_tp2_pp2_all_reduces_and_stage_messages(void **state) {
+    (void)state;
+    const int64_t lens[] = {4, 1};
+    ItemSpec items[] = {{{0}, 1, {0}, 1, 0}, {{1}, 1, {0}, 1, 0}};
+    CostModel cm = hand_cm(1);
+    cm.tp = 2, cm.tp_token = 2, cm.tp_bw = 100, cm.tp_lat = 0.001, cm.tp_hide_qkv = 0.5, cm.tp_hide_mlp = 1;
+    cm.stage_token = 1, cm.stage_bw = 100, cm.stage_lat = 0.002;
+    Cluster c = hand_cluster(4, 2, 2);
+    Plan p;
+    build(&p, lens, 2, 1, 2, items, 2, &cm);
+    SimResult r;
+    run(&r, &p, &cm, &c);
+    expect_op(&r, 0, 0, 0, 0.000, 0.280);
+    expect_op(&r, 0, 1, 0, 0.322, 0.520);
+    expect_op(&r, 1, 0, 0, 0.280, 0.359);
+    expect_op(&r, 0, 1, 1, 0.520, 1.300);
+    expect_op(&r, 0, 0, 1, 1.342, 1.556);
+    expect_op(&r, 1, 1, 0, 1.300, 1.357);
+    expect_op(&r, 1, 1, 1, 1.357, 1.5685);
+    expect_op(&r, 1, 0, 1, 1.5805, 1.646);
+    // the all-reduces are comm, not compute
+    assert_close(find_op(&r, 0, 1, 0)->cost.tp, 0.164, 0, EPS);
+    assert_close(find_op(&r, 0, 0, 0)->cost.tp, 0.246, 0, EPS);
+    assert_close(find_op(&r, 0, 1, 1)->cost.tp, 0.146 + 0.566, 0, EPS);
+    assert_close(find_op(&r, 1, 0, 1)->cost.tp, 0.0395, 0, EPS);
+    assert_close(find_op(&r, 1, 0, 1)->cost.compute, 0.026, 0, EPS);
+    assert_close(r.exposed_tp, (0.246 + 0.066 + 0.146 + 0.0395) + (0.164 + 0.044 + 0.712 + 0.1855), 0, EPS);
+    assert_close(r.stage_msgs, 2 * 0.042 + 2 * 0.012, 0, EPS);
+    // the step: stage 0 ends last, then its sync (0.5) and the optimizer (0.25)
+    assert_close(r.step_time, 1.646 + 0.75, 0, EPS);
+    sim_result_free(&r);
+    plan_free(&p);
+}
+
 static void test_pp2_rings_with_different_schedules_do_not_deadlock(void **state) {
     (void)state;
     // Pipelines A = rank 0 and B = rank 1 share rings j (item 0) and i (item 2); B also has the pack
@@ -384,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_ring_waits_for_a_busy_member),
         cmocka_unit_test(test_offload_that_cannot_hide),
         cmocka_unit_test(test_pp2_one_f_one_b_with_unequal_micro_batches),
+        cmocka_unit_test(test_tp2_pp2_all_reduces_and_stage_messages),
         cmocka_unit_test(test_pp2_rings_with_different_schedules_do_not_deadlock),
         cmocka_unit_test(test_mismatched_cluster_is_an_error),
     };
