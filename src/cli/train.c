@@ -302,7 +302,8 @@ static int check_layout(const TrainConfig *c, int n, int context_given) {
     LlamaShard whole_tp = {.tp = tp, .tp_rank = 0, .layer_begin = 0, .layer_end = mc->n_layers, .first = 1, .last = 1};
     if (llama_shard_check(mc, &whole_tp) != 0) return bs_fail_ctx("--tp %d", tp);
     int hdp = n / (tp * pp);
-    if (c->capacity && c->context > c->capacity && hdp < 2)
+    // offloading may let one rank hold it: the trainer decides that with the cost model (exit 1)
+    if (c->capacity && c->context > c->capacity && hdp < 2 && strcmp(c->offload_tier, "off") == 0)
         return bs_fail("%s", context_refusal(c, context_given));
     return 0;
 }
@@ -443,9 +444,9 @@ int cmd_train(int argc, char **argv) {
                    s == 0 ? " + embedding" : "", s == t->par.pp - 1 ? " + head + loss" : "");
     }
     if (lead)
-        printf("train: %d rank%s, %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, "
+        printf("train: %d %srank%s, %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, "
                "schedule %lld steps), steps %lld -> %lld%s%s\n",
-               comm->size, comm->size > 1 ? "s" : "",
+               t->hdp, t->par.tp * t->par.pp > 1 ? "HDP " : "", t->hdp > 1 ? "s" : "",
            (long long)cfg.tokens, (long long)cfg.context, (long long)t->capacity, cfg.policy, cfg.lr, cfg.min_lr,
            (long long)cfg.warmup, (long long)t->sched.total_steps, (long long)t->step, (long long)cfg.steps,
            resume ? ", resumed from " : "", resume ? resume : "");

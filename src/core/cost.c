@@ -594,6 +594,35 @@ static int check_fields(const CostModel *cm, const char *where) {
     return 0;
 }
 
+// The derived-only 3D terms (cost_layout_3d) that cost_save writes for a derived model of a 3D
+// layout, as the object "layout_3d"; absent in profiles and older files (then a command sets them
+// for its layout). Each range-checked, named in the message.
+static int layout_3d_load(CostModel *c, const cJSON *root, const char *path) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, "layout_3d");
+    if (!o) return 0;
+    if (!cJSON_IsObject(o)) return bs_fail("%s: \"layout_3d\" must be an object", path);
+    int64_t tp = 1, head = 0;
+    if (json_get_int(o, "tp", &tp, path) != 0 || json_opt_int(o, "tp_head", &head, path) != 0 ||
+        json_get_double(o, "tp_token", &c->tp_token, path) != 0 ||
+        json_get_double(o, "stage_token", &c->stage_token, path) != 0 ||
+        json_get_double(o, "tp_hide_qkv", &c->tp_hide_qkv, path) != 0 ||
+        json_get_double(o, "tp_hide_mlp", &c->tp_hide_mlp, path) != 0)
+        return -1;
+    if (tp < 1 || tp > 4096) return bs_fail("%s: \"layout_3d\".\"tp\" must be in [1, 4096] (got %lld)", path, (long long)tp);
+    if (head != 0 && head != 1) return bs_fail("%s: \"layout_3d\".\"tp_head\" must be 0 or 1 (got %lld)", path, (long long)head);
+    const double *bytes[] = {&c->tp_token, &c->stage_token}, *hide[] = {&c->tp_hide_qkv, &c->tp_hide_mlp};
+    const char *bname[] = {"tp_token", "stage_token"}, *hname[] = {"tp_hide_qkv", "tp_hide_mlp"};
+    for (int i = 0; i < 2; i++) {
+        if (!(*bytes[i] >= 0 && *bytes[i] <= 1e12))
+            return bs_fail("%s: \"layout_3d\".\"%s\" must be in [0, 1e12] bytes per token (got %g)", path, bname[i], *bytes[i]);
+        if (!(*hide[i] >= 0 && *hide[i] <= 1))
+            return bs_fail("%s: \"layout_3d\".\"%s\" must be a fraction in [0, 1] (got %g)", path, hname[i], *hide[i]);
+    }
+    c->tp = (int)tp;
+    c->tp_head = (int)head;
+    return 0;
+}
+
 int cost_load(CostModel *cm, const char *path) {
     cJSON *root;
     if (json_read_file(path, &root) != 0) return -1;
@@ -610,6 +639,10 @@ int cost_load(CostModel *cm, const char *path) {
     }
     if (rc == 0) rc = json_get_int(root, "n_layers", &n_layers, path);
     if (rc == 0) rc = json_opt_int(root, "ranks_per_node", &ranks_per_node, path);
+    // a 3D link field given as 0 (a derived model's stage_bw: the cluster prices it) stays 0
+    int has_tp_bw = cJSON_GetObjectItemCaseSensitive(root, "tp_bw") != NULL;
+    int has_stage_bw = cJSON_GetObjectItemCaseSensitive(root, "stage_bw") != NULL;
+    if (rc == 0) rc = layout_3d_load(&c, root, path);
     cJSON_Delete(root);
     if (rc != 0) return -1;
     if (n_layers < 1 || n_layers > 1 << 20)
@@ -624,8 +657,8 @@ int cost_load(CostModel *cm, const char *path) {
     // the link the profile's two ranks measured (docs/profile.md, "Old files")
     // (checked first, so that a bad latency given without its bandwidth is named, not replaced)
     if (check_fields(&c, path) != 0) return -1;
-    if (c.tp_bw == 0) c.tp_bw = c.ring_bw_intra, c.tp_lat = c.ring_lat_intra, c.derived_3d |= 1;
-    if (c.stage_bw == 0) c.stage_bw = c.ring_bw_intra, c.stage_lat = c.ring_lat_intra, c.derived_3d |= 2;
+    if (!has_tp_bw) c.tp_bw = c.ring_bw_intra, c.tp_lat = c.ring_lat_intra, c.derived_3d |= 1;
+    if (!has_stage_bw) c.stage_bw = c.ring_bw_intra, c.stage_lat = c.ring_lat_intra, c.derived_3d |= 2;
     if (check_fields(&c, path) != 0) return -1;
     *cm = c;
     return 0;
@@ -640,6 +673,13 @@ int cost_save(const CostModel *cm, const char *path) {
     ok = ok && cJSON_AddNumberToObject(root, "ranks_per_node", cm->ranks_per_node);
     for (int i = 0; ok && i < N_COST_FIELDS; i++)
         ok = json_add_exact(root, cost_fields[i].key, field_val(cm, &cost_fields[i]));
+    // the layout's 3D terms of a derived model, so that the file plans as the model it was saved from
+    if (ok && (cm->tp > 1 || cm->stage_token > 0)) {
+        cJSON *o = cJSON_AddObjectToObject(root, "layout_3d");
+        ok = o && cJSON_AddNumberToObject(o, "tp", cm->tp > 1 ? cm->tp : 1) && cJSON_AddNumberToObject(o, "tp_head", cm->tp_head) &&
+             json_add_exact(o, "tp_token", cm->tp_token) && json_add_exact(o, "stage_token", cm->stage_token) &&
+             json_add_exact(o, "tp_hide_qkv", cm->tp_hide_qkv) && json_add_exact(o, "tp_hide_mlp", cm->tp_hide_mlp);
+    }
     int rc = ok ? json_write_file(path, root, 1) : bs_fail("%s: out of memory building JSON", path);
     cJSON_Delete(root);
     return rc;

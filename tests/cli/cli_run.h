@@ -102,11 +102,32 @@ static inline int cli_wait_or_kill(pid_t pid, double seconds, int *st) {
     return -1;
 }
 
+// Whether process pid is the one to kill: its command line holds `victim_cmd` when that is given,
+// else its world rank (Open MPI's OMPI_COMM_WORLD_RANK in its environment) is `victim_rank`.
+static inline int cli_is_victim(int pid, const char *victim_cmd, int victim_rank) {
+    char path[64], buf[1 << 15];
+    snprintf(path, sizeof path, "/proc/%d/%s", pid, victim_cmd ? "cmdline" : "environ");
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[got] = '\0';
+    if (victim_cmd) {
+        for (size_t j = 0; j < got; j++)
+            if (buf[j] == '\0') buf[j] = ' ';
+        return strstr(buf, victim_cmd) != NULL;
+    }
+    for (size_t i = 0; i < got; i += strlen(buf + i) + 1)
+        if (strncmp(buf + i, "OMPI_COMM_WORLD_RANK=", 21) == 0) return atoi(buf + i + 21) == victim_rank;
+    return 0;
+}
+
 // Start `sh -c cmd` (an mpirun job), wait until the file `started` exists (its first step is done),
-// SIGKILL the job's child process whose command line holds `victim`, and wait for the job to end:
-// 0 with its status in *st. -1 with the reason in cli_err when the job never got going or hung after
-// the kill (it is killed then). The waits are bounded but generous, for a loaded machine.
-static inline int cli_kill_child_mid_run(const char *cmd, const char *started, const char *victim, int *st) {
+// SIGKILL the job's process whose command line holds `victim_cmd` (or, with victim_cmd NULL, the
+// process of world rank `victim_rank`), and wait for the job to end: 0 with its status in *st. -1
+// with the reason in cli_err when the job never got going or hung after the kill (it is killed
+// then). The waits are bounded but generous, for a loaded machine.
+static inline int cli_kill_mid_run(const char *cmd, const char *started, const char *victim_cmd, int victim_rank,
+                                   int *st) {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -117,17 +138,11 @@ static inline int cli_kill_child_mid_run(const char *cmd, const char *started, c
     for (int i = 0; i < 6000 && child < 0; i++) {
         usleep(50000);
         if (access(started, F_OK) != 0) continue;
-        int pids[32], n = cli_children(pid, pids, 32);
-        for (int k = 0; k < n; k++) {
-            char path[64], line[4096] = "";
-            snprintf(path, sizeof path, "/proc/%d/cmdline", pids[k]);
-            FILE *f = fopen(path, "rb");
-            size_t got = f ? fread(line, 1, sizeof line - 1, f) : 0;
-            if (f) fclose(f);
-            for (size_t j = 0; j < got; j++)
-                if (line[j] == '\0') line[j] = ' ';
-            if (strstr(line, victim)) child = pids[k];
-        }
+        // the ranks are mpirun's children; mpirun is ours, or the shell's when it did not exec it
+        int pids[64], n = cli_children(pid, pids, 32);
+        for (int k = 0, m = n; k < m && n < 64; k++) n += cli_children(pids[k], pids + n, 64 - n);
+        for (int k = 0; k < n && child < 0; k++)
+            if (cli_is_victim(pids[k], victim_cmd, victim_rank)) child = pids[k];
     }
     if (child < 0) {
         kill(pid, SIGKILL);
@@ -137,10 +152,15 @@ static inline int cli_kill_child_mid_run(const char *cmd, const char *started, c
     }
     kill(child, SIGKILL);
     if (cli_wait_or_kill(pid, 300, st) != 0) {
-        snprintf(cli_err, sizeof cli_err, "the job hung after its process '%s' was killed", victim);
+        snprintf(cli_err, sizeof cli_err, "the job hung after its process '%s' (rank %d) was killed",
+                 victim_cmd ? victim_cmd : "", victim_rank);
         return -1;
     }
     return 0;
+}
+
+static inline int cli_kill_child_mid_run(const char *cmd, const char *started, const char *victim, int *st) {
+    return cli_kill_mid_run(cmd, started, victim, -1, st);
 }
 
 #endif

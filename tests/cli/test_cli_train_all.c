@@ -77,48 +77,6 @@ static int read_losses(const char *path, double *loss, int cap, int per_rank) {
     return lines;
 }
 
-// The world rank of a process of a running job, from its environment (Open MPI's variable).
-static int world_rank_of(int pid) {
-    char path[64], env[1 << 15];
-    snprintf(path, sizeof path, "/proc/%d/environ", pid);
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    size_t n = fread(env, 1, sizeof env - 1, f);
-    fclose(f);
-    env[n] = '\0';
-    for (size_t i = 0; i < n; i += strlen(env + i) + 1)
-        if (strncmp(env + i, "OMPI_COMM_WORLD_RANK=", 21) == 0) return atoi(env + i + 21);
-    return -1;
-}
-
-// Start `cmd` (an mpirun job), wait until `started` exists, kill -9 the process of world rank
-// `victim` and wait for the job to end (a hang guard, not a timing: 300 s). 0 when it ended.
-static int kill_rank_mid_run(const char *cmd, const char *started, int victim, int *st) {
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int child = -1;
-    for (int i = 0; i < 6000 && child < 0; i++) {
-        usleep(50000);
-        if (access(started, F_OK) != 0) continue;
-        // the ranks are mpirun's children; mpirun is ours, or the shell's when it did not exec it
-        int pids[64], n = cli_children(pid, pids, 32);
-        for (int k = 0, m = n; k < m && n < 64; k++) n += cli_children(pids[k], pids + n, 64 - n);
-        for (int k = 0; k < n; k++)
-            if (world_rank_of(pids[k]) == victim) child = pids[k];
-    }
-    if (child < 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        return -1;
-    }
-    kill(child, SIGKILL);
-    return cli_wait_or_kill(pid, 300, st);
-}
-
 static void test_everything_in_one_job(void **state) {
     (void)state;
     double one[STEPS + 1] = {0}, all[STEPS + 1] = {0};
@@ -154,7 +112,7 @@ static void test_killed_stage_ends_the_job_and_resumes_exactly(void **state) {
              "/k.out 2> " DIR "/k.err",
              bin);
     int st = 0;
-    if (kill_rank_mid_run(cmd, DIR "/kk/ckpt-000001.bin", 5, &st) != 0) fail_msg("the job hung or never got going");
+    if (cli_kill_mid_run(cmd, DIR "/kk/ckpt-000001.bin", NULL, 5, &st) != 0) fail_msg("%s", cli_err);
     assert_true(!WIFEXITED(st) || WEXITSTATUS(st) != 0);
     cli_slurp(DIR "/k.err", cli_err, sizeof cli_err);
     if (!strstr(cli_err, "rank 5") || !strstr(cli_err, "signal 9")) fail_msg("unclear message: %s", cli_err);

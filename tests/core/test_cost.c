@@ -741,7 +741,31 @@ static void test_save_load_round_trip(void **state) {
         memset(&back, 0, sizeof back);
         assert_int_equal(cost_load(&back, path), 0);
         assert_true(cost_equal(&back, cm));
+        // the 3D terms too: the file plans as the model it was saved from (its TP all-reduces priced)
+        assert_true(back.tp == (cm->tp > 1 ? cm->tp : back.tp) && back.tp_bw == cm->tp_bw && back.tp_lat == cm->tp_lat &&
+                    back.stage_bw == cm->stage_bw && back.tp_token == cm->tp_token && back.stage_token == cm->stage_token &&
+                    back.tp_hide_qkv == cm->tp_hide_qkv && back.tp_hide_mlp == cm->tp_hide_mlp && back.tp_head == cm->tp_head);
+        for (int64_t len = 1000; len <= 64000; len *= 4) {
+            int64_t seg = len;
+            for (int D = 1; D <= 8; D *= 2)
+                assert_true(cost_item_time(&back, &seg, 1, D, 0) == cost_item_time(cm, &seg, 1, D, 0));
+        }
     }
+    // a damaged layout_3d is refused naming the field
+    const CostModel *cm3 = derived("llama-7b", "h100-sxm", 2, 1, 8, 4096);
+    assert_int_equal(cost_save(cm3, path), 0);
+    char *text;
+    size_t len;
+    assert_int_equal(file_read_all(path, &text, &len), 0);
+    char *hide = strstr(text, "\"tp_hide_mlp\"");
+    assert_non_null(hide);
+    char broken[8192];
+    snprintf(broken, sizeof broken, "%.*s\"tp_hide_mlp\": 7%s", (int)(hide - text), text, strchr(hide, ',') ? strchr(hide, ',') : strchr(hide, '\n'));
+    free(text);
+    assert_int_equal(file_write_atomic(path, broken, strlen(broken)), 0);
+    CostModel refused;
+    assert_int_equal(cost_load(&refused, path), -1);
+    assert_non_null(strstr(bs_errmsg(), "tp_hide_mlp"));
     Rng g;
     rng_seed(&g, 8);
     for (int trial = 0; trial < 20; trial++) {
