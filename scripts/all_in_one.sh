@@ -59,7 +59,8 @@ killed() {
         kill -0 "$job" 2>/dev/null || { echo "all_in_one: the job ended before the kill" >&2; return 1; }
         [ -f "$dir/ck/ckpt-000001.bin" ] || continue
         for p in $(pgrep -P "$job"); do
-            if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank"; then victim=$p; fi
+            env_of=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null || true)
+            if grep -qx "OMPI_COMM_WORLD_RANK=$rank" <<< "$env_of"; then victim=$p; fi
         done
     done
     local t0 t1

@@ -513,6 +513,48 @@ uint32_t train_data_fingerprint(const DocIndex *ix) {
 
 // ---- one step ----------------------------------------------------------------------------------------
 
+// Every rank's numbers of the step (mine: TRAIN_RANK_FIELDS of them) gathered into t->times; a rank's
+// wait at the sync is how long after it the last one arrived, the rest of its sync is communication.
+// *exposed: the longest such communication, the sync the step could not hide.
+static int gather_rank_times(Trainer *t, const double *mine, double *exposed_out) {
+    double *all = t->gathered;
+    if (comm_allgather(t->comm, mine, all, sizeof(double) * TRAIN_RANK_FIELDS) != 0)
+        return bs_fail_ctx("gathering step times");
+    double last = 0;
+    for (int r = 0; r < t->n_ranks; r++)
+        if (all[TRAIN_RANK_FIELDS * r + 3] > last) last = all[TRAIN_RANK_FIELDS * r + 3];
+    double exposed = 0;
+    for (int r = 0; r < t->n_ranks; r++) {
+        const double *a = all + TRAIN_RANK_FIELDS * r;
+        double sync_wait = last - a[3], comm = a[2] - sync_wait;
+        if (comm < 0) comm = 0, sync_wait = a[2];
+        if (comm > exposed) exposed = comm;
+        t->times[r] = (RankTimes){.compute = a[0],
+                                  .comm = comm,
+                                  .wait = a[1] + sync_wait,
+                                  .items = (int32_t)a[4],
+                                  .rings = (int32_t)a[5],
+                                  .tokens = (int64_t)a[6],
+                                  .ring_bytes = a[7],
+                                  .act_peak_bytes = a[8],
+                                  .offload_bytes = a[9],
+                                  .offload_wait = a[10],
+                                  .load_bytes = a[11],
+                                  .load_seconds = a[12],
+                                  .core_share = a[13],
+                                  .stage = (int)a[14],
+                                  .tp_rank = (int)a[15],
+                                  .hdp_rank = (int)a[16],
+                                  .p2p_wait = a[17],
+                                  .p2p_bytes = a[18],
+                                  .tp_seconds = a[19],
+                                  .tp_total_seconds = a[20],
+                                  .fetch_bytes = a[21]};
+    }
+    *exposed_out = exposed;
+    return 0;
+}
+
 // Run this rank's rows of plan p: gradients of the batch's token-level mean loss, summed over all
 // ranks into this rank's ZeRO-1 shard (t->zero.grad); t->llama.grads keeps this rank's own sum.
 static int run_plan(Trainer *t, int slot, StepStats *st) {
@@ -569,39 +611,8 @@ static int run_plan(Trainer *t, int slot, StepStats *st) {
                                       t->tp_seconds,
                                       t->tp_total_seconds,
                                       t->fetch_bytes[slot]};
-    double *all = t->gathered;
-    if (comm_allgather(t->comm, mine, all, sizeof mine) != 0) return bs_fail_ctx("gathering step times");
-    double last = 0;
-    for (int r = 0; r < t->n_ranks; r++)
-        if (all[TRAIN_RANK_FIELDS * r + 3] > last) last = all[TRAIN_RANK_FIELDS * r + 3];
     double exposed = 0;
-    for (int r = 0; r < t->n_ranks; r++) {
-        const double *a = all + TRAIN_RANK_FIELDS * r;
-        double sync_wait = last - a[3], comm = a[2] - sync_wait;
-        if (comm < 0) comm = 0, sync_wait = a[2];
-        if (comm > exposed) exposed = comm;
-        t->times[r] = (RankTimes){.compute = a[0],
-                                  .comm = comm,
-                                  .wait = a[1] + sync_wait,
-                                  .items = (int32_t)a[4],
-                                  .rings = (int32_t)a[5],
-                                  .tokens = (int64_t)a[6],
-                                  .ring_bytes = a[7],
-                                  .act_peak_bytes = a[8],
-                                  .offload_bytes = a[9],
-                                  .offload_wait = a[10],
-                                  .load_bytes = a[11],
-                                  .load_seconds = a[12],
-                                  .core_share = a[13],
-                                  .stage = (int)a[14],
-                                  .tp_rank = (int)a[15],
-                                  .hdp_rank = (int)a[16],
-                                  .p2p_wait = a[17],
-                                  .p2p_bytes = a[18],
-                                  .tp_seconds = a[19],
-                                  .tp_total_seconds = a[20],
-                                  .fetch_bytes = a[21]};
-    }
+    if (gather_rank_times(t, mine, &exposed) != 0) return -1;
     if (st) {
         int64_t longest = 0;
         for (int64_t i = 0; i < p->batch.n; i++)
