@@ -84,6 +84,7 @@ static RunResult run_policy(const GlobalBatch *b, const char *pol, int R, int64_
         memset(&pc, 0, sizeof pc);
         pc.n_ranks = R, pc.capacity = CAPACITY, pc.context = ctx, pc.pp = 1, pc.offload = 1;
         pc.flush = t == steps - 1;
+        pc.carried = carry.n;
         Plan p;
         if (policy_plan(&p, pol, &step, &pc, &pcm) != 0 || plan_finalize(&p, &scm) != 0) bs_die_errmsg();
         SimConfig cfg = {&scm, &cl, m, &h1, 0};

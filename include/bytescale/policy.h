@@ -28,6 +28,8 @@ typedef struct {
     double delta;       // balance, elastic: lag threshold as a fraction of the current max (0 = default)
     int n_buckets;      // balance, elastic: length buckets (0 = default)
     int flush;          // wlb: delay no document (the last step of a run empties the delay queue)
+    int64_t carried;    // wlb: the batch's first `carried` sequences are ones earlier steps delayed (the
+                        // queue); the rest are the step's own, which alone set its micro-batch count
 } PlanConfig;
 
 typedef int (*PolicyFn)(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);

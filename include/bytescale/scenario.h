@@ -74,6 +74,7 @@ typedef struct {
     CostModel cm;
     GlobalBatch batch;
     int flush;  // the last step of a run: PlanConfig.flush (wlb delays nothing); sim_seeds_run sets it
+    int64_t carried;  // the batch's first sequences that earlier steps delayed: PlanConfig.carried
 } SimSetup;
 
 // -1 + error naming the scenario and what did not fit (unknown model, shape, distribution).

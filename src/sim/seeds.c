@@ -167,6 +167,7 @@ int sim_seeds_run(SimSeedsResult *out, const Scenario *sc, const SimVariant *v, 
             SimSetup t = s;
             int own = 0;
             t.flush = k == n - 1;
+            t.carried = carry[j].n;
             if (step_batch(&carry[j], &s.batch, &t.batch, &own) != 0) {
                 if (own) batch_free(&t.batch);
                 rc = bs_fail_ctx("seed %llu", (unsigned long long)seed);
