@@ -434,6 +434,9 @@ static int on_run(void *ctx, const SimSetup *s, int j, const SimOutcome *o, cons
     if (!r) return -1;
     cJSON_AddNumberToObject(r, "seed", (double)s->seed);
     cJSON_AddNumberToObject(r, "sequences", (double)s->batch.n);
+    // the run's queue (wlb): sequences carried in from earlier steps (first in the batch) and delayed
+    cJSON_AddNumberToObject(r, "carried", (double)s->carried);
+    cJSON_AddNumberToObject(r, "delayed", (double)p->n_delayed);
     cJSON_AddItemToObject(r, "memory", sim_memory_json(&mem, mem_bytes));
     cJSON_AddItemToArray(so->per_seed[j], r);
     return 0;

@@ -232,6 +232,30 @@ static void test_json_over_seeds(void **state) {
     cJSON_Delete(root);
 }
 
+// wlb over seeds: the seeds are the steps of one run, so each step carries in what the last one
+// delayed (per_seed carried and delayed), and the last step, which flushes, delays nothing.
+static void test_json_wlb_queue(void **state) {
+    (void)state;
+    int rc = run("--gpus 128 --tokens 4M --context 256K --dist github --policy wlb --json --seeds 4");
+    if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+    cJSON *root = cJSON_Parse(cli_out);
+    assert_non_null(root);
+    const cJSON *per_seed = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "results"), 0), "per_seed");
+    assert_int_equal(cJSON_GetArraySize(per_seed), 4);
+    int64_t last_delayed = 0, delayed_sum = 0;
+    for (int k = 0; k < 4; k++) {
+        const cJSON *run_k = cJSON_GetArrayItem(per_seed, k);
+        int64_t carried, delayed;
+        assert_int_equal(json_get_int(run_k, "carried", &carried, "per_seed"), 0);
+        assert_int_equal(json_get_int(run_k, "delayed", &delayed, "per_seed"), 0);
+        assert_int_equal(carried, last_delayed);
+        last_delayed = delayed, delayed_sum += delayed;
+    }
+    assert_int_equal(last_delayed, 0);
+    assert_true(delayed_sum > 0);  // the queue did hold documents between steps
+    cJSON_Delete(root);
+}
+
 static void test_plan_file(void **state) {
     (void)state;
     // a plan made by the library, written as a file, simulated by the command
@@ -702,6 +726,7 @@ int main(void) {
         cmocka_unit_test(test_json_results_of_a_small_cluster),
         cmocka_unit_test(test_table_and_traces),
         cmocka_unit_test(test_json_over_seeds),
+        cmocka_unit_test(test_json_wlb_queue),
         cmocka_unit_test(test_plan_file),
         cmocka_unit_test(test_sweep_writes_csv_and_plots),
         cmocka_unit_test(test_grid_writes_the_results_page),

@@ -78,17 +78,17 @@ static void test_a2a_and_delayed(void **state) {
     assert_close(st.ring_bytes, 2 * 2 * 20.0 * 300 * 3 / 4, 1e-12, 0);
     sim_result_free(&r);
     plan_free(&p);
-    // a delayed sequence is not trained
+    // a delayed sequence is not trained (docs/peers.md's wlb example: the 300 waits)
     Plan q;
-    int64_t wl[] = {100, 60, 50, 40, 30, 20};
+    int64_t wl[] = {500, 450, 300, 100, 90, 60};
     GlobalBatch w = make_batch(wl, 6);
     CostModel wm = hand_model();
     wm.attn_pair = 1, wm.lin_token = 0, wm.n_layers = 1;
-    PlanConfig wc = {.n_ranks = 2, .capacity = 100, .context = 100, .pp = 1};
+    PlanConfig wc = {.n_ranks = 2, .capacity = 800, .context = 800, .pp = 1};
     if (policy_plan(&q, "wlb", &w, &wc, &wm) != 0) fail_msg("%s", bs_errmsg());
     assert_int_equal(q.n_delayed, 1);
     simulate(&q, &wm, 1, &r);
-    assert_true(r.tokens == 200);
+    assert_true(r.tokens == 1200);
     sim_result_free(&r);
     plan_free(&q);
     batch_free(&w);
