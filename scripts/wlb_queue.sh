@@ -6,10 +6,10 @@
 # row a step) and OUT/wlb-queue.png: the delayed documents after each step, split into the outliers
 # waiting in the queue and the short documents Algorithm 1 could not fit ("remained").
 #   usage: scripts/wlb_queue.sh [build-dir] [out-dir] [steps] [scenario ...]
-#          (defaults: build wlb-queue 64 7b-1024-byted-2m 7b-1024-github-256k)
+#          (defaults: build out/wlb-queue 64 7b-1024-byted-2m 7b-1024-github-256k)
 set -eu
 BUILD=${1:-build}
-OUT=${2:-wlb-queue}
+OUT=${2:-out/wlb-queue}
 STEPS=${3:-64}
 [ $# -gt 3 ] && shift 3 || set -- 7b-1024-byted-2m 7b-1024-github-256k
 BIN="$BUILD/bench_wlb_queue"
