@@ -146,6 +146,18 @@ static int check_items(const Plan *p, const CostModel *cm) {
             }
             stamp[r] = k + 1;
         }
+        ItemKind kind = plan_item_kind(p, k);
+        if (p->seg_owner && kind != ITEM_BLOCKS)
+            for (int32_t j = 0; j < it->n_segs; j++)
+                if (p->seg_owner[it->seg_begin + j] != -1) {
+                    bs_fail("item %d: segment %d has an owner (%d) but the item is not a block item", k, j,
+                            p->seg_owner[it->seg_begin + j]);
+                    goto out;
+                }
+        if (kind == ITEM_BLOCKS) {
+            if (plan_blocks_check(p, k) != 0) goto out;
+            continue;
+        }
         double off = it->offload;
         if (!(off >= 0 && off <= 1)) {
             bs_fail("item %d: offload ratio %g outside [0, 1]", k, off);
