@@ -12,7 +12,9 @@
 //     heap) and, ours, at most C tokens (a member without room sits out this block).
 // Every member then receives from the owners the K/V blocks its queries see (plan_blocks_loads).
 // B = 0 is the source's default, ceil(micro-batch tokens / (8 d)) (8 = its min_chunks_per_rank); a
-// given B is capped by that too, as the source caps chunk_size.
+// given B is capped by that too, as the source caps chunk_size. Ours: where the blocks of a micro-batch
+// fit no member (a sequence's last block is shorter, so members fill unevenly), B halves for that
+// micro-batch until they fit (B = 1 always does).
 //
 // `blocks`: one dispatch per CP group of the static mesh's d_cp = ceil(context / C) ranks, DP over the
 // R / d_cp groups; `blocks-all`: all R ranks are one group. Sequences go to micro-batches as a data
@@ -92,9 +94,9 @@ static int pack_sequences(Blocks *x) {
     return ok;
 }
 
-// Cut micro-batch m into blocks (x->segs, n_blocks); -1 + error on no memory.
-static int cut_blocks(Blocks *x, int32_t m, int32_t *n_blocks) {
-    int64_t B = block_size(x, x->mb_tokens[m]), n = 0;
+// Cut micro-batch m into blocks of B (x->segs, n_blocks); -1 + error on no memory.
+static int cut_blocks(Blocks *x, int32_t m, int64_t B, int32_t *n_blocks) {
+    int64_t n = 0;
     for (int32_t i = x->mb_first[m]; i < x->mb_first[m + 1]; i++) n += (x->b->seqs[x->mb_seqs[i]].len + B - 1) / B;
     if (n > INT32_MAX / 2) return bs_fail("blocks: %lld blocks in one micro-batch", (long long)n);
     if (n > x->cap_blocks) {
@@ -171,9 +173,14 @@ static void list_sequences(Blocks *x) {
 static int add_micro_batch(Blocks *x, Plan *out, int32_t m, int32_t g, int32_t *ranks) {
     int32_t n = 0;
     if (x->mb_first[m + 1] == x->mb_first[m]) return 1;  // an empty micro-batch runs nothing
-    if (cut_blocks(x, m, &n) != 0) return -1;
-    int r = dispatch(x, n);
-    if (r != 1) return r;
+    // blocks that fit no member (the last block of each sequence is shorter, so members can fill
+    // unevenly): half the block size, until they fit; B = 1 always does (ceil(T / d) <= C)
+    int r = 0;
+    for (int64_t B = block_size(x, x->mb_tokens[m]); r == 0; B = (B + 1) / 2) {
+        if (cut_blocks(x, m, B, &n) != 0) return -1;
+        r = dispatch(x, n);
+        if (r < 0 || (r == 0 && B == 1)) return r;
+    }
     for (int32_t j = 0; j < x->d; j++) ranks[j] = g * x->d + j;
     return plan_add_blocks_item(out, x->segs, n, ranks, x->d, x->owner) < 0 ? -1 : 1;
 }
