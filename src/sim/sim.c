@@ -80,7 +80,7 @@ static SimOpCost blocks_op_cost(const SimConfig *cfg, const Plan *p, int32_t ite
         oc.tp += bwd ? head_bwd : head_fwd;
         oc.comm = l * (elapsed - (lin + local + remote)) + oc.tp;
     }
-    oc.ring_bytes = l * bytes;
+    oc.ring_bytes = l * bytes / it->n_ranks;  // per member, as for rings: the mean of what the members receive
     free(ld);
     return oc;
 }
