@@ -94,9 +94,10 @@ int32_t plan_add_blocks_item(Plan *p, const Segment *segs, int n_segs, const int
                              const int32_t *owners);
 // What each member of block item `item` computes and receives (cost.h BlockLoad), derived from the
 // owners: a member's query block sees the blocks of its sequence at or before it; those another member
-// owns it receives (K/V forward, again backward) and sends their dK/dV back to the owner. same_node(a,
-// b, ctx) says whether ranks a and b share a node (NULL: never). loads: (n_ranks,). -1 + error.
-int plan_blocks_loads(const Plan *p, int32_t item, int (*same_node)(int32_t a, int32_t b, const void *ctx),
+// owns it receives (K/V forward, again backward) and sends their dK/dV back to the owner.
+// node_of(rank, ctx) names a rank's node (NULL: every rank its own). loads: (n_ranks,).
+// O(blocks log blocks + members log members). -1 + error.
+int plan_blocks_loads(const Plan *p, int32_t item, int64_t (*node_of)(int32_t rank, const void *ctx),
                       const void *ctx, BlockLoad *loads);
 // plan_validate's rules for block item `item`: owners in range, each member's tokens <= capacity, whole
 // sequences (each one's blocks cover it once), no offload. -1 + error naming the item.

@@ -122,10 +122,10 @@ int plan_add_delayed(Plan *p, int32_t seq) {
     return 0;
 }
 
-// Two HDP ranks share a node in the planner's view: ranks_per_node consecutive ranks per node.
-static int planner_same_node(int32_t a, int32_t b, const void *ctx) {
+// A rank's node in the planner's view: ranks_per_node consecutive ranks per node.
+static int64_t planner_node(int32_t rank, const void *ctx) {
     int per = *(const int *)ctx;
-    return per > 1 && a / per == b / per;
+    return per > 1 ? rank / per : rank;
 }
 
 // A block item's estimate: its slowest member (the group's fetches and reductions are collectives).
@@ -134,7 +134,7 @@ static int blocks_item_time(Plan *p, int32_t k, const CostModel *cm) {
     BlockLoad *ld = bs_malloc((size_t)it->n_ranks * sizeof(BlockLoad));
     if (!ld) return bs_fail_ctx("plan_finalize");
     int per = cm->ranks_per_node;
-    int rc = plan_blocks_loads(p, k, planner_same_node, &per, ld);
+    int rc = plan_blocks_loads(p, k, planner_node, &per, ld);
     it->est_time = 0;
     for (int32_t m = 0; rc == 0 && m < it->n_ranks; m++) it->est_time = fmax(it->est_time, cost_blocks_member_time(cm, &ld[m]));
     free(ld);

@@ -34,30 +34,48 @@ typedef struct {
     int32_t *touched;   // (D,) the members owning a block of this sequence
 } Walk;
 
-// Dense node indices of the members: two members share one iff same_node says so (a node is found by
-// its lowest member: O(D x nodes) calls at worst, D for a group inside one node or a planner's layout).
-static void number_nodes(Walk *w, const Plan *p, const Item *it,
-                         int (*same_node)(int32_t, int32_t, const void *), const void *ctx, BlockLoad *ld) {
+// Sort blocks by (sequence, start) unless they already are (as the policy writes them): O(n) then.
+static void sort_blocks(Blk *bl, int32_t n) {
+    for (int32_t j = 1; j < n; j++)
+        if (blk_order(&bl[j - 1], &bl[j]) > 0) {
+            qsort(bl, (size_t)n, sizeof *bl, blk_order);
+            return;
+        }
+}
+
+typedef struct {
+    int64_t node;
+    int32_t m;
+} NodeOf;
+
+static int by_node(const void *a, const void *b) {
+    const NodeOf *x = a, *y = b;
+    if (x->node != y->node) return x->node < y->node ? -1 : 1;
+    return (x->m > y->m) - (x->m < y->m);
+}
+
+// Dense node indices of the members (node_of NULL: every rank its own node), and a representative
+// sender of each class for the simulator's link (cluster_msg_time): the lowest other member of its
+// node, and a member of another node. O(D log D). -1 + error on no memory.
+static int number_nodes(Walk *w, const Plan *p, const Item *it, int64_t (*node_of)(int32_t, const void *),
+                        const void *ctx, BlockLoad *ld) {
     const int32_t *ranks = p->ranks + it->rank_begin;
-    int32_t n_nodes = 0;
-    for (int32_t m = 0; m < it->n_ranks; m++) {
-        int32_t k = n_nodes;
-        // members are consecutive ranks in every layout we build: try the previous member's node first
-        if (m > 0 && same_node && same_node(ranks[w->first[w->node[m - 1]]], ranks[m], ctx)) k = w->node[m - 1];
-        for (int32_t j = 0; k == n_nodes && same_node && j < n_nodes; j++)
-            if (same_node(ranks[w->first[j]], ranks[m], ctx)) k = j;
-        if (k == n_nodes) w->first[n_nodes++] = m;
-        w->node[m] = k;
-        ld[m].src_intra = ld[m].src_inter = -1;
+    int32_t D = it->n_ranks, n_nodes = 0;
+    NodeOf *v = bs_malloc((size_t)D * sizeof *v);
+    if (!v) return bs_fail_ctx("plan_blocks_loads");
+    for (int32_t m = 0; m < D; m++) v[m] = (NodeOf){node_of ? node_of(ranks[m], ctx) : ranks[m], m};
+    qsort(v, (size_t)D, sizeof *v, by_node);
+    for (int32_t i = 0; i < D; i++) {
+        if (i == 0 || v[i].node != v[i - 1].node) w->first[n_nodes++] = v[i].m;  // lowest member of the node
+        w->node[v[i].m] = n_nodes - 1;
     }
-    // a representative sender of each class, for the simulator's link (cluster_msg_time)
-    for (int32_t m = 0; m < it->n_ranks; m++) {
-        int32_t f = w->first[w->node[m]];
-        if (f != m) ld[m].src_intra = ranks[f];
-        else if (m + 1 < it->n_ranks && w->node[m + 1] == w->node[m]) ld[m].src_intra = ranks[m + 1];
-        for (int32_t j = 0; j < it->n_ranks && ld[m].src_inter < 0; j++)
-            if (w->node[j] != w->node[m]) ld[m].src_inter = ranks[j];
+    for (int32_t i = 0; i < D; i++) {
+        int32_t m = v[i].m, f = w->first[w->node[m]];
+        ld[m].src_intra = f != m ? ranks[f] : i + 1 < D && v[i + 1].node == v[i].node ? ranks[v[i + 1].m] : -1;
+        ld[m].src_inter = n_nodes < 2 ? -1 : ranks[w->first[w->node[m] == 0 ? 1 : 0]];
     }
+    free(v);
+    return 0;
 }
 
 // One sequence's blocks bl[0 .. n), in order: every member's pairs and received tokens.
@@ -111,7 +129,7 @@ static void walk_sequence(Walk *w, const Blk *bl, int32_t n, BlockLoad *ld) {
     }
 }
 
-int plan_blocks_loads(const Plan *p, int32_t item, int (*same_node)(int32_t a, int32_t b, const void *ctx),
+int plan_blocks_loads(const Plan *p, int32_t item, int64_t (*node_of)(int32_t rank, const void *ctx),
                       const void *ctx, BlockLoad *ld) {
     const Item *it = &p->items[item];
     int32_t D = it->n_ranks, n = it->n_segs;
@@ -127,12 +145,15 @@ int plan_blocks_loads(const Plan *p, int32_t item, int (*same_node)(int32_t a, i
     Walk w = {.node = i32, .first = i32 + D, .last = i32 + 2 * D, .alive = i32 + 3 * D, .touched = i32 + 4 * D,
               .own = i64, .own_all = i64 + D, .on_node = i64 + 2 * D};
     for (int32_t m = 0; m < D; m++) w.last[m] = -1, w.alive[m] = 0;
-    number_nodes(&w, p, it, same_node, ctx, ld);
+    if (number_nodes(&w, p, it, node_of, ctx, ld) != 0) {
+        free(bl), free(i32), free(i64);
+        return -1;
+    }
     for (int32_t j = 0; j < n; j++) {
         const Segment *s = &p->segs[it->seg_begin + j];
         bl[j] = (Blk){s->seq, p->seg_owner[it->seg_begin + j], s->start, s->len};
     }
-    qsort(bl, (size_t)n, sizeof *bl, blk_order);
+    sort_blocks(bl, n);
     for (int32_t a = 0, b; a < n; a = b) {
         for (b = a + 1; b < n && bl[b].seq == bl[a].seq;) b++;
         walk_sequence(&w, bl + a, b - a, ld);
@@ -162,7 +183,7 @@ int plan_blocks_check(const Plan *p, int32_t k) {
             rc = bs_fail("item %d: member %d (rank %d) owns %lld tokens, more than the capacity of %lld", k, m,
                          p->ranks[it->rank_begin + m], (long long)held[m], (long long)p->capacity);
     // a block item holds whole sequences: each one's blocks follow each other from token 0 to its end
-    if (rc == 0) qsort(bl, (size_t)it->n_segs, sizeof *bl, blk_order);
+    if (rc == 0) sort_blocks(bl, it->n_segs);
     for (int32_t j = 0; rc == 0 && j < it->n_segs; j++) {
         int first = j == 0 || bl[j - 1].seq != bl[j].seq, end = j + 1 == it->n_segs || bl[j + 1].seq != bl[j].seq;
         int64_t want = first ? 0 : bl[j - 1].start + bl[j - 1].len;

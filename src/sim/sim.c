@@ -28,9 +28,9 @@ typedef struct {
     int stage;
 } NodeCtx;
 
-static int cluster_same_node(int32_t a, int32_t b, const void *ctx) {
+static int64_t cluster_node_of(int32_t rank, const void *ctx) {
     const NodeCtx *n = ctx;
-    return cluster_node(n->c, a, n->stage) == cluster_node(n->c, b, n->stage);
+    return cluster_node(n->c, rank, n->stage);
 }
 
 // One member's fetch of `intra` and `inter` tokens' K/V (or dK/dV): both links at once.
@@ -51,7 +51,7 @@ static SimOpCost blocks_op_cost(const SimConfig *cfg, const Plan *p, int32_t ite
     SimOpCost oc = {0};
     BlockLoad *ld = malloc((size_t)it->n_ranks * sizeof *ld);
     NodeCtx nc = {cfg->cluster, stage};
-    if (!ld || plan_blocks_loads(p, item, cluster_same_node, &nc, ld) != 0) {
+    if (!ld || plan_blocks_loads(p, item, cluster_node_of, &nc, ld) != 0) {
         free(ld);
         return oc;  // out of memory: the item costs nothing (plan_finalize has derived it once already)
     }
