@@ -147,7 +147,13 @@ SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int sta
 
 double sim_model_flops(const ModelConfig *m, const Plan *p) {
     double f = 0;
-    for (int32_t k = 0; k < p->n_segs; k++) f += cost_train_flops(m, &p->segs[k].len, 1);
+    for (int32_t k = 0; k < p->n_segs; k++) {
+        const Segment *s = &p->segs[k];
+        f += cost_train_flops(m, &s->len, 1);
+        // a block of a block item (blocks) also attends to the start of its sequence before it
+        if (p->seg_owner && p->seg_owner[k] >= 0)
+            f += 3.0 * m->n_layers * cost_attn_flops_per_pair(m) * (double)s->len * (double)s->start;
+    }
     return f;
 }
 

@@ -14,6 +14,7 @@
 
 #include "bytescale/error.h"
 #include "bytescale/hw.h"
+#include "bytescale/model.h"
 #include "bytescale/policy.h"
 #include "bytescale/sim.h"
 
@@ -127,6 +128,14 @@ static void test_blocks(void **state) {
     assert_int_equal(plan_stats(&p, &cm, &st), 0);
     assert_close(st.ring_bytes, r.ring_bytes, 1e-12, 0);
     assert_close(st.ring_bytes, l * 66 * cm.kv_token, 1e-12, 0);
+    // the model FLOPs (MFU) count each block's pairs against the start of its sequence: the same as
+    // the whole sequences on one rank
+    Plan whole;
+    PlanConfig one = {.n_ranks = 1, .capacity = 32, .context = 32, .pp = 1};
+    if (policy_plan(&whole, "static", &b, &one, &cm) != 0) fail_msg("%s", bs_errmsg());
+    const ModelConfig *m = model_find("llama-7b");
+    assert_close(sim_model_flops(m, &p), sim_model_flops(m, &whole), 1e-12, 0);
+    plan_free(&whole);
     sim_result_free(&r);
     plan_free(&p);
     batch_free(&b);
