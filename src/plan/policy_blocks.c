@@ -1,28 +1,30 @@
 // policy_blocks.c: the block-level peer, MagiAttention's dispatch (FCP's shape) (docs/peers.md,
 // "blocks": the source, every choice and tie rule).
 //
-// A CP group of d ranks runs one micro-batch at a time. Its sequences are cut into blocks of B tokens
-// from each sequence's start (the last block of a sequence shorter), and the blocks are dispatched
-// over the group's members as MagiAttention's default solver (the min-heap) does:
-//   - a block's workload is its causal area, the (query, key) pairs of its rows: len start +
-//     len (len + 1) / 2 for a block at `start` of its sequence;
+// A CP group of d ranks runs one micro-batch at a time. Its sequences, packed one after another in
+// increasing index, are cut into blocks (the source's chunks) of B tokens of that stream, the last
+// shorter; a block that spans the end of one sequence and the start of the next is several segments
+// with one owner. The blocks are dispatched over the group's members as MagiAttention's default
+// solver (the min-heap) does:
+//   - a block's workload is its causal area, the (query, key) pairs of its rows: for each piece of
+//     len tokens at `start` of its sequence, len start + len (len + 1) / 2;
 //   - blocks go heaviest first (equal areas: the later block first, the source's reversed stable
 //     argsort), each to the member with the least area so far (equal: the lower member);
 //   - a member holds at most ceil(blocks / d) blocks (the source's limit; a full member leaves the
 //     heap) and, ours, at most C tokens (a member without room sits out this block).
 // Every member then receives from the owners the K/V blocks its queries see (plan_blocks_loads).
 // B = 0 is the source's default, ceil(micro-batch tokens / (8 d)) (8 = its min_chunks_per_rank); a
-// given B is capped by that too, as the source caps chunk_size. Ours: where the blocks of a micro-batch
-// fit no member (a sequence's last block is shorter, so members fill unevenly), B halves for that
-// micro-batch until they fit (B = 1 always does).
+// given B is capped by that too, as the source caps chunk_size. Ours: the source pads the stream so
+// every member holds the same tokens; we do not, and where the blocks of a micro-batch then fit no
+// member within C, B halves for that micro-batch until they fit (B = 1 always does: ceil(T / d) <= C).
 //
 // `blocks`: one dispatch per CP group of the static mesh's d_cp = ceil(context / C) ranks, DP over the
 // R / d_cp groups; `blocks-all`: all R ranks are one group. Sequences go to micro-batches as a data
 // loader balancing attention area would: largest area first (equal: lower index), each to the
 // micro-batch with the least area that has room (d C tokens); the fewest micro-batches, a multiple of
-// the groups, that hold the tokens, and one more per group while a sequence or a dispatch fits
-// nowhere. Micro-batches go to the groups in rounds, heaviest first, each to the group with the least
-// area so far; the global order is round by round.
+// the groups, that hold the tokens, and G more while a sequence fits nowhere. Micro-batches go to the
+// groups in rounds, heaviest first, each to the group with the least area so far (equal: the lower
+// group); the global order is round by round.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,14 +45,17 @@ typedef struct {
     int64_t *mb_tokens;    // (M,)
     int32_t *mb_first;     // (M + 1,) its sequences: mb_seqs[mb_first[m] .. mb_first[m + 1])
     int32_t *mb_seqs;      // (n,) by micro-batch, increasing sequence index within one
-    Segment *segs;         // (max blocks of a micro-batch,) the blocks being dispatched
-    int32_t *owner;        // (same,) their members
-    double *area;          // (same,)
-    int32_t *by_area;      // (same,)
+    Segment *segs;         // (cap_pieces,) the pieces of the chunks being dispatched, in stream order
+    int32_t *piece_chunk;  // (cap_pieces,) the chunk of each piece
+    int32_t *piece_owner;  // (cap_pieces,) its member, once dispatched
+    double *area;          // (cap_chunks,) causal area of each chunk
+    int64_t *chunk_len;    // (cap_chunks,) tokens of each chunk
+    int32_t *owner;        // (cap_chunks,) the member of each chunk
+    int32_t *by_area;      // (cap_chunks,)
     int64_t *held;         // (d,) tokens of each member
     int32_t *count;        // (d,) blocks of each member
     int32_t *aside;        // (d,) members without room for the current block
-    int32_t cap_blocks;
+    int32_t cap_chunks, cap_pieces;
 } Blocks;
 
 // A micro-batch of T tokens on d members: its block size, the source's rule.
@@ -94,34 +99,59 @@ static int pack_sequences(Blocks *x) {
     return ok;
 }
 
-// Cut micro-batch m into blocks of B (x->segs, n_blocks); -1 + error on no memory.
-static int cut_blocks(Blocks *x, int32_t m, int64_t B, int32_t *n_blocks) {
-    int64_t n = 0;
-    for (int32_t i = x->mb_first[m]; i < x->mb_first[m + 1]; i++) n += (x->b->seqs[x->mb_seqs[i]].len + B - 1) / B;
-    if (n > INT32_MAX / 2) return bs_fail("blocks: %lld blocks in one micro-batch", (long long)n);
-    if (n > x->cap_blocks) {
-        free(x->segs), free(x->owner), free(x->area), free(x->by_area);
-        x->segs = bs_malloc((size_t)n * sizeof(Segment));
-        x->owner = bs_malloc((size_t)n * sizeof(int32_t));
-        x->area = bs_malloc((size_t)n * sizeof(double));
-        x->by_area = bs_malloc((size_t)n * sizeof(int32_t));
-        x->cap_blocks = (int32_t)n;
-        if (!x->segs || !x->owner || !x->area || !x->by_area) return x->cap_blocks = 0, bs_fail_ctx("blocks");
+// Grow the chunk and piece arrays to hold n_chunks and n_pieces. -1 + error.
+static int reserve_chunks(Blocks *x, int64_t n_chunks, int64_t n_pieces) {
+    if (n_chunks > INT32_MAX / 2 || n_pieces > INT32_MAX / 2)
+        return bs_fail("blocks: %lld blocks in one micro-batch", (long long)n_chunks);
+    if (n_chunks > x->cap_chunks) {
+        free(x->area), free(x->chunk_len), free(x->owner), free(x->by_area);
+        x->area = bs_malloc((size_t)n_chunks * sizeof(double));
+        x->chunk_len = bs_malloc((size_t)n_chunks * sizeof(int64_t));
+        x->owner = bs_malloc((size_t)n_chunks * sizeof(int32_t));
+        x->by_area = bs_malloc((size_t)n_chunks * sizeof(int32_t));
+        x->cap_chunks = (int32_t)n_chunks;
+        if (!x->area || !x->chunk_len || !x->owner || !x->by_area) return x->cap_chunks = 0, bs_fail_ctx("blocks");
     }
-    int32_t k = 0;
-    for (int32_t i = x->mb_first[m]; i < x->mb_first[m + 1]; i++) {
-        int32_t s = x->mb_seqs[i];
-        for (int64_t at = 0; at < x->b->seqs[s].len; at += B) {
-            int64_t len = x->b->seqs[s].len - at < B ? x->b->seqs[s].len - at : B;
-            x->segs[k] = (Segment){s, at, len};
-            x->area[k++] = (double)len * (double)at + cost_causal_area(len);
-        }
+    if (n_pieces > x->cap_pieces) {
+        free(x->segs), free(x->piece_chunk), free(x->piece_owner);
+        x->segs = bs_malloc((size_t)n_pieces * sizeof(Segment));
+        x->piece_chunk = bs_malloc((size_t)n_pieces * sizeof(int32_t));
+        x->piece_owner = bs_malloc((size_t)n_pieces * sizeof(int32_t));
+        x->cap_pieces = (int32_t)n_pieces;
+        if (!x->segs || !x->piece_chunk || !x->piece_owner) return x->cap_pieces = 0, bs_fail_ctx("blocks");
     }
-    *n_blocks = k;
     return 0;
 }
 
-// MagiAttention's min-heap dispatch of x->segs[0 .. n) over d members, each at most C tokens.
+// Cut micro-batch m, its sequences packed one after another, into chunks of B tokens of that stream
+// (the last shorter), as the source does: a chunk that spans the end of one sequence and the start
+// of the next is several pieces (segments). A chunk's area is its pieces' causal areas, each piece
+// against the start of its own sequence. -1 + error on no memory.
+static int cut_blocks(Blocks *x, int32_t m, int64_t B, int32_t *n_chunks, int32_t *n_pieces) {
+    int64_t T = x->mb_tokens[m], nc = (T + B - 1) / B;
+    if (reserve_chunks(x, nc, nc + (x->mb_first[m + 1] - x->mb_first[m])) != 0) return -1;
+    memset(x->area, 0, (size_t)nc * sizeof(double));
+    memset(x->chunk_len, 0, (size_t)nc * sizeof(int64_t));
+    int64_t pos = 0;  // where the stream is
+    int32_t k = 0;
+    for (int32_t i = x->mb_first[m]; i < x->mb_first[m + 1]; i++) {
+        int32_t s = x->mb_seqs[i];
+        for (int64_t at = 0, len = x->b->seqs[s].len; at < len;) {
+            int64_t c = pos / B, take = (c + 1) * B - pos;
+            if (take > len - at) take = len - at;
+            x->segs[k] = (Segment){s, at, take};
+            x->piece_chunk[k++] = (int32_t)c;
+            x->area[c] += (double)take * (double)at + cost_causal_area(take);
+            x->chunk_len[c] += take;
+            pos += take, at += take;
+        }
+    }
+    *n_chunks = (int32_t)nc;
+    *n_pieces = k;
+    return 0;
+}
+
+// MagiAttention's min-heap dispatch of chunks 0 .. n over d members, each at most C tokens.
 // 1: done (x->owner), 0: a block fits no member, -1 + error.
 static int dispatch(Blocks *x, int32_t n) {
     // policy_order_by_time wants keys >= 0 and sorts ascending with ties in index order: walking
@@ -138,7 +168,7 @@ static int dispatch(Blocks *x, int32_t n) {
         while (h.n > 0) {
             int32_t t = rankheap_pop(&h);
             if (x->count[t] >= limit) continue;  // full: it leaves the heap, as in the source
-            if (x->held[t] + x->segs[j].len <= x->C) {
+            if (x->held[t] + x->chunk_len[j] <= x->C) {
                 m = t;
                 break;
             }
@@ -150,7 +180,7 @@ static int dispatch(Blocks *x, int32_t n) {
             break;
         }
         x->owner[j] = m;
-        x->held[m] += x->segs[j].len;
+        x->held[m] += x->chunk_len[j];
         x->count[m]++;
         rankheap_push(&h, m, h.key[m] + x->area[j]);
     }
@@ -171,22 +201,23 @@ static void list_sequences(Blocks *x) {
 
 // Append micro-batch m as group g's block item. 1: added, 0: its dispatch failed, -1 + error.
 static int add_micro_batch(Blocks *x, Plan *out, int32_t m, int32_t g, int32_t *ranks) {
-    int32_t n = 0;
+    int32_t n = 0, n_pieces = 0;
     if (x->mb_first[m + 1] == x->mb_first[m]) return 1;  // an empty micro-batch runs nothing
     // blocks that fit no member (the last block of each sequence is shorter, so members can fill
     // unevenly): half the block size, until they fit; B = 1 always does (ceil(T / d) <= C)
     int r = 0;
     for (int64_t B = block_size(x, x->mb_tokens[m]); r == 0; B = (B + 1) / 2) {
-        if (cut_blocks(x, m, B, &n) != 0) return -1;
+        if (cut_blocks(x, m, B, &n, &n_pieces) != 0) return -1;
         r = dispatch(x, n);
         if (r < 0 || (r == 0 && B == 1)) return r;
     }
     for (int32_t j = 0; j < x->d; j++) ranks[j] = g * x->d + j;
-    return plan_add_blocks_item(out, x->segs, n, ranks, x->d, x->owner) < 0 ? -1 : 1;
+    for (int32_t i = 0; i < n_pieces; i++) x->piece_owner[i] = x->owner[x->piece_chunk[i]];
+    return plan_add_blocks_item(out, x->segs, n_pieces, ranks, x->d, x->piece_owner) < 0 ? -1 : 1;
 }
 
 // Deal the micro-batches to the groups in rounds, heaviest first, each to the group with the least
-// area so far (equal: the lower group), and append them. 1: done, 0: a dispatch failed, -1 + error.
+// area so far (equal: the lower group), and append them. 1: done, -1 + error.
 static int deal(Blocks *x, Plan *out) {
     int32_t *mb_order = bs_malloc((size_t)x->M * sizeof(int32_t)), *gs = bs_malloc((size_t)x->G * sizeof(int32_t));
     double *key = bs_malloc((size_t)x->M * sizeof(double));
@@ -230,7 +261,8 @@ static int order_sequences(Blocks *x) {
 
 static void blocks_free(Blocks *x) {
     free(x->order), free(x->mb), free(x->mb_area), free(x->mb_tokens), free(x->mb_first), free(x->mb_seqs);
-    free(x->segs), free(x->owner), free(x->area), free(x->by_area), free(x->held), free(x->count), free(x->aside);
+    free(x->segs), free(x->piece_chunk), free(x->piece_owner), free(x->area), free(x->chunk_len), free(x->owner);
+    free(x->by_area), free(x->held), free(x->count), free(x->aside);
 }
 
 // Size the micro-batch arrays for x->M. -1 + error.

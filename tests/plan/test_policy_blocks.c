@@ -2,7 +2,8 @@
 //
 // Worked example, traced by hand: 2 ranks, C = 16, context 32 (d_cp = 2, one group), lengths 24 and 8.
 // 32 tokens = d C: one micro-batch. B = ceil(32 / (8 x 2)) = 2 (MagiAttention's default). Blocks in
-// order: sequence 0 at 0, 2, .., 22 (indices 0-11), sequence 1 at 0, 2, 4, 6 (12-15); the area of a
+// order (the packed stream cut every 2 tokens; 24 is even, so no block spans both sequences):
+// sequence 0 at 0, 2, .., 22 (indices 0-11), sequence 1 at 0, 2, 4, 6 (12-15); the area of a
 // block of 2 at `a` is 2a + 3: sequence 0 gives 3 7 11 .. 47, sequence 1 gives 3 7 11 15. Limit
 // ceil(16 / 2) = 8 blocks per member. Heaviest first (equal: the later index first), each to the
 // member with the least area (equal: member 0):
