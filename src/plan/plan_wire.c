@@ -117,6 +117,18 @@ int plan_pack(const Plan *p, uint8_t **buf, size_t *size) {
     return 0;
 }
 
+// Version 3's tail: the owner of every segment. -1 + error (the plan freed) on no memory.
+static int get_owners(Plan *p, In *in, int32_t n_segs) {
+    p->seg_owner = bs_malloc((size_t)(n_segs > 0 ? n_segs : 1) * sizeof(int32_t));
+    if (!p->seg_owner) {
+        plan_free(p);
+        return bs_fail_ctx("plan message");
+    }
+    p->cap_owner = n_segs;
+    get(in, p->seg_owner, (size_t)n_segs * 4);
+    return 0;
+}
+
 int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
     memset(p, 0, sizeof *p);
     In in = {.p = buf, .size = size};
@@ -211,15 +223,7 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
             p->items[k].a2a = a;
         }
     }
-    if (blocks) {
-        p->seg_owner = bs_malloc((size_t)(n_segs > 0 ? n_segs : 1) * sizeof(int32_t));
-        if (!p->seg_owner) {
-            plan_free(p);
-            return bs_fail_ctx("plan message");
-        }
-        p->cap_owner = n_segs;
-        get(&in, p->seg_owner, (size_t)n_segs * 4);
-    }
+    if (blocks && get_owners(p, &in, n_segs) != 0) return -1;
     // item token counts are derived, as plan_add_item does, from segments checked to be in range
     for (int32_t k = 0; k < n_items && !in.bad; k++) {
         Item *it = &p->items[k];
