@@ -8,7 +8,8 @@
 // items in increasing k. A rank then only ever waits for the members of its current ring and no
 // two ranks can wait on each other in a cycle, so no barriers are needed. (A plan may still ask for
 // them: the peers' schedulers of docs/peers.md run in waves separated by barriers, and an item may
-// be a Ulysses all-to-all group instead of a ring; bytescale's own policies use neither.)
+// be a Ulysses all-to-all group or a block item (plan_item_kind) instead of a ring; bytescale's own
+// policies use none of these.)
 // The per-rank schedules (rank_begin / rank_items) are derived from the items by plan_finalize.
 #ifndef BYTESCALE_PLAN_H
 #define BYTESCALE_PLAN_H
