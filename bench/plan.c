@@ -25,7 +25,8 @@
 // into a cJSON tree takes (the reader before streaming; at 1M only, 10M would need some 10 GB).
 // `bench_plan files` runs this table alone.
 //
-// Table 5, the peers (docs/peers.md): planning time of megatron-hcp, wlb and flexsp beside balance and
+// Table 5, the peers (docs/peers.md): planning time of megatron-hcp, wlb, flexsp, blocks and blocks-all
+// (MagiAttention's default block size) beside balance and
 // elastic at 512 and 16,384 ranks, both datasets, 32M tokens, 2M and 256K context (flexsp's solver
 // time included), median (min - max) of 5 runs. `bench_plan peers` runs this table alone.
 #include <malloc.h>
@@ -410,10 +411,10 @@ static void table_files(const char *dir) {
 }
 
 static void table_peers(void) {
-    static const char *POL[] = {"balance", "elastic", "megatron-hcp", "wlb", "flexsp"};
+    static const char *POL[] = {"balance", "elastic", "megatron-hcp", "wlb", "flexsp", "blocks", "blocks-all"};
     static const int RANKS[] = {512, 16384};
     static const int64_t CTX[] = {256 << 10, 2 << 20};
-    enum { N = 5, RUNS = 5 };
+    enum { N = sizeof POL / sizeof POL[0], RUNS = 5 };
     printf("## The peers' planning time: 32M tokens, C = 8K, LLaMA-7B, offloading on\n\n");
     printf("plan ms, median (min - max) of %d runs on one core\n\n", RUNS);
     printf("| dataset | context | ranks  |");

@@ -111,11 +111,15 @@ BS_API int bs_plan_schedules(const Plan *p, int32_t *rank_begin, int32_t *rank_i
 // starts, megatron-hcp), delayed (n_delayed sequence indices this step does not train, wlb) and a2a
 // (n_items: 1 where the item is a Ulysses all-to-all group, flexsp; else 0).
 BS_API int bs_plan_peers(const Plan *p, int32_t *barriers, int32_t *delayed, int32_t *a2a);
+// The block peer's owners (docs/peers.md "blocks"): owners (n_segs) is, for a segment of a block item,
+// the member (index into its item's ranks) that owns it; -1 for every other segment.
+BS_API int bs_plan_owners(const Plan *p, int32_t *owners);
 
 // The token ranges rank `rank` holds, in the order it runs them: for each of its items in the global
 // order, for each segment of the item, the member's part of the segment: the whole segment on one
 // rank; on a ring of D ranks, member i's chunks i and 2D-1-i of the symmetric 2D-chunk layout
-// (plan_chunk), as one range when they touch (i = D-1), empty chunks left out. Range j is tokens
+// (plan_chunk), as one range when they touch (i = D-1), empty chunks left out; in a block item
+// (blocks), the blocks the member owns. Range j is tokens
 // [start[j], start[j] + len[j]) of the batch's sequence seq[j] (an index into the plan's sequences),
 // in item item[j]. rank = -1: every rank's ranges, rank 0 first; rank_of[j] says whose (may be
 // NULL). Writes at most cap ranges and returns how many there are (a first call with cap 0 and NULL

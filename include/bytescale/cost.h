@@ -195,6 +195,24 @@ double cost_max_offload_tokens(const CostModel *cm, int64_t C);
 // docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
+// One member of a block item (the block peer, docs/peers.md): what it owns, computes and receives,
+// in tokens and (query, key) pairs per layer. plan_blocks_loads derives it from a plan.
+typedef struct {
+    double tokens;        // tokens it owns (its queries and its K/V)
+    double local_pairs;   // causal pairs of its queries against its own keys
+    double remote_pairs;  // causal pairs of its queries against the keys it receives
+    double kv_intra, kv_inter;    // K/V tokens it receives from owners on its node / on other nodes
+    double dkv_intra, dkv_inter;  // backward: dK/dV tokens of its own blocks reduced to it, the same split
+    int32_t src_intra, src_inter; // one rank it receives from on its node / elsewhere (-1: none)
+} BlockLoad;
+// One layer of a block item's member, forward and backward, seconds, TP all-reduces included: the K/V
+// of the remote blocks arrive while it computes its local attention (intra- and inter-node bytes on
+// their own links at once), then it computes the remote part; backward the same with the K/V fetched
+// again, then the partial dK/dV reduced to their owners, exposed. No offloading.
+void cost_blocks_layer_times(const CostModel *cm, const BlockLoad *ld, double *fwd, double *bwd);
+// The member's planner estimate, all l layers forward + backward plus the head (as cost_item_time).
+double cost_blocks_member_time(const CostModel *cm, const BlockLoad *ld);
+
 // The same estimate for an item run as a Ulysses all-to-all group of D ranks (flexsp, docs/peers.md,
 // docs/cost-model.md): every member holds tokens/D of every segment, computes the attention of 1/D of
 // the heads over whole segments (no causal imbalance, no ring steps), and per layer waits for the

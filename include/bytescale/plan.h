@@ -8,7 +8,8 @@
 // items in increasing k. A rank then only ever waits for the members of its current ring and no
 // two ranks can wait on each other in a cycle, so no barriers are needed. (A plan may still ask for
 // them: the peers' schedulers of docs/peers.md run in waves separated by barriers, and an item may
-// be a Ulysses all-to-all group instead of a ring; bytescale's own policies use neither.)
+// be a Ulysses all-to-all group or a block item (plan_item_kind) instead of a ring; bytescale's own
+// policies use none of these.)
 // The per-rank schedules (rank_begin / rank_items) are derived from the items by plan_finalize.
 #ifndef BYTESCALE_PLAN_H
 #define BYTESCALE_PLAN_H
@@ -73,12 +74,35 @@ typedef struct {
     int32_t *delayed;      // (n_delayed,) increasing sequence indices this step does not train (wlb's
                            // delay queue): they are in no item; the caller puts them into a later batch
     int32_t n_delayed, cap_delayed;
+    int32_t *seg_owner;    // (n_segs,) or NULL (no block item: every plan but the block peer's): for a
+                           // segment of a block item (ITEM_BLOCKS), the member (index into its item's
+                           // ranks) that owns the block; -1 for the segments of every other item
+    int32_t cap_owner;
 } Plan;
+
+// What an item is. A block item (the block peer, docs/peers.md) is a CP group's whole micro-batch:
+// its segments are blocks of its sequences, each owned by one member (Plan.seg_owner), and every
+// member receives from their owners the K/V blocks its query blocks see (plan_blocks_loads); no ring.
+typedef enum { ITEM_RING = 0, ITEM_A2A = 1, ITEM_BLOCKS = 2 } ItemKind;  // ITEM_RING: a ring or a pack
+ItemKind plan_item_kind(const Plan *p, int32_t item);
 
 int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, int32_t pp, const char *policy);
 void plan_free(Plan *p);
 // Append an item at the end of the global order. Returns its index, or -1 + error.
 int32_t plan_add_item(Plan *p, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload);
+// Append a block item: segment i (a block) is owned by member owners[i] of ranks. -1 + error.
+int32_t plan_add_blocks_item(Plan *p, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks,
+                             const int32_t *owners);
+// What each member of block item `item` computes and receives (cost.h BlockLoad), derived from the
+// owners: a member's query block sees the blocks of its sequence at or before it; those another member
+// owns it receives (K/V forward, again backward) and sends their dK/dV back to the owner.
+// node_of(rank, ctx) names a rank's node (NULL: every rank its own). loads: (n_ranks,).
+// O(blocks log blocks + members log members). -1 + error.
+int plan_blocks_loads(const Plan *p, int32_t item, int64_t (*node_of)(int32_t rank, const void *ctx),
+                      const void *ctx, BlockLoad *loads);
+// plan_validate's rules for block item `item`: owners in range, each member's tokens <= capacity, whole
+// sequences (each one's blocks cover it once), no offload. -1 + error naming the item.
+int plan_blocks_check(const Plan *p, int32_t item);
 // A barrier before the next item plan_add_item appends (a second one at the same place is ignored).
 int plan_add_barrier(Plan *p);
 // Mark sequence `seq` as delayed to a later step (indices must come increasing). -1 + error.

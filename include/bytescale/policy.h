@@ -8,6 +8,9 @@
 //   wlb           WLB-LLM: workload-aware packing on a static DP x CP mesh, outliers delayed
 //   flexsp        FlexSP: heterogeneous Ulysses (all-to-all) groups, at most the heads of a TP shard, from a
 //                 MILP (GLPK)
+//   blocks        MagiAttention / FCP: sequences cut into blocks, min-heap dispatched over each CP group of
+//                 the static mesh's d_cp ranks by causal area; each rank receives the K/V blocks it sees
+//   blocks-all    the same with all ranks as one group
 // A new policy is one new file in src/plan and one line in the table in policy.c.
 #ifndef BYTESCALE_POLICY_H
 #define BYTESCALE_POLICY_H
@@ -30,6 +33,7 @@ typedef struct {
     int flush;          // wlb: delay no document (the last step of a run empties the delay queue)
     int64_t carried;    // wlb: the batch's first `carried` sequences are ones earlier steps delayed (the
                         // queue); the rest are the step's own, which alone set its micro-batch count
+    int64_t block_size; // blocks, blocks-all: tokens per block B (0 = MagiAttention's default, docs/peers.md)
 } PlanConfig;
 
 typedef int (*PolicyFn)(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);

@@ -35,6 +35,7 @@ typedef struct {
     int64_t context;      // longest sequence; the static baseline's d_cp = ceil(context / C)
     int64_t tokens;       // tokens per global batch
     char dataset[64];     // length distribution (batch.h: "byted", "github", "uniform:LO:HI", ...)
+    int64_t block_size;   // the block peer's B (PlanConfig.block_size; 0 = its default)
 } Scenario;
 
 int scenario_count(void);

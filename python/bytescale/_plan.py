@@ -14,7 +14,7 @@ from ._lib import Error, lib
 
 Sequence = collections.namedtuple("Sequence", "id len src")
 Segment = collections.namedtuple("Segment", "seq start len")
-Item = collections.namedtuple("Item", "ranks segments offload tokens est_time a2a", defaults=(False,))
+Item = collections.namedtuple("Item", "ranks segments offload tokens est_time a2a owners", defaults=(False, None))
 Chunk = collections.namedtuple("Chunk", "item seq start len id id_start")
 Chunks = collections.namedtuple("Chunks", "rank item seq start len id id_start")
 
@@ -28,6 +28,7 @@ _ARRAYS = {
     "members": ("members", np.int32),
     "rank_begin": ("schedules", np.int32), "rank_items": ("schedules", np.int32), "rank_busy": ("schedules", np.float64),
     "barriers": ("peers", np.int32), "delayed": ("peers", np.int32), "item_a2a": ("peers", np.int32),
+    "seg_owner": ("owners", np.int32),
 }
 
 
@@ -45,6 +46,7 @@ class Plan:
       peers      barriers (item indices where a wave starts: megatron-hcp), delayed (sequence indices this
                  step does not train: wlb), item_a2a (1: a Ulysses all-to-all group, flexsp); empty / all 0
                  for bytescale's own policies (docs/peers.md)
+      owners     seg_owner (per segment: its owner, a member index, in a block item (blocks); else -1)
     Plain Python: items, sequences, schedule(rank), schedules, chunks(rank); chunk_arrays(rank) as NumPy.
     """
 
@@ -72,7 +74,8 @@ class Plan:
 
     def _fetch(self, group):
         i = self._info
-        sizes = {"sequences": i.n_seqs, "items": i.n_items, "segments": i.n_segs, "members": i.n_refs}
+        sizes = {"sequences": i.n_seqs, "items": i.n_items, "segments": i.n_segs, "members": i.n_refs,
+                 "owners": i.n_segs}
         names = [n for n, (g, _) in _ARRAYS.items() if g == group]
         if group == "schedules":
             arrs = [_lib.new(i.n_ranks + 1, np.int32), _lib.new(i.n_refs, np.int32), _lib.new(i.n_ranks, np.float64)]
@@ -132,17 +135,20 @@ class Plan:
 
     @property
     def items(self) -> List[Item]:
-        """[Item(ranks, segments, offload, tokens, est_time, a2a)] in the global order; ranks in ring
-        order, segments as Segment(seq, start, len), a2a True for a Ulysses all-to-all group (flexsp)."""
+        """[Item(ranks, segments, offload, tokens, est_time, a2a, owners)] in the global order; ranks in
+        ring order, segments as Segment(seq, start, len), a2a True for a Ulysses all-to-all group (flexsp),
+        owners None or, for a block item (blocks), each segment's owner (an index into ranks)."""
         members, seq, start, length = (self.members.tolist(), self.seg_seq.tolist(), self.seg_start.tolist(),
                                        self.seg_len.tolist())
+        owner = self.seg_owner.tolist()
         out = []
         for sb, ns, rb, nr, off, tok, est, a2a in zip(self.item_seg_begin.tolist(), self.item_n_segs.tolist(),
                                                       self.item_rank_begin.tolist(), self.item_n_ranks.tolist(),
                                                       self.item_offload.tolist(), self.item_tokens.tolist(),
                                                       self.item_est_time.tolist(), self.item_a2a.tolist()):
             segs = tuple(Segment(seq[j], start[j], length[j]) for j in range(sb, sb + ns))
-            out.append(Item(tuple(members[rb:rb + nr]), segs, off, tok, est, bool(a2a)))
+            own = tuple(owner[sb:sb + ns]) if ns and owner[sb] >= 0 else None
+            out.append(Item(tuple(members[rb:rb + nr]), segs, off, tok, est, bool(a2a), own))
         return out
 
     def schedule(self, rank: int) -> List[int]:
@@ -192,14 +198,16 @@ class Plan:
 
     def to_dict(self) -> Dict[str, Any]:
         """The plan in the plan file's JSON form (docs/plan-format.md), as Python objects: the peers'
-        "a2a" (per item), "barriers" and "delayed" only where the file has them (set, non-empty)."""
+        "a2a" and "owners" (per item), "barriers" and "delayed" only where the file has them (set,
+        non-empty)."""
         out = {
             "format": "bytescale-plan", "version": 1, "policy": self.policy, "n_ranks": self.n_ranks, "pp": self.pp,
             "capacity": self.capacity, "makespan": self.makespan, "lower_bound": self.lower_bound,
             "sequences": [{"id": s.id, "len": s.len, "src": s.src} for s in self.sequences],
             "items": [dict({"ranks": list(it.ranks), "offload": it.offload,
                             "segments": [list(s) for s in it.segments], "est_time": it.est_time},
-                           **({"a2a": 1} if it.a2a else {})) for it in self.items],
+                           **({"a2a": 1} if it.a2a else {}),
+                           **({"owners": list(it.owners)} if it.owners is not None else {})) for it in self.items],
         }
         for name in ("barriers", "delayed"):
             if getattr(self, name).size:

@@ -22,11 +22,11 @@ POLICIES = sorted(bytescale.policies())
 # The peers' schedulers (docs/peers.md) add plan fields (barriers, delayed documents, all-to-all items):
 # the package carries them (arrays barriers, delayed, item_a2a; Item.a2a; to_dict), and every policy,
 # the peers too, is compared with the command's plan field by field.
-PEERS = {"megatron-hcp", "wlb", "flexsp"}
+PEERS = {"megatron-hcp", "wlb", "flexsp", "blocks", "blocks-all"}
 WHOLE = [p for p in POLICIES if p != "wlb"]  # plans that train every token (wlb's leaves its delayed ones out)
 ARRAYS = ["seq_id", "seq_len", "seq_src", "item_seg_begin", "item_n_segs", "item_rank_begin", "item_n_ranks",
           "item_offload", "item_tokens", "item_est_time", "seg_seq", "seg_start", "seg_len", "members", "rank_begin",
-          "rank_items", "rank_busy", "barriers", "delayed", "item_a2a"]
+          "rank_items", "rank_busy", "barriers", "delayed", "item_a2a", "seg_owner"]
 
 
 def cli_args(cfg, policy, lengths_path):
@@ -120,12 +120,16 @@ def test_chunks_cover_every_token_once_in_global_order(policy):
         assert (np.diff(mine.item) >= 0).all()  # the global order
         assert sorted(set(mine.item.tolist())) == p.schedule(r)
         assert p.chunks(r) == [bytescale.Chunk(*t) for t in zip(*(x.tolist() for x in mine[1:]))]
-        # the layout: member i of a ring of D holds chunks i and 2D-1-i of every segment
+        # the layout: member i of a ring of D holds chunks i and 2D-1-i of every segment; of a block
+        # item (blocks), the blocks it owns
         expect = []
         for k in p.schedule(r):
             it = items[k]
             d, i = len(it.ranks), it.ranks.index(r)
-            for s in it.segments:
+            for j, s in enumerate(it.segments):
+                if it.owners is not None:
+                    expect += [(k, s.seq, s.start, s.len)] if it.owners[j] == i else []
+                    continue
                 if d == 1:
                     expect.append((k, s.seq, s.start, s.len))
                     continue
@@ -202,6 +206,15 @@ def test_peers_plan(policy):
     if policy == "wlb":  # a delayed sequence is in no item
         held = set(p.seg_seq.tolist())
         assert not held & set(p.delayed.tolist()) and len(held) + p.delayed.size == p.n_seqs
+    # block items (blocks): every segment of them has an owner among the item's members, no other does
+    blocks = policy.startswith("blocks")
+    assert (p.seg_owner >= 0).all() if blocks else (p.seg_owner == -1).all()
+    assert all((it.owners is not None) == blocks == ("owners" in e) for it, e in zip(p.items, d["items"]))
+    if blocks:  # a member's chunks are the blocks it owns
+        for r in range(p.n_ranks):
+            owned = sorted((s.seq, s.start, s.len) for it in p.items if r in it.ranks
+                           for s, o in zip(it.segments, it.owners) if it.ranks[o] == r)
+            assert sorted((c.seq, c.start, c.len) for c in p.chunks(r)) == owned
     if policy == "flexsp":  # an all-to-all group has at least 2 ranks, at most the heads of a TP shard (16)
         assert all(2 <= len(it.ranks) <= 16 for it in p.items if it.a2a)
 

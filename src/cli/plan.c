@@ -27,6 +27,7 @@ typedef struct {
     int64_t capacity, context, tokens;
     uint64_t seed;
     int offload, json;
+    int64_t block_size;
     const char *model, *hardware, *cost, *policy, *lengths, *dist, *out;
 } PlanArgs;
 
@@ -60,8 +61,11 @@ static void usage(FILE *f) {
             "policy:\n"
             "  --policy NAME        static, naive, naive-eq3min, balance, elastic (balance with rings widened\n"
             "                       past ceil(s/C) where ranks would idle), the peers' schedulers\n"
-            "                       megatron-hcp, wlb, flexsp (docs/peers.md), or all for a comparison table\n"
+            "                       megatron-hcp, wlb, flexsp, blocks, blocks-all (docs/peers.md), or all for a\n"
+            "                       comparison table\n"
             "                       (default balance)\n"
+            "  --block-size B       blocks, blocks-all: tokens per block (default MagiAttention's: a micro-batch's\n"
+            "                       tokens / (8 x its group's ranks); a larger B is capped to that)\n"
             "  --offload            allow selective offloading (default)\n"
             "  --no-offload         never offload: a sequence of s > C tokens takes ceil(s / C) ranks\n"
             "output:\n"
@@ -71,7 +75,7 @@ static void usage(FILE *f) {
 }
 
 enum { OPT_RANKS = 256, OPT_GPUS, OPT_CAPACITY, OPT_CONTEXT, OPT_MODEL, OPT_HARDWARE, OPT_COST, OPT_TP, OPT_PP,
-       OPT_POLICY, OPT_LENGTHS, OPT_DIST, OPT_TOKENS, OPT_SEED, OPT_OFFLOAD, OPT_NO_OFFLOAD, OPT_OUT, OPT_JSON };
+       OPT_POLICY, OPT_LENGTHS, OPT_DIST, OPT_TOKENS, OPT_SEED, OPT_OFFLOAD, OPT_NO_OFFLOAD, OPT_OUT, OPT_BLOCK, OPT_JSON };
 
 static const struct option OPTIONS[] = {
     {"ranks", required_argument, 0, OPT_RANKS},       {"gpus", required_argument, 0, OPT_GPUS},
@@ -83,7 +87,8 @@ static const struct option OPTIONS[] = {
     {"tokens", required_argument, 0, OPT_TOKENS},     {"seed", required_argument, 0, OPT_SEED},
     {"offload", no_argument, 0, OPT_OFFLOAD},         {"no-offload", no_argument, 0, OPT_NO_OFFLOAD},
     {"out", required_argument, 0, OPT_OUT},           {"json", no_argument, 0, OPT_JSON},
-    {"help", no_argument, 0, 'h'},                    {0, 0, 0, 0},
+    {"block-size", required_argument, 0, OPT_BLOCK}, {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
 };
 
 // Bounds: HDP ranks as a plan file allows them (docs/plan-format.md), tp and pp as the simulator's.
@@ -116,6 +121,7 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
         case OPT_RANKS: if (arg_positive("--ranks", optarg, MAX_RANKS, &v)) return -1; a->ranks = (int32_t)v; break;
         case OPT_GPUS: if (arg_positive("--gpus", optarg, MAX_GPUS, &a->gpus)) return -1; break;
         case OPT_CAPACITY: if (arg_positive("--capacity", optarg, 1ll << 24, &a->capacity)) return -1; break;
+        case OPT_BLOCK: if (arg_positive("--block-size", optarg, 1ll << 40, &a->block_size)) return -1; break;
         case OPT_CONTEXT: if (arg_positive("--context", optarg, 1ll << 40, &a->context)) return -1; break;
         case OPT_TOKENS: if (arg_positive("--tokens", optarg, 1ll << 40, &a->tokens)) return -1; break;
         case OPT_TP: if (arg_positive("--tp", optarg, MAX_DEGREE, &v)) return -1; a->tp = (int32_t)v; break;
@@ -355,9 +361,9 @@ int cmd_plan(int argc, char **argv) {
     }
     fflush(stdout);  // the batch line comes before any planning error
     PlanConfig cfg = {.n_ranks = a.ranks, .capacity = a.capacity, .context = a.context, .pp = a.pp,
-                      .offload = a.offload};
+                      .offload = a.offload, .block_size = a.block_size};
     int all = !strcmp(a.policy, "all");
-    Result rs[8];
+    Result rs[16];
     int n = all ? policy_count() : 1;
     if (n > (int)(sizeof rs / sizeof rs[0]))
         cli_die("plan", "--policy all compares at most %zu policies", sizeof rs / sizeof rs[0]);

@@ -47,7 +47,10 @@ static void usage(FILE *f) {
             "  --policy LIST       comma-separated: static, naive-nooff (sharding + dynamic comm), naive\n"
             "                      (+ offloading), balance (+ balance scheduler), elastic (+ rings wider than\n"
             "                      ceil(s/C) where ranks would idle), any planner (the peers: megatron-hcp,\n"
-            "                      wlb, flexsp, docs/peers.md), or all (default: the five above)\n"
+            "                      wlb, flexsp, blocks, blocks-all, docs/peers.md), or all (default: the\n"
+            "                      five above)\n"
+            "  --block-size B      blocks, blocks-all: tokens per block (default MagiAttention's: a micro-batch's\n"
+            "                      tokens / (8 x its group's ranks); a larger B is capped to that)\n"
             "  --plan FILE         simulate this plan file (docs/plan-format.md) instead of planning; the\n"
             "                      cluster is --gpus or --ranks (default: the plan's ranks x tp x pp) with --tp\n"
             "  --cost FILE         cost model coefficients, JSON (docs/cost-model.md); default: derived from\n"
@@ -163,7 +166,7 @@ static int set_text(char *dst, size_t cap, const char *flag, const char *value, 
 typedef struct {
     const char *scenario, *model, *hardware, *dist, *policy, *plan, *cost, *trace, *sweep, *out;
     int gpus, ranks, tp, pp, trace_ranks, json, grid, no_plot, seeds, strict;
-    int64_t capacity, context, tokens, seed;
+    int64_t capacity, context, tokens, seed, block_size;
     int set_gpus, set_ranks, set_tp, set_pp, set_capacity, set_context, set_tokens;
     unsigned char given[32];  // given[F_x - F_FIRST]: the flag was on the command line
 } Flags;
@@ -524,13 +527,14 @@ int cmd_simulate(int argc, char **argv) {
     fl.trace_ranks = 64;
     enum { F_FIRST = 256, F_SCENARIO = F_FIRST, F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS,
            F_SEED, F_SEEDS, F_POLICY, F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON,
-           F_STRICT, F_HELP };
+           F_STRICT, F_BLOCK, F_HELP };
     static const struct option opts[] = {
         {"scenario", required_argument, 0, F_SCENARIO}, {"model", required_argument, 0, F_MODEL},
         {"hardware", required_argument, 0, F_HW},       {"gpus", required_argument, 0, F_GPUS},
         {"ranks", required_argument, 0, F_RANKS},       {"tp", required_argument, 0, F_TP},
         {"pp", required_argument, 0, F_PP},             {"capacity", required_argument, 0, F_CAP},
         {"context", required_argument, 0, F_CTX},       {"dist", required_argument, 0, F_DIST},
+        {"block-size", required_argument, 0, F_BLOCK},
         {"tokens", required_argument, 0, F_TOKENS},     {"seed", required_argument, 0, F_SEED},
         {"seeds", required_argument, 0, F_SEEDS},
         {"policy", required_argument, 0, F_POLICY},     {"plan", required_argument, 0, F_PLAN},
@@ -560,6 +564,7 @@ int cmd_simulate(int argc, char **argv) {
         case F_TP: bad = int_flag("--tp", a, &fl.tp, CLUSTER_MAX_DEGREE), fl.set_tp = 1; break;
         case F_PP: bad = int_flag("--pp", a, &fl.pp, CLUSTER_MAX_DEGREE), fl.set_pp = 1; break;
         case F_CAP: bad = int64_flag("--capacity", a, &fl.capacity, 1, MAX_CAPACITY), fl.set_capacity = 1; break;
+        case F_BLOCK: bad = int64_flag("--block-size", a, &fl.block_size, 1, MAX_TOKENS); break;
         case F_CTX: bad = int64_flag("--context", a, &fl.context, 1, MAX_TOKENS), fl.set_context = 1; break;
         case F_DIST: fl.dist = a; break;
         case F_TOKENS: bad = int64_flag("--tokens", a, &fl.tokens, 1, MAX_TOKENS), fl.set_tokens = 1; break;
@@ -598,12 +603,12 @@ int cmd_simulate(int argc, char **argv) {
          {F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS, F_SEED, F_POLICY, F_PLAN,
           F_COST, F_TRACE, 0}},
         {list, "--scenario list", "it only lists the presets",
-         {F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_SEEDS, F_STRICT, 0}},
+         {F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_SEEDS, F_STRICT, F_BLOCK, 0}},
         {fl.plan != NULL, "--plan", "the plan file fixes the batch, the capacity and the schedule",
-         {F_CAP, F_CTX, F_DIST, F_TOKENS, F_SEED, F_SEEDS, F_POLICY, F_OUT, F_NOPLOT, 0}},
+         {F_CAP, F_CTX, F_DIST, F_TOKENS, F_SEED, F_SEEDS, F_POLICY, F_OUT, F_NOPLOT, F_BLOCK, 0}},
         {fl.grid, "--grid",
          "the grid runs the paper's presets (only --hardware, --policy, --seed and --seeds change it)",
-         {F_SCENARIO, F_MODEL, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS, F_TRACE_RANKS, 0}},
+         {F_SCENARIO, F_MODEL, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS, F_TRACE_RANKS, F_BLOCK, 0}},
         {fl.grid, "--grid", "the memory check is for single runs", {F_STRICT, 0}},
         {fl.sweep && !strcmp(fl.sweep, "contexts"), "--sweep contexts", "the sweep sets the context of each point",
          {F_CTX, F_TRACE_RANKS, 0}},
@@ -682,6 +687,7 @@ int cmd_simulate(int argc, char **argv) {
     }
     if (fl.set_capacity) sc.capacity = fl.capacity, changed = 1;
     if (fl.set_context) sc.context = fl.context, changed = 1;
+    if (fl.block_size) sc.block_size = fl.block_size, changed = 1;
     if (fl.set_tokens) sc.tokens = fl.tokens, changed = 1;
     if (changed && fl.scenario) {
         char name[48];

@@ -37,8 +37,9 @@ static void usage(FILE *f) {
             "                       rings over several ranks (default: the context, or what --mem-budget holds)\n"
             "  --policy NAME        planner: static, naive, naive-eq3min, balance, elastic or megatron-hcp\n"
             "                       (default %s); not flexsp (all-to-all groups, which the engine does not\n"
-            "                       run) nor wlb (its delay queue needs a data pipeline that carries documents\n"
-            "                       to the next step): simulate those (docs/peers.md)\n"
+            "                       run), wlb (its delay queue needs a data pipeline that carries documents\n"
+            "                       to the next step) nor blocks / blocks-all (block dispatch, which the engine\n"
+            "                       does not run): simulate those (docs/peers.md)\n"
             "  --lr X               peak learning rate, in (0, 1] (default %g)\n"
             "  --min-lr X           final learning rate of the cosine decay (default: lr / 10)\n"
             "  --warmup N           linear warmup steps (default %lld)\n"
@@ -171,7 +172,11 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_CONTEXT: return arg_int64(flag, v, &c->context);
     case OPT_CAPACITY: return arg_int64(flag, v, &c->capacity);
     case OPT_POLICY:
-        if (!strcmp(v, "flexsp") || !strcmp(v, "wlb"))  // plans the engine cannot run (docs/peers.md)
+        if (!strcmp(v, "blocks") || !strcmp(v, "blocks-all"))  // plans the engine cannot run (docs/peers.md)
+            return bs_fail("--policy %s: its block items (blocks owned one by one, K/V fetched from their owners) do "
+                           "not run in the engine, which runs rings and packs; plan or simulate it instead",
+                           v);
+        if (!strcmp(v, "flexsp") || !strcmp(v, "wlb"))
             return bs_fail("--policy %s: %s; plan or simulate it instead", v,
                            !strcmp(v, "flexsp") ? "its all-to-all (Ulysses) groups do not run in the engine, which "
                                                   "runs rings and packs"

@@ -388,6 +388,42 @@ double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int 
     return total;
 }
 
+// A block member's fetch (docs/cost-model.md, "Block items"): the tokens from its own node travel
+// on the intra-node link, the rest on the inter-node one, at the same time; the slower sets the time.
+static double blocks_fetch_time(const CostModel *cm, double intra, double inter, double token_bytes) {
+    double bw, lat, x = 0;
+    if (intra > 0) {
+        ring_link(cm, 1, &bw, &lat);  // a "ring" inside one node: the intra-node link when there is one
+        x = transfer_time(intra * token_bytes, bw, lat);
+    }
+    if (inter > 0) x = fmax(x, transfer_time(inter * token_bytes, cm->ring_bw, cm->ring_lat));
+    return x;
+}
+
+void cost_blocks_layer_times(const CostModel *cm, const BlockLoad *ld, double *fwd, double *bwd) {
+    double lin = cm->lin_token * ld->tokens + cm->layer_const;
+    double local = cm->attn_pair * ld->local_pairs + cm->attn_step;
+    double remote = ld->remote_pairs > 0 ? cm->attn_pair * ld->remote_pairs + cm->attn_step : 0;
+    double x_kv = blocks_fetch_time(cm, ld->kv_intra, ld->kv_inter, cm->kv_token);
+    double x_dkv = blocks_fetch_time(cm, ld->dkv_intra, ld->dkv_inter, cm->kv_token);
+    // the remote K/V arrive while the local attention runs (one remote stage); the remote attention
+    // waits for them; backward fetches them again and reduces the partial dK/dV after the remote part
+    *fwd = lin / 3.0 + fmax(local / 3.0, x_kv) + remote / 3.0;
+    *bwd = 2.0 * lin / 3.0 + fmax(2.0 * local / 3.0, x_kv) + 2.0 * remote / 3.0 + x_dkv;
+    double tp_fwd, tp_bwd;
+    cost_tp_layer_times(cm, ld->tokens, &tp_fwd, &tp_bwd);
+    *fwd += tp_fwd;
+    *bwd += tp_bwd;
+}
+
+double cost_blocks_member_time(const CostModel *cm, const BlockLoad *ld) {
+    if (ld->tokens <= 0) return 0.0;  // a member that owns no block this micro-batch
+    double fwd, bwd, head_fwd, head_bwd;
+    cost_blocks_layer_times(cm, ld, &fwd, &bwd);
+    cost_tp_head_times(cm, ld->tokens, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
+    return cm->n_layers * (fwd + bwd) + cost_head_time(cm, ld->tokens) + head_fwd + head_bwd;
+}
+
 double cost_a2a_token(const CostModel *cm) { return cm->a2a_token > 0 ? cm->a2a_token : 2.0 * cm->kv_token; }
 
 double cost_a2a_bytes(const CostModel *cm, int D) {

@@ -39,6 +39,7 @@ void plan_free(Plan *p) {
     free(p->rank_busy);
     free(p->barriers);
     free(p->delayed);
+    free(p->seg_owner);
     memset(p, 0, sizeof *p);
 }
 
@@ -72,10 +73,36 @@ int32_t plan_add_item(Plan *p, const Segment *segs, int n_segs, const int32_t *r
     it->offload = (float)offload;
     for (int i = 0; i < n_segs; i++) it->tokens += segs[i].len;
     memcpy(p->segs + p->n_segs, segs, (size_t)n_segs * sizeof(Segment));
+    if (p->seg_owner) {  // a plan with block items: this item's segments have no owner
+        if (grow((void **)&p->seg_owner, &p->cap_owner, (int64_t)p->n_segs + n_segs, sizeof(int32_t), "owners") != 0)
+            return -1;
+        for (int i = 0; i < n_segs; i++) p->seg_owner[p->n_segs + i] = -1;
+    }
     memcpy(p->ranks + p->n_refs, ranks, (size_t)n_ranks * sizeof(int32_t));
     p->n_segs += n_segs;
     p->n_refs += n_ranks;
     return p->n_items++;
+}
+
+int32_t plan_add_blocks_item(Plan *p, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks,
+                             const int32_t *owners) {
+    // the owners table starts with the first block item: -1 for every segment before it
+    if (!p->seg_owner) {
+        if (grow((void **)&p->seg_owner, &p->cap_owner, (int64_t)p->n_segs + 1, sizeof(int32_t), "owners") != 0)
+            return -1;
+        for (int32_t j = 0; j < p->n_segs; j++) p->seg_owner[j] = -1;
+    }
+    int32_t at = p->n_segs;
+    int32_t k = plan_add_item(p, segs, n_segs, ranks, n_ranks, 0.0);
+    if (k < 0) return -1;
+    memcpy(p->seg_owner + at, owners, (size_t)n_segs * sizeof(int32_t));
+    return k;
+}
+
+ItemKind plan_item_kind(const Plan *p, int32_t item) {
+    const Item *it = &p->items[item];
+    if (p->seg_owner && it->n_segs > 0 && p->seg_owner[it->seg_begin] >= 0) return ITEM_BLOCKS;
+    return it->a2a ? ITEM_A2A : ITEM_RING;
 }
 
 int plan_add_barrier(Plan *p) {
@@ -95,6 +122,25 @@ int plan_add_delayed(Plan *p, int32_t seq) {
     return 0;
 }
 
+// A rank's node in the planner's view: ranks_per_node consecutive ranks per node.
+static int64_t planner_node(int32_t rank, const void *ctx) {
+    int per = *(const int *)ctx;
+    return per > 1 ? rank / per : rank;
+}
+
+// A block item's estimate: its slowest member (the group's fetches and reductions are collectives).
+static int blocks_item_time(Plan *p, int32_t k, const CostModel *cm) {
+    Item *it = &p->items[k];
+    BlockLoad *ld = bs_malloc((size_t)it->n_ranks * sizeof(BlockLoad));
+    if (!ld) return bs_fail_ctx("plan_finalize");
+    int per = cm->ranks_per_node;
+    int rc = plan_blocks_loads(p, k, planner_node, &per, ld);
+    it->est_time = 0;
+    for (int32_t m = 0; rc == 0 && m < it->n_ranks; m++) it->est_time = fmax(it->est_time, cost_blocks_member_time(cm, &ld[m]));
+    free(ld);
+    return rc;
+}
+
 // The estimated time of every item from the cost model.
 static int finalize_times(Plan *p, const CostModel *cm) {
     int32_t max_segs = 1;
@@ -105,6 +151,13 @@ static int finalize_times(Plan *p, const CostModel *cm) {
     for (int32_t k = 0; k < p->n_items; k++) {
         Item *it = &p->items[k];
         for (int32_t j = 0; j < it->n_segs; j++) lens[j] = p->segs[it->seg_begin + j].len;
+        if (plan_item_kind(p, k) == ITEM_BLOCKS) {
+            if (blocks_item_time(p, k, cm) != 0) {
+                free(lens);
+                return -1;
+            }
+            continue;
+        }
         it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks)
                                : cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
     }

@@ -296,6 +296,12 @@ int bs_plan_schedules(const Plan *p, int32_t *rank_begin, int32_t *rank_items, d
     return 0;
 }
 
+int bs_plan_owners(const Plan *p, int32_t *owners) {
+    if (check_plan(p, "bs_plan_owners")) return -1;
+    for (int32_t j = 0; owners && j < p->n_segs; j++) owners[j] = p->seg_owner ? p->seg_owner[j] : -1;
+    return 0;
+}
+
 int bs_plan_peers(const Plan *p, int32_t *barriers, int32_t *delayed, int32_t *a2a) {
     if (check_plan(p, "bs_plan_peers")) return -1;
     if (barriers && p->n_barriers > 0) memcpy(barriers, p->barriers, (size_t)p->n_barriers * sizeof *barriers);
@@ -331,8 +337,13 @@ static void rank_chunks(const Plan *p, int32_t r, ChunkOut *o) {
         const Item *it = &p->items[k];
         int D = it->n_ranks, pos = 0;
         while (pos < D && p->ranks[it->rank_begin + pos] != r) pos++;
+        int blocks = plan_item_kind(p, k) == ITEM_BLOCKS;
         for (int32_t j = 0; j < it->n_segs; j++) {
             const Segment *sg = &p->segs[it->seg_begin + j];
+            if (blocks) {  // a block item: the member holds the blocks it owns, whole
+                if (p->seg_owner[it->seg_begin + j] == pos) chunk_put(o, r, k, sg->seq, sg->start, sg->len);
+                continue;
+            }
             if (D == 1) {
                 chunk_put(o, r, k, sg->seq, sg->start, sg->len);
                 continue;

@@ -73,6 +73,18 @@ static int offload_fits(const CostModel *cm, double share, double r, int64_t cap
     return *need <= *budget * (1 + 1e-6);
 }
 
+// The block peer's owners (Plan.seg_owner): a block item passes plan_blocks_check, any other item's
+// segments have none. 1: a valid block item, 0: another item, -1 + error.
+static int check_owners(const Plan *p, int32_t k) {
+    const Item *it = &p->items[k];
+    if (plan_item_kind(p, k) == ITEM_BLOCKS) return plan_blocks_check(p, k) == 0 ? 1 : -1;
+    for (int32_t j = 0; p->seg_owner && j < it->n_segs; j++)
+        if (p->seg_owner[it->seg_begin + j] != -1)
+            return bs_fail("item %d: segment %d has an owner (%d) but the item is not a block item", k, j,
+                           p->seg_owner[it->seg_begin + j]);
+    return 0;
+}
+
 static int check_items(const Plan *p, const CostModel *cm) {
     int32_t *stamp = bs_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
     int64_t *diff = bs_malloc(((size_t)p->n_ranks + 1) * sizeof(int64_t));  // fullest_member's, any ring fits
@@ -146,6 +158,9 @@ static int check_items(const Plan *p, const CostModel *cm) {
             }
             stamp[r] = k + 1;
         }
+        int blocks = check_owners(p, k);
+        if (blocks < 0) goto out;
+        if (blocks) continue;  // a block item's capacity is per owner: checked there
         double off = it->offload;
         if (!(off >= 0 && off <= 1)) {
             bs_fail("item %d: offload ratio %g outside [0, 1]", k, off);

@@ -77,6 +77,11 @@ static int write_body(FILE *f, const Plan *p, const char *path) {
         snprintf(what, sizeof what, "items[%d].est_time", k);
         if (put_number(f, it->est_time, path, what) != 0) return -1;
         if (it->a2a) fputs(", \"a2a\": 1", f);  // only where set: other plans read as before
+        if (plan_item_kind(p, k) == ITEM_BLOCKS) {  // the block peer's owners, only in its items
+            fputs(", \"owners\": [", f);
+            for (int32_t j = 0; j < it->n_segs; j++) fprintf(f, "%s%d", j ? ", " : "", p->seg_owner[it->seg_begin + j]);
+            fputc(']', f);
+        }
         fputc('}', f);
     }
     fputs("\n  ]", f);
@@ -109,7 +114,7 @@ int plan_write_json(const Plan *p, const char *path) {
 
 // Where the parser is: the container it is inside.
 typedef enum {
-    AT_START, IN_ROOT, IN_SEQS, IN_SEQ, IN_ITEMS, IN_ITEM, IN_RANKS, IN_SEGS, IN_SEG, IN_BARRIERS, IN_DELAYED, AT_END
+    AT_START, IN_ROOT, IN_SEQS, IN_SEQ, IN_ITEMS, IN_ITEM, IN_RANKS, IN_SEGS, IN_SEG, IN_OWNERS, IN_BARRIERS, IN_DELAYED, AT_END
 } Where;
 
 // The member whose value comes next.
@@ -118,17 +123,19 @@ typedef enum {
     K_VERSION, K_POLICY, K_N_RANKS, K_PP, K_CAPACITY, K_MAKESPAN, K_LOWER_BOUND, K_SEQUENCES, K_ITEMS,  // root
     K_BARRIERS, K_DELAYED,                                                                // root, optional
     K_ID, K_LEN, K_SRC,                                                                                 // sequence
-    K_RANKS, K_OFFLOAD, K_SEGMENTS, K_EST_TIME, K_A2A,                                                   // item
+    K_RANKS, K_OFFLOAD, K_SEGMENTS, K_EST_TIME, K_A2A, K_OWNERS,                                             // item
     K_COUNT
 } Key;
 
 static const char *KEY_NAMES[K_COUNT] = {"", "version", "policy", "n_ranks", "pp", "capacity", "makespan",
                                          "lower_bound", "sequences", "items", "barriers", "delayed", "id", "len",
-                                         "src", "ranks", "offload", "segments", "est_time", "a2a"};
+                                         "src", "ranks", "offload", "segments", "est_time", "a2a",
+                                         "owners"};
 static const char *KEY_TYPES[K_COUNT] = {"", "an integer", "a string", "an integer", "an integer", "an integer",
                                          "a number", "a number", "an array", "an array", "an array of integers",
                                          "an array of integers", "an integer", "an integer", "an integer",
-                                         "an array", "a number", "an array", "a number", "0 or 1"};
+                                         "an array", "a number", "an array", "a number", "0 or 1",
+                                         "an array of integers"};
 
 typedef struct {
     const char *path;
@@ -153,6 +160,8 @@ typedef struct {
     int n_ranks_item, cap_ranks, n_segs_item, cap_segs;
     double offload, est_time;
     int64_t a2a;
+    int32_t *owners;     // the current item's block owners, (n_owners_item,) (block items only)
+    int n_owners_item, cap_owners;
     int64_t seg[3];      // [seq, start, len] being read
     int seg_n;
     char where_buf[160];
@@ -165,7 +174,7 @@ static unsigned *seen_now(Reader *r) { return r->where == IN_ROOT ? &r->root_see
 static const char *here(Reader *r) {
     switch (r->where) {
     case IN_SEQ: snprintf(r->where_buf, sizeof r->where_buf, "%s: sequences[%lld]", r->path, (long long)r->b.n); break;
-    case IN_ITEM: case IN_RANKS: case IN_SEGS: case IN_SEG:
+    case IN_ITEM: case IN_RANKS: case IN_SEGS: case IN_SEG: case IN_OWNERS:
         snprintf(r->where_buf, sizeof r->where_buf, "%s: items[%d]", r->path, r->p->n_items);
         break;
     default: snprintf(r->where_buf, sizeof r->where_buf, "%s", r->path); break;
@@ -266,6 +275,15 @@ static int on_number(void *ctx, const char *text, size_t n) {
         r->ranks[r->n_ranks_item++] = (int32_t)v;
         return 1;
     }
+    if (r->where == IN_OWNERS) {  // members of the item: checked against its ranks by plan_validate
+        if (number_int(text, n, &v) != 0 || v < 0 || v >= (1 << 20)) {
+            bs_fail("%s.owners[%d]: expected a member index in [0, 2^20)", here(r), r->n_owners_item);
+            return 0;
+        }
+        if (grow_buf((void **)&r->owners, &r->cap_owners, r->n_owners_item + 1, sizeof *r->owners, r) != 0) return 0;
+        r->owners[r->n_owners_item++] = (int32_t)v;
+        return 1;
+    }
     if (r->where == IN_SEG) {
         if (r->seg_n == 3 || number_int(text, n, &v) != 0) return wrong_type(r);
         r->seg[r->seg_n++] = v;
@@ -342,7 +360,7 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n) {
     if (r->skip) return 1;
     // the members this object may have: the root's, a sequence's or an item's
     Key lo = r->where == IN_ROOT ? K_VERSION : r->where == IN_SEQ ? K_ID : K_RANKS;
-    Key hi = r->where == IN_ROOT ? K_DELAYED : r->where == IN_SEQ ? K_SRC : K_A2A;
+    Key hi = r->where == IN_ROOT ? K_DELAYED : r->where == IN_SEQ ? K_SRC : K_OWNERS;
     r->key = K_OTHER;
     for (Key k = lo; k <= hi; k++)
         if (strlen(KEY_NAMES[k]) == n && !memcmp(KEY_NAMES[k], s, n)) r->key = k;
@@ -370,7 +388,7 @@ static int on_start_map(void *ctx) {
     case IN_ITEMS:
         r->where = IN_ITEM;
         r->seen = 0;
-        r->n_ranks_item = r->n_segs_item = 0;
+        r->n_ranks_item = r->n_segs_item = r->n_owners_item = 0;
         r->offload = r->est_time = 0;
         r->a2a = 0;
         return 1;
@@ -426,7 +444,14 @@ static int end_item(Reader *r) {
         }
         tokens += len;
     }
-    int32_t idx = plan_add_item(r->p, r->segs, r->n_segs_item, r->ranks, r->n_ranks_item, r->offload);
+    int blocks = (r->seen >> K_OWNERS) & 1;
+    if (blocks && r->n_owners_item != r->n_segs_item) {
+        bs_fail("%s: \"owners\" has %d entries for %d segments", here(r), r->n_owners_item, r->n_segs_item);
+        return 0;
+    }
+    int32_t idx = blocks ? plan_add_blocks_item(r->p, r->segs, r->n_segs_item, r->ranks, r->n_ranks_item, r->owners)
+                         : plan_add_item(r->p, r->segs, r->n_segs_item, r->ranks, r->n_ranks_item, r->offload);
+    if (idx >= 0 && blocks) r->p->items[idx].offload = (float)r->offload;  // plan_validate refuses one > 0
     if (idx < 0) return bs_fail_ctx("%s", here(r)), 0;
     r->p->items[idx].est_time = r->est_time;  // stands unless plan_finalize has a cost model
     r->p->items[idx].a2a = (int32_t)r->a2a;
@@ -459,6 +484,7 @@ static int on_start_array(void *ctx) {
     case K_ITEMS: r->where = IN_ITEMS; return 1;
     case K_RANKS: r->where = IN_RANKS; return 1;
     case K_SEGMENTS: r->where = IN_SEGS; return 1;
+    case K_OWNERS: r->where = IN_OWNERS; return 1;
     case K_BARRIERS: r->where = IN_BARRIERS; return 1;
     case K_DELAYED: r->where = IN_DELAYED; return 1;
     default: return wrong_type(r);
@@ -470,7 +496,7 @@ static int on_end_array(void *ctx) {
     if (r->skip) return --r->skip, 1;
     switch (r->where) {
     case IN_SEQS: case IN_ITEMS: case IN_BARRIERS: case IN_DELAYED: r->where = IN_ROOT; return 1;
-    case IN_RANKS: case IN_SEGS: r->where = IN_ITEM; return 1;
+    case IN_RANKS: case IN_SEGS: case IN_OWNERS: r->where = IN_ITEM; return 1;
     case IN_SEG:
         if (r->seg_n != 3) return wrong_type(r);
         // the sequence index must fit the Segment; against the sequences it is checked at the end
@@ -604,6 +630,7 @@ int plan_read_json_cm(Plan *p, const char *path, const CostModel *cm) {
     fclose(f);
     if (rc == 0) rc = check_after(&r);
     free(r.ranks);
+    free(r.owners);
     free(r.segs);
     if (rc != 0) {
         free(r.b.seqs);

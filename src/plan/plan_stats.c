@@ -31,6 +31,20 @@ static double a2a_layer_bytes(const CostModel *cm, int64_t tokens, int32_t d) {
     return 2.0 * cost_a2a_bytes(cm, d) * (double)tokens * (double)(d - 1) / (double)d;
 }
 
+// The K/V bytes a block item moves per layer, as the simulator counts them (sim.c): forward, every
+// member receives the remote K/V blocks its queries see; backward, those again and the partial dK/dV
+// of every block reduced to its owner.
+static double blocks_layer_bytes(const Plan *p, int32_t k, const CostModel *cm) {
+    const Item *it = &p->items[k];
+    BlockLoad *ld = bs_malloc((size_t)it->n_ranks * sizeof *ld);
+    double t = 0;
+    if (!ld || plan_blocks_loads(p, k, NULL, NULL, ld) != 0) return free(ld), -1;
+    for (int32_t m = 0; m < it->n_ranks; m++)
+        t += 2 * (ld[m].kv_intra + ld[m].kv_inter) + ld[m].dkv_intra + ld[m].dkv_inter;
+    free(ld);
+    return t * cm->kv_token;
+}
+
 int plan_stats(const Plan *p, const CostModel *cm, PlanStats *out) {
     memset(out, 0, sizeof *out);
     if (!p->rank_begin || !p->rank_busy) return bs_fail("plan_stats: the plan is not finalized");
@@ -45,7 +59,11 @@ int plan_stats(const Plan *p, const CostModel *cm, PlanStats *out) {
         }
         if (it->n_ranks >= 2) {
             out->n_rings++;
-            if (cm)
+            if (cm && plan_item_kind(p, k) == ITEM_BLOCKS) {
+                double x = blocks_layer_bytes(p, k, cm);
+                if (x < 0) return bs_fail_ctx("plan_stats");
+                out->ring_bytes += (double)p->pp * cm->n_layers * x;
+            } else if (cm)
                 out->ring_bytes += (double)p->pp * cm->n_layers *
                                    (it->a2a ? a2a_layer_bytes(cm, it->tokens, it->n_ranks)
                                             : ring_layer_bytes(cm->kv_token, it->tokens, it->n_ranks));

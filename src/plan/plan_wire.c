@@ -9,6 +9,8 @@
 // Version 2 (only for plans with the peers' fields, docs/peers.md; every other plan is still sent as
 // version 1, byte for byte as before): the header goes on with n_barriers and n_delayed (int32), and
 // after the ranks come the barriers and the delayed sequences (int32 each) and one a2a byte per item.
+// Version 3 (only for plans with block items, the block peer): version 2, then the owner of every
+// segment (Plan.seg_owner, int32 each).
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +20,7 @@
 #define WIRE_MAGIC 0x4c505342u  // "BSPL"
 #define WIRE_VERSION 1u
 #define WIRE_VERSION_PEERS 2u
+#define WIRE_VERSION_BLOCKS 3u
 
 static int has_peer_fields(const Plan *p) {
     if (p->n_barriers > 0 || p->n_delayed > 0) return 1;
@@ -54,8 +57,8 @@ static void get(In *in, void *v, size_t n) {
 
 // Write p into o (o->p NULL: only count the bytes).
 static void emit(const Plan *p, Out *o) {
-    int peers = has_peer_fields(p);
-    uint32_t magic = WIRE_MAGIC, version = peers ? WIRE_VERSION_PEERS : WIRE_VERSION;
+    int blocks = p->seg_owner != NULL, peers = blocks || has_peer_fields(p);
+    uint32_t magic = WIRE_MAGIC, version = blocks ? WIRE_VERSION_BLOCKS : peers ? WIRE_VERSION_PEERS : WIRE_VERSION;
     put(o, &magic, 4);
     put(o, &version, 4);
     put(o, &p->n_ranks, 4);
@@ -99,6 +102,7 @@ static void emit(const Plan *p, Out *o) {
         uint8_t a = (uint8_t)p->items[k].a2a;
         put(o, &a, 1);
     }
+    if (blocks) put(o, p->seg_owner, (size_t)p->n_segs * 4);
 }
 
 int plan_pack(const Plan *p, uint8_t **buf, size_t *size) {
@@ -110,6 +114,18 @@ int plan_pack(const Plan *p, uint8_t **buf, size_t *size) {
     emit(p, &o);
     *buf = b;
     *size = o.at;
+    return 0;
+}
+
+// Version 3's tail: the owner of every segment. -1 + error (the plan freed) on no memory.
+static int get_owners(Plan *p, In *in, int32_t n_segs) {
+    p->seg_owner = bs_malloc((size_t)(n_segs > 0 ? n_segs : 1) * sizeof(int32_t));
+    if (!p->seg_owner) {
+        plan_free(p);
+        return bs_fail_ctx("plan message");
+    }
+    p->cap_owner = n_segs;
+    get(in, p->seg_owner, (size_t)n_segs * 4);
     return 0;
 }
 
@@ -133,10 +149,10 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
     get(&in, &n_refs, 4);
     get(&in, &lower_bound, 8);
     if (in.bad || magic != WIRE_MAGIC) return bs_fail("plan message: %zu bytes, not a packed plan", size);
-    if (version != WIRE_VERSION && version != WIRE_VERSION_PEERS)
-        return bs_fail("plan message: version %u, this build reads %u and %u", version, WIRE_VERSION,
-                       WIRE_VERSION_PEERS);
-    int peers = version == WIRE_VERSION_PEERS;
+    if (version != WIRE_VERSION && version != WIRE_VERSION_PEERS && version != WIRE_VERSION_BLOCKS)
+        return bs_fail("plan message: version %u, this build reads %u to %u", version, WIRE_VERSION,
+                       WIRE_VERSION_BLOCKS);
+    int blocks = version == WIRE_VERSION_BLOCKS, peers = blocks || version == WIRE_VERSION_PEERS;
     if (peers) {
         get(&in, &n_barriers, 4);
         get(&in, &n_delayed, 4);
@@ -146,6 +162,7 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
     // every count must fit the bytes that follow: checked before anything is allocated
     size_t rest = size - in.at;
     uint64_t peer_bytes = peers ? (uint64_t)n_barriers * 4 + (uint64_t)n_delayed * 4 + (uint64_t)n_items : 0;
+    if (blocks) peer_bytes += (uint64_t)n_segs * 4;
     if (n_seqs < 0 || n_items < 0 || n_segs < 0 || n_refs < 0 || n_barriers < 0 || n_delayed < 0 ||
         (uint64_t)n_seqs * 24 + (uint64_t)n_items * 28 + (uint64_t)n_segs * 20 + (uint64_t)n_refs * 4 + peer_bytes !=
             rest)
@@ -206,6 +223,7 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
             p->items[k].a2a = a;
         }
     }
+    if (blocks && get_owners(p, &in, n_segs) != 0) return -1;
     // item token counts are derived, as plan_add_item does, from segments checked to be in range
     for (int32_t k = 0; k < n_items && !in.bad; k++) {
         Item *it = &p->items[k];

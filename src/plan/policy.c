@@ -32,6 +32,10 @@ static const Policy policies[] = {
                "(rings beyond), sized by a MILP (GLPK); simulate "
                "only, the engine runs no all-to-all",
      policy_flexsp},
+    {"blocks", "MagiAttention / FCP: sequences cut into blocks of B tokens, min-heap dispatched by causal area over "
+               "each CP group of the static mesh's d_cp ranks, K/V blocks fetched from their owners; simulate only",
+     policy_blocks},
+    {"blocks-all", "blocks with all ranks as one CP group; simulate only", policy_blocks_all},
 };
 enum { N_POLICIES = sizeof policies / sizeof policies[0] };
 
@@ -60,6 +64,7 @@ static int check_config(const PlanConfig *cfg, const CostModel *cm) {
     if (cfg->context < 0) return bs_fail("context must be >= 0 (got %lld)", (long long)cfg->context);
     if (cfg->pp < 1) return bs_fail("pp must be >= 1 (got %d)", cfg->pp);
     if (!(cfg->delta >= 0 && cfg->delta < 1)) return bs_fail("delta must be in [0, 1) (got %g)", cfg->delta);
+    if (cfg->block_size < 0) return bs_fail("block size must be >= 0 tokens (got %lld)", (long long)cfg->block_size);
     if (cfg->n_buckets < 0) return bs_fail("n_buckets must be >= 0 (got %d)", cfg->n_buckets);
     return 0;
 }

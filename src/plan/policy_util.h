@@ -18,6 +18,8 @@ int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
 int policy_megatron_hcp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 int policy_wlb(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 int policy_flexsp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+int policy_blocks(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+int policy_blocks_all(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 
 // The static mesh's shape for a batch: d_cp = ceil(context / C) (context: cfg->context, or the
 // batch's longest sequence), d_dp = n_ranks / d_cp. -1 + error when a sequence is longer than the

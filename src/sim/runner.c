@@ -49,6 +49,7 @@ int sim_setup_run(const SimSetup *s, const SimVariant *v, SimOutcome *out, Plan 
     pc.offload = v->offload;
     pc.flush = s->flush;
     pc.carried = s->carried;
+    pc.block_size = s->sc.block_size;
     Plan plan;
     double t0 = now_seconds();
     if (policy_plan(&plan, v->policy, &s->batch, &pc, &s->cm) != 0)

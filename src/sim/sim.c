@@ -23,7 +23,70 @@ static double item_area(const Plan *p, const Item *it) {
     return a;
 }
 
+typedef struct {
+    const Cluster *c;
+    int stage;
+} NodeCtx;
+
+static int64_t cluster_node_of(int32_t rank, const void *ctx) {
+    const NodeCtx *n = ctx;
+    return cluster_node(n->c, rank, n->stage);
+}
+
+// One member's fetch of `intra` and `inter` tokens' K/V (or dK/dV): both links at once.
+static double blocks_fetch(const SimConfig *cfg, const BlockLoad *ld, int32_t rank, int stage, double intra, double inter) {
+    double kv = cfg->cm->kv_token, x = 0;
+    if (intra > 0) x = cluster_msg_time(cfg->cluster, ld->src_intra, stage, rank, stage, intra * kv);
+    if (inter > 0) x = fmax(x, cluster_msg_time(cfg->cluster, ld->src_inter, stage, rank, stage, inter * kv));
+    return x;
+}
+
+// A block item (the block peer, docs/simulator.md): every member computes its own queries' pairs and
+// receives the K/V blocks they see from their owners while it computes its local part (one remote
+// stage); backward the K/V come again and the partial dK/dV go back to the owners after the remote
+// part. The group's collectives tie the members: the item takes as long as its slowest member.
+static SimOpCost blocks_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int stage, int bwd) {
+    const CostModel *cm = cfg->cm;
+    const Item *it = &p->items[item];
+    SimOpCost oc = {0};
+    BlockLoad *ld = malloc((size_t)it->n_ranks * sizeof *ld);
+    NodeCtx nc = {cfg->cluster, stage};
+    if (!ld || plan_blocks_loads(p, item, cluster_node_of, &nc, ld) != 0) {
+        free(ld);
+        return oc;  // out of memory: the item costs nothing (plan_finalize has derived it once already)
+    }
+    double phi = bwd ? 1.0 - fwd_share(cfg) : fwd_share(cfg), worst = -1, bytes = 0;
+    int l = cm->n_layers;
+    for (int32_t m = 0; m < it->n_ranks; m++) {
+        const BlockLoad *b = &ld[m];
+        int32_t rank = p->ranks[it->rank_begin + m];
+        double lin = phi * (cm->lin_token * b->tokens + cm->layer_const);
+        double local = phi * (cm->attn_pair * b->local_pairs + cm->attn_step);
+        double remote = b->remote_pairs > 0 ? phi * (cm->attn_pair * b->remote_pairs + cm->attn_step) : 0;
+        double x = blocks_fetch(cfg, b, rank, stage, b->kv_intra, b->kv_inter);
+        double elapsed = lin + fmax(local, x) + remote;
+        if (bwd) elapsed += blocks_fetch(cfg, b, rank, stage, b->dkv_intra, b->dkv_inter);
+        double tp_fwd, tp_bwd;
+        cost_tp_layer_times(cm, b->tokens, &tp_fwd, &tp_bwd);
+        double tp = bwd ? tp_bwd : tp_fwd;
+        bytes += cm->kv_token * (b->kv_intra + b->kv_inter + (bwd ? b->dkv_intra + b->dkv_inter : 0));
+        if (l * (elapsed + tp) <= worst) continue;
+        worst = l * (elapsed + tp);
+        oc.compute = l * (lin + local + remote);
+        if (stage == p->pp - 1) oc.compute += phi * cost_head_time(cm, b->tokens);
+        oc.tp = l * tp;
+        double head_fwd, head_bwd;
+        cost_tp_head_times(cm, b->tokens, stage == 0, stage == p->pp - 1, &head_fwd, &head_bwd);
+        oc.tp += bwd ? head_bwd : head_fwd;
+        oc.comm = l * (elapsed - (lin + local + remote)) + oc.tp;
+    }
+    oc.ring_bytes = l * bytes / it->n_ranks;  // per member, as for rings: the mean of what the members receive
+    free(ld);
+    return oc;
+}
+
 SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int stage, int bwd) {
+    if (plan_item_kind(p, item) == ITEM_BLOCKS) return blocks_op_cost(cfg, p, item, stage, bwd);
     const CostModel *cm = cfg->cm;
     const Item *it = &p->items[item];
     SimOpCost oc = {0};
@@ -84,7 +147,13 @@ SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int sta
 
 double sim_model_flops(const ModelConfig *m, const Plan *p) {
     double f = 0;
-    for (int32_t k = 0; k < p->n_segs; k++) f += cost_train_flops(m, &p->segs[k].len, 1);
+    for (int32_t k = 0; k < p->n_segs; k++) {
+        const Segment *s = &p->segs[k];
+        f += cost_train_flops(m, &s->len, 1);
+        // a block of a block item (blocks) also attends to the start of its sequence before it
+        if (p->seg_owner && p->seg_owner[k] >= 0)
+            f += 3.0 * m->n_layers * cost_attn_flops_per_pair(m) * (double)s->len * (double)s->start;
+    }
     return f;
 }
 

@@ -74,6 +74,29 @@ static void test_writes_a_valid_plan(void **state) {
     plan_free(&p);
 }
 
+// --block-size reaches the block peer: every block of the plan holds at most B tokens (the default
+// here, ceil(micro-batch / (8 x 8 ranks)), is larger), and a block size of 0 is refused.
+static void test_block_size(void **state) {
+    (void)state;
+    const char *dir = test_tmpdir("cli_plan_blocks");
+    char args[1024], path[600];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    snprintf(args, sizeof args, "--ranks 16 --capacity 2K --tokens 256K --context 16K --policy blocks --block-size 100 "
+                                "--out %s",
+             path);
+    int rc = run(args);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    Plan p;
+    if (plan_read_json(&p, path) != 0) fail_msg("%s", bs_errmsg());
+    int64_t longest = 0;
+    for (int32_t j = 0; j < p.n_segs; j++) longest = p.segs[j].len > longest ? p.segs[j].len : longest;
+    assert_int_equal(longest, 100);
+    for (int32_t k = 0; k < p.n_items; k++) assert_int_equal(plan_item_kind(&p, k), ITEM_BLOCKS);
+    plan_free(&p);
+    assert_int_not_equal(run("--policy blocks --block-size 0"), 0);
+    assert_non_null(strstr(out, "--block-size"));
+}
+
 static void test_all_policies_json(void **state) {
     (void)state;
     int rc = run("--ranks 32 --tokens 1M --context 256K --policy all --json --no-offload");
@@ -81,14 +104,16 @@ static void test_all_policies_json(void **state) {
     cJSON *root = cJSON_Parse(out);
     if (!root) fail_msg("not JSON:\n%s", out);
     const cJSON *plans = cJSON_GetObjectItem(root, "plans");
-    const char *names[] = {"static", "naive", "naive-eq3min", "balance", "elastic", "megatron-hcp", "wlb", "flexsp"};
-    assert_int_equal(cJSON_GetArraySize(plans), 8);
-    for (int i = 0; i < 8; i++) {
+    const char *names[] = {"static", "naive", "naive-eq3min", "balance", "elastic", "megatron-hcp", "wlb", "flexsp",
+                           "blocks", "blocks-all"};
+    assert_int_equal(cJSON_GetArraySize(plans), 10);
+    for (int i = 0; i < 10; i++) {
         const cJSON *p = cJSON_GetArrayItem(plans, i);
         assert_string_equal(cJSON_GetObjectItem(p, "policy")->valuestring, names[i]);
         double ratio = cJSON_GetObjectItem(p, "ratio")->valuedouble;
-        // (flexsp's all-to-all groups are not bounded by the ring-timed bound, docs/peers.md)
-        assert_true(ratio >= 1.0 || !strcmp(names[i], "flexsp"));
+        // (flexsp's all-to-all groups and blocks' block items are not bounded by the ring-timed bound,
+        // docs/peers.md)
+        assert_true(ratio >= 1.0 || !strcmp(names[i], "flexsp") || !strncmp(names[i], "blocks", 6));
         assert_true(cJSON_GetObjectItem(p, "offload_items")->valueint == 0);  // --no-offload
     }
     assert_int_equal((int64_t)cJSON_GetObjectItem(cJSON_GetObjectItem(root, "batch"), "tokens")->valuedouble, 1 << 20);
@@ -252,6 +277,7 @@ int main(void) {
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_writes_a_valid_plan),
         cmocka_unit_test(test_all_policies_json),
+        cmocka_unit_test(test_block_size),
         cmocka_unit_test(test_lengths_and_cost_file),
         cmocka_unit_test(test_bad_flags_and_files),
         cmocka_unit_test(test_extreme_numbers),

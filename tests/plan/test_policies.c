@@ -483,12 +483,12 @@ static void test_errors(void **state) {
     cfg.context = 0;
     expect_plan_error("fancy", &b, &cfg, &tiny,
                       "unknown policy 'fancy' (policies: static, naive, naive-eq3min, balance, elastic, megatron-hcp, "
-                      "wlb, flexsp)");
+                      "wlb, flexsp, blocks, blocks-all)");
     assert_null(policy_find("fancy"));
     assert_non_null(policy_find("balance"));
     assert_non_null(policy_find("elastic"));
-    // + elastic, megatron-hcp, wlb, flexsp: tested in test_policy_<name>.c
-    assert_int_equal(policy_count(), N_POLICIES + 4);
+    // + elastic, megatron-hcp, wlb, flexsp, blocks, blocks-all: tested in test_policy_<name>.c
+    assert_int_equal(policy_count(), N_POLICIES + 6);
     PlanConfig bad = cfg;
     bad.capacity = 0;
     expect_plan_error("naive", &b, &bad, &tiny, "capacity must be in [1,");

@@ -4,13 +4,17 @@
 //     planner's makespan, whose waves it reproduces with free links;
 //   - all-to-all items: flexsp's group of 4 pays exposed traffic, its packs none, and plan_stats
 //     counts the bytes the simulator moves (all-to-all bytes, not a ring's);
-//   - delayed sequences are not counted as trained tokens.
+//   - delayed sequences are not counted as trained tokens;
+//   - block items (the block peer's worked example, test_policy_blocks.c): the simulator moves the
+//     K/V the owners send (forward 16 + 6 tokens, backward those again and 6 + 16 of dK/dV), as
+//     plan_stats counts them, and computes the slowest member's pairs.
 #include "plan/plan_fixtures.h"
 
 #include <math.h>
 
 #include "bytescale/error.h"
 #include "bytescale/hw.h"
+#include "bytescale/model.h"
 #include "bytescale/policy.h"
 #include "bytescale/sim.h"
 
@@ -95,10 +99,53 @@ static void test_a2a_and_delayed(void **state) {
     batch_free(&b);
 }
 
+static void test_blocks(void **state) {
+    (void)state;
+    int64_t lens[] = {24, 8};
+    GlobalBatch b = make_batch(lens, 2);
+    CostModel cm = hand_model();
+    cm.attn_pair = 1e-4, cm.attn_step = 1e-3, cm.ring_bw = 1e5;
+    PlanConfig cfg = {.n_ranks = 2, .capacity = 16, .context = 32, .pp = 1};
+    Plan p;
+    if (policy_plan(&p, "blocks", &b, &cfg, &cm) != 0) fail_msg("%s", bs_errmsg());
+    SimResult r;
+    simulate(&p, &cm, 1, &r);
+    double l = cm.n_layers;
+    for (int32_t o = 0; o < r.n_ops; o++) {
+        const SimOp *op = &r.ops[o];
+        double phi = op->bwd ? 2.0 / 3.0 : 1.0 / 3.0, kv = op->bwd ? 22 + 22 : 22;
+        assert_close(op->cost.ring_bytes, l * kv * cm.kv_token / 2, 1e-12, 0);  // per member
+        // both members own 16 tokens and 168 pairs, each in a local and a remote call
+        double work = cm.lin_token * 16 + cm.layer_const + cm.attn_pair * 168 + 2 * cm.attn_step;
+        assert_close(op->cost.compute, l * phi * work + phi * cost_head_time(&cm, 16), 1e-9, 0);
+        // forward, the fetch hides behind the local attention on H100 links; backward, the dK/dV
+        // reduction after the remote part does not
+        if (op->bwd) assert_true(op->cost.comm > 0);
+        else assert_true(op->cost.comm == 0);
+    }
+    assert_true(r.tokens == 32);
+    PlanStats st;
+    assert_int_equal(plan_stats(&p, &cm, &st), 0);
+    assert_close(st.ring_bytes, r.ring_bytes, 1e-12, 0);
+    assert_close(st.ring_bytes, l * 66 * cm.kv_token, 1e-12, 0);
+    // the model FLOPs (MFU) count each block's pairs against the start of its sequence: the same as
+    // the whole sequences on one rank
+    Plan whole;
+    PlanConfig one = {.n_ranks = 1, .capacity = 32, .context = 32, .pp = 1};
+    if (policy_plan(&whole, "static", &b, &one, &cm) != 0) fail_msg("%s", bs_errmsg());
+    const ModelConfig *m = model_find("llama-7b");
+    assert_close(sim_model_flops(m, &p), sim_model_flops(m, &whole), 1e-12, 0);
+    plan_free(&whole);
+    sim_result_free(&r);
+    plan_free(&p);
+    batch_free(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_barriers_hold),
         cmocka_unit_test(test_a2a_and_delayed),
+        cmocka_unit_test(test_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
