@@ -265,7 +265,7 @@ static void test_plan_file(void **state) {
     assert_int_equal(cost_derive(&cm, m, hw, 2, 1, 16, 8 << 10), 0);
     GlobalBatch b;
     assert_int_equal(batch_generate(&b, "byted", 2, 1 << 20, 128 << 10), 0);
-    PlanConfig pc = {16, 8 << 10, 128 << 10, 1, 1, 0, 0, 0, 0};
+    PlanConfig pc = {.n_ranks = 16, .capacity = 8 << 10, .context = 128 << 10, .pp = 1, .offload = 1};
     Plan p;
     if (policy_plan(&p, "balance", &b, &pc, &cm) != 0) fail_msg("%s", bs_errmsg());
     char path[700], args[1400];
@@ -649,7 +649,7 @@ static void test_memory_that_does_not_fit(void **state) {
     assert_int_equal(cost_derive(&cm, m, hw_find("h100-sxm"), 2, 1, 8, 8 << 10), 0);
     GlobalBatch b;
     assert_int_equal(batch_generate(&b, "byted", 1, 64 << 10, 8 << 10), 0);
-    PlanConfig pc = {8, 8 << 10, 8 << 10, 1, 1, 0, 0, 0, 0};
+    PlanConfig pc = {.n_ranks = 8, .capacity = 8 << 10, .context = 8 << 10, .pp = 1, .offload = 1};
     Plan p;
     if (policy_plan(&p, "balance", &b, &pc, &cm) != 0) fail_msg("%s", bs_errmsg());
     char plan_path[700];

@@ -73,7 +73,7 @@ static void test_trace_is_json_and_tracks_add_up(void **state) {
     assert_int_equal(cost_derive(&cm, m, hw, 2, 2, c.n_ranks, 8 << 10), 0);
     GlobalBatch b;
     assert_int_equal(batch_generate(&b, "byted", 5, 4 << 20, 512 << 10), 0);
-    PlanConfig pc = {c.n_ranks, 8 << 10, 512 << 10, 2, 1, 0, 0, 0, 0};
+    PlanConfig pc = {.n_ranks = c.n_ranks, .capacity = 8 << 10, .context = 512 << 10, .pp = 2, .offload = 1};
     Plan p;
     if (policy_plan(&p, "balance", &b, &pc, &cm) != 0) fail_msg("%s", bs_errmsg());
     SimConfig cfg = {&cm, &c, m, hw, 0};
