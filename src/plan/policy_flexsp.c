@@ -19,6 +19,8 @@
 //      bucket's longest sequences go to the largest sizes the program gave it, and within a size,
 //      longest first to the least-loaded group with room. A group runs its sequences as one packed
 //      all-to-all item (Item.a2a; a pack on one rank).
+//   4. A wave of at most FLEXSP_EXACT_MAX sequences skips the program: every partition of it into
+//      groups is searched (wave_exact), which is the exact optimum the counted program can miss.
 // A simple greedy (every group of one size, policy_flexsp_greedy) is planned too, and flexsp keeps
 // whichever plan has the smaller makespan, so it is never worse than homogeneous Ulysses SP.
 // Head limit: a Ulysses group splits the attention heads of a TP shard, so it has at most
