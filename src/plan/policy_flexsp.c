@@ -372,12 +372,10 @@ static double group_time(const CostModel *cm, const int64_t *lens, int n, int64_
 }
 
 typedef struct {
-    const CostModel *cm;
-    const int64_t *lens;  // (n,) the wave's lengths, longest first
     int32_t n, R;
-    int64_t C;
     int n_sizes;           // sizes 1 .. 2^(n_sizes - 1) <= R
-    int64_t *extra;        // (R,) scratch of the member fill
+    const double *t;       // (2^n, n_sizes) the time of the group of each subset of sequences at each
+                           // size, infinite where it does not fit the members' capacity
     int block_of[FLEXSP_EXACT_MAX];       // the partition being tried
     double best;                          // the least makespan found
     double best_work;                     // its groups' rank-seconds, the tie-break
@@ -385,24 +383,34 @@ typedef struct {
     int32_t best_size[FLEXSP_EXACT_MAX];  // and each block's group size
 } Exact;
 
-// The least makespan of one partition into m blocks: for each block and size its time (infinite
-// where the block does not fit the members' capacity), then the smallest time T at which every block
-// has a size finishing within T and the sizes fit the ranks. Records it when it beats the best.
-static void exact_partition(Exact *e, int m) {
-    double t[FLEXSP_EXACT_MAX][FLEXSP_MAX_SIZES];
-    int64_t lens[FLEXSP_EXACT_MAX];
-    for (int blk = 0; blk < m; blk++) {
-        int n = 0;
-        for (int32_t i = 0; i < e->n; i++)
-            if (e->block_of[i] == blk) lens[n++] = e->lens[i];
-        for (int k = 0; k < e->n_sizes; k++) {
-            RingFill f = {.D = (int64_t)1 << k, .extra = e->extra};
-            ring_fill_clear(&f);
-            int64_t most = 0;
-            for (int j = 0; j < n; j++) most = ring_fill_add(&f, lens[j]);
-            t[blk][k] = most <= e->C ? group_time(e->cm, lens, n, f.D) : INFINITY;
+// The time of every subset of the wave as one group of every size (t, as Exact.t): 2^8 x 31 at
+// most, so that the partitions only look them up. extra: (R,) scratch of the members' fill.
+static void exact_times(double *t, const CostModel *cm, const int64_t *lens, int32_t n, int n_sizes, int64_t C,
+                        int64_t *extra) {
+    for (uint32_t mask = 1; mask < (1u << n); mask++) {
+        int64_t segs[FLEXSP_EXACT_MAX], tokens = 0;
+        int m = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (mask >> i & 1) segs[m++] = lens[i], tokens += lens[i];
+        for (int k = 0; k < n_sizes; k++) {
+            int64_t d = (int64_t)1 << k, most = tokens / d + 2 * m;  // a member holds at most this
+            if (most > C && tokens <= d * C) {  // near the capacity: count the 2D-chunk layout exactly
+                RingFill f = {.D = d, .extra = extra};
+                ring_fill_clear(&f);
+                for (int j = 0; j < m; j++) most = ring_fill_add(&f, segs[j]);
+            }
+            t[mask * (uint32_t)n_sizes + (uint32_t)k] = most <= C ? group_time(cm, segs, m, d) : INFINITY;
         }
     }
+}
+
+// The least makespan of one partition into m blocks: the smallest time T at which every block has a
+// size finishing within T and the sizes fit the ranks. Records it when it beats the best.
+static void exact_partition(Exact *e, int m) {
+    const double *t[FLEXSP_EXACT_MAX];  // each block's times by size
+    uint32_t mask[FLEXSP_EXACT_MAX] = {0};
+    for (int32_t i = 0; i < e->n; i++) mask[e->block_of[i]] |= 1u << i;
+    for (int blk = 0; blk < m; blk++) t[blk] = e->t + mask[blk] * (uint32_t)e->n_sizes;
     for (int cb = 0; cb < m; cb++)
         for (int ck = 0; ck < e->n_sizes; ck++) {
             double T = t[cb][ck];
@@ -469,12 +477,18 @@ static int wave_exact(Plan *out, const GlobalBatch *b, const CostModel *cm, cons
                       int64_t C) {
     int64_t lens[FLEXSP_EXACT_MAX];
     for (int32_t i = 0; i < n; i++) lens[i] = b->seqs[seqs[i]].len;
-    Exact e = {.cm = cm, .lens = lens, .n = n, .R = out->n_ranks, .C = C, .best = INFINITY, .best_work = INFINITY};
+    Exact e = {.n = n, .R = out->n_ranks, .best = INFINITY, .best_work = INFINITY};
     while (e.n_sizes < FLEXSP_MAX_SIZES && ((int64_t)1 << e.n_sizes) <= e.R) e.n_sizes++;
-    e.extra = malloc((size_t)e.R * sizeof(int64_t));
-    if (!e.extra) return bs_fail("flexsp: out of memory");
+    int64_t *extra = malloc((size_t)e.R * sizeof(int64_t));
+    double *t = malloc(((size_t)1 << n) * (size_t)e.n_sizes * sizeof(double));
+    if (!extra || !t) {
+        free(extra), free(t);
+        return bs_fail("flexsp: out of memory");
+    }
+    exact_times(t, cm, lens, n, e.n_sizes, C, extra);
+    e.t = t;
     exact_search(&e, 0, 0);
-    free(e.extra);
+    free(extra), free(t);
     if (!isfinite(e.best)) return 0;
     return emit_exact(out, b, cm, seqs, &e);
 }
