@@ -6,8 +6,9 @@
 // of a source tree. Without any, the two of docs/peers.md are made at run time into /tmp by the
 // commands in DEFAULTS (a tree this machine lacks is skipped), so `make bench` runs it bare and
 // nothing generated lives in the repository. For every corpus, context
-// 256K and 2M, 512 and 4,096 ranks: a run of N steps (default 4) of balance, elastic, megatron-hcp,
-// wlb and flexsp, LLaMA-7B, TP 2, C = 8K, offloading on.
+// 256K and 2M, 512 and 4,096 ranks: a run of N steps (default 50) of balance, elastic, megatron-hcp,
+// wlb and flexsp, LLaMA-7B, TP 2, C = 8K, offloading on. 50 steps make the first and the flushing
+// step 4% of a run whose steps are alike (the table's last column says what they take in each case).
 //
 // Why a run and not one step: wlb delays its outlier documents, and a step without its slowest
 // documents looks faster per token than the step that later trains them. So every step is the whole
@@ -20,7 +21,9 @@
 // of a run is exactly `bytescale plan --lengths ... --policy P` replayed by `bytescale simulate --plan`.
 //
 // Prints one table: bytescale's balance and elastic (the baseline) and, per peer, bytescale's best run
-// tokens/s over the peer's (above 1 bytescale is faster), wlb's first step alone in parentheses.
+// tokens/s over the peer's (above 1 bytescale is faster), wlb's first step alone in parentheses, and
+// the largest share of a run's simulated time that its first and flushing steps take over the
+// case's policies; under it, each policy's largest share.
 // Progress on stderr.
 #include <math.h>
 #include <stdio.h>
@@ -59,6 +62,7 @@ enum { N_DEFAULTS = sizeof DEFAULTS / sizeof DEFAULTS[0] };
 typedef struct {
     double run;    // total tokens / total simulated time, tokens/s
     double first;  // the first step's tokens/s
+    double edges;  // the first and the last (flushing) step's share of the run's simulated time
 } RunResult;
 
 // One run of `steps` steps of policy `pol` over corpus `b` (already cut to `ctx`).
@@ -73,8 +77,8 @@ static RunResult run_policy(const GlobalBatch *b, const char *pol, int R, int64_
         bs_die_errmsg();
     GlobalBatch carry;  // what the previous step delayed: it goes first into this one
     batch_init(&carry, 1);
-    double tokens = 0, time = 0;
-    RunResult res = {0, 0};
+    double tokens = 0, time = 0, edges = 0;
+    RunResult res = {0, 0, 0};
     for (int t = 0; t < steps; t++) {
         GlobalBatch step;
         batch_init(&step, carry.n + b->n);
@@ -92,6 +96,7 @@ static RunResult run_policy(const GlobalBatch *b, const char *pol, int R, int64_
         if (sim_run(&r, &p, &cfg) != 0) bs_die_errmsg();
         tokens += r.tokens, time += r.step_time;
         if (t == 0) res.first = r.tokens_per_s;
+        if (t == 0 || t == steps - 1) edges += r.step_time;
         batch_free(&carry);
         batch_init(&carry, 1);
         for (int32_t d = 0; d < p.n_delayed; d++) {
@@ -104,11 +109,12 @@ static RunResult run_policy(const GlobalBatch *b, const char *pol, int R, int64_
     }
     batch_free(&carry);
     res.run = tokens / time;
+    res.edges = edges / time;
     return res;
 }
 
 int main(int argc, char **argv) {
-    int steps = 4, nc = 0;
+    int steps = 50, nc = 0;
     const char *names[MAX_CORPORA], *files[MAX_CORPORA];
     char buf[MAX_CORPORA][64];
     for (int i = 1; i < argc; i++) {
@@ -154,13 +160,15 @@ int main(int argc, char **argv) {
     printf("LLaMA-7B, TP %d, C = 8K, offloading on; planned with h800-sxm, simulated on h100-sxm. A run of %d "
            "steps, each the whole corpus after what the previous step delayed, the last flushing; tok/s = total "
            "tokens / total simulated time. best = the faster of balance and elastic; best / peer > 1: bytescale is "
-           "faster. wlb's first step alone in parentheses.\n\n",
+           "faster. wlb's first step alone in parentheses. first+flush: the largest share of a run's simulated time "
+           "taken by its first and its flushing step, over the case's policies.\n\n",
            TP, steps);
     printf("| corpus | sequences | tokens | context | ranks | balance tok/s | elastic tok/s | best / megatron-hcp | "
-           "best / wlb (first step) | best / flexsp |\n|---|---|---|---|---|---|---|---|---|---|\n");
+           "best / wlb (first step) | best / flexsp | first+flush |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     fflush(stdout);
     double logs[4] = {0, 0, 0, 0};  // megatron-hcp, wlb, wlb first step, flexsp
     int n_cases = 0;
+    double most[N_POL] = {0};  // each policy's largest first+flush share
     Progress pr;
     progress_start(&pr, "bench peers", (int64_t)nc * N_CTX * N_RANKS * N_POL);
     int64_t done = 0;
@@ -179,19 +187,23 @@ int main(int argc, char **argv) {
                     r[k] = run_policy(&b, POL[k], RANKS[ri], CTX[x], steps);
                     done++;
                 }
-                double best = fmax(r[0].run, r[1].run), best_first = fmax(r[0].first, r[1].first);
+                double best = fmax(r[0].run, r[1].run), best_first = fmax(r[0].first, r[1].first), edges = 0;
+                for (int k = 0; k < N_POL; k++) most[k] = fmax(most[k], r[k].edges), edges = fmax(edges, r[k].edges);
                 double q[4] = {best / r[2].run, best / r[3].run, best_first / r[3].first, best / r[4].run};
                 for (int j = 0; j < 4; j++) logs[j] += log(q[j]);
                 n_cases++;
-                printf("| %s | %lld | %.3g | %s | %d | %.3g | %.3g | %.2f | %.2f (%.2f) | %.2f |\n", names[c],
+                printf("| %s | %lld | %.3g | %s | %d | %.3g | %.3g | %.2f | %.2f (%.2f) | %.2f | %.1f%% |\n", names[c],
                        (long long)b.n, total, x ? "2M" : "256K", RANKS[ri], r[0].run, r[1].run, q[0], q[1], q[2],
-                       q[3]);
+                       q[3], 100 * edges);
                 fflush(stdout);
             }
             batch_free(&b);
         }
     progress_finish(&pr, done, NULL);
-    printf("| geometric mean | | | | | | | %.2f | %.2f (%.2f) | %.2f |\n\n", exp(logs[0] / n_cases),
+    printf("| geometric mean | | | | | | | %.2f | %.2f (%.2f) | %.2f | |\n\n", exp(logs[0] / n_cases),
            exp(logs[1] / n_cases), exp(logs[2] / n_cases), exp(logs[3] / n_cases));
+    printf("first+flush share of a run, the largest over the cases:");
+    for (int k = 0; k < N_POL; k++) printf("%s %s %.1f%%", k ? "," : "", POL[k], 100 * most[k]);
+    printf("\n\n");
     return 0;
 }

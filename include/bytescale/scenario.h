@@ -129,9 +129,11 @@ int sim_sweep_run(const Scenario *base, SimSweep kind, const SimVariant *v, int 
 // the seeds seed .. seed + n_seeds - 1: writes <dir>/paper-grid.md (tokens/s per policy, speedups of
 // naive and balance over static, mean and [min-max] per cell, with `command` at the top as the way
 // to regenerate it), <dir>/paper-grid.csv and, when plot is set, <dir>/paper-grid.png / .svg.
-// `hardware` (NULL: the presets') replaces every preset's.
-int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, int n_seeds, const char *hardware, const char *dir,
-                 const char *command, int plot, FILE *log);
+// `hardware` (NULL: the presets') replaces every preset's. part / parts (1 / 1: every cell) runs only
+// the cells i with i mod parts = part - 1, so that parts processes run the grid in parallel; each
+// cell's numbers are those of the whole grid's run (the cells share nothing).
+int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, int n_seeds, const char *hardware, int part, int parts,
+                 const char *dir, const char *command, int plot, FILE *log);
 
 // Run gnuplot on a script. -1 + a clear error when gnuplot is not installed or fails.
 int sim_gnuplot(const char *script_path);

@@ -54,6 +54,12 @@ typedef enum {
     SIM_M_TOKENS,           // tokens the step trained (the batch, plus sequences carried in, less those delayed)
     SIM_M_PLAN_SECONDS,     // wall time of the planner (not in the CSV: it is not a result)
     SIM_M_SIM_SECONDS,      // wall time of the simulation (idem)
+    // why one policy beats another, from the per-(rank, stage) breakdown (after the others, so the
+    // CSV's older columns keep their places):
+    SIM_M_BUSY_IMBALANCE,   // largest busy time over the mean busy time: compute imbalance
+    SIM_M_COMM_MEAN,        // exposed communication (ring, offload, TP, gradient sync), mean, seconds
+    SIM_M_WAIT_MEAN,        // waiting for ring members, inputs, other ranks, mean, seconds
+    SIM_M_LONGEST_ITEM,     // the longest item's estimated time, seconds: the longest sequence's spread
     SIM_N_METRICS
 } SimMetric;
 
@@ -72,6 +78,9 @@ typedef struct {
     char why[256];                  // the first failure, "seed N: <message>"
     double *values;                 // (n_seeds x SIM_N_METRICS): values[k * SIM_N_METRICS + m] of seed k
     SimStat stat[SIM_N_METRICS];    // over the seeds; NAN when !ok (speedup: when static is not ok)
+    // the share of the run's simulated time taken by its first step and its last (flushing) step:
+    // a run's throughput is its steady state when this is small (docs/simulator.md); 1 with one seed
+    double first_flush_share;
 } SimSeedStats;
 
 typedef struct {
@@ -108,6 +117,8 @@ void sim_seeds_free(SimSeedsResult *r);
 
 // Total tokens over total simulated time over the seeds, a run's throughput (NAN when !ok).
 double sim_seed_stats_run_tokens_per_s(const SimSeedStats *st);
+// The largest first + flush share over the variants that ran (NAN when none did).
+double sim_seeds_max_first_flush_share(const SimSeedsResult *r);
 
 // mean / min / max of n values (n >= 1); any NAN gives NAN everywhere.
 SimStat sim_stat_of(const double *x, int n, int stride);

@@ -43,7 +43,10 @@ static void usage(FILE *f) {
             "  --seeds N           sample N batches (seeds seed .. seed + N - 1), run every policy on each and\n"
             "                      report the mean with the min-max over them: tables, JSON, every point of\n"
             "                      a sweep and every cell of the grid (default 8, at most 1024; one batch\n"
-            "                      alone moves the case study's speedup anywhere from 2.2x to 3.6x)\n"
+            "                      alone moves the case study's speedup anywhere from 2.2x to 3.6x). The seeds\n"
+            "                      are the steps of one run: under the table each policy's run tokens/s, its\n"
+            "                      per-rank breakdown (busy max/mean, exposed comm, wait, the longest item)\n"
+            "                      and the share of the run its first and flushing steps take\n"
             "  --policy LIST       comma-separated: static, naive-nooff (sharding + dynamic comm), naive\n"
             "                      (+ offloading), balance (+ balance scheduler), elastic (+ rings wider than\n"
             "                      ceil(s/C) where ranks would idle), any planner (the peers: megatron-hcp,\n"
@@ -67,6 +70,9 @@ static void usage(FILE *f) {
             "  --sweep KIND        contexts (256K, 512K, 1M, 2M) or gpus (x 1/4, 1/2, 1, 2): a table per\n"
             "                      point, <out>/<scenario>-<kind>.csv and a plot (.png, .svg, .gp)\n"
             "  --grid              the whole paper grid, every policy: <out>/paper-grid.md, .csv, .png, .svg\n"
+            "  --cells K/N         with --grid: only part K of N (the cells K-1, K-1+N, ... in `--scenario list`\n"
+            "                      order), so N processes run the grid side by side; each cell's numbers are\n"
+            "                      the whole grid's (scripts/peers_table.py reads several CSVs)\n"
             "  --out DIR           where sweeps and the grid write (default sim-out; docs/results for --grid)\n"
             "  --no-plot           write the CSV only (plots need gnuplot)\n"
             "  --strict            a step whose peak device memory exceeds the hardware's mem_bytes is an\n"
@@ -163,9 +169,20 @@ static int set_text(char *dst, size_t cap, const char *flag, const char *value, 
     return 0;
 }
 
+// --cells K/N: the grid's part K of N (cells K-1, K-1+N, ...). 0, or -1 + error.
+static int cells_flag(const char *a, int *part, int *parts) {
+    int k, n, used = 0, cells = scenario_grid_count();
+    if (sscanf(a, "%d/%d%n", &k, &n, &used) != 2 || a[used] != '\0')
+        return bs_fail("--cells: '%s' is not K/N (part K of N, e.g. 1/2)", a);
+    if (n < 1 || n > cells || k < 1 || k > n)
+        return bs_fail("--cells: '%s' needs 1 <= K <= N <= %d (the grid's cells)", a, cells);
+    *part = k, *parts = n;
+    return 0;
+}
+
 typedef struct {
     const char *scenario, *model, *hardware, *dist, *policy, *plan, *cost, *trace, *sweep, *out;
-    int gpus, ranks, tp, pp, trace_ranks, json, grid, no_plot, seeds, strict;
+    int gpus, ranks, tp, pp, trace_ranks, json, grid, no_plot, seeds, strict, part, parts;
     int64_t capacity, context, tokens, seed, block_size;
     int set_gpus, set_ranks, set_tp, set_pp, set_capacity, set_context, set_tokens;
     unsigned char given[32];  // given[F_x - F_FIRST]: the flag was on the command line
@@ -525,9 +542,10 @@ int cmd_simulate(int argc, char **argv) {
     fl.seed = 1;
     fl.seeds = SIM_SEEDS_DEFAULT;
     fl.trace_ranks = 64;
+    fl.part = fl.parts = 1;
     enum { F_FIRST = 256, F_SCENARIO = F_FIRST, F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS,
            F_SEED, F_SEEDS, F_POLICY, F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON,
-           F_STRICT, F_BLOCK, F_HELP };
+           F_STRICT, F_BLOCK, F_CELLS, F_HELP };
     static const struct option opts[] = {
         {"scenario", required_argument, 0, F_SCENARIO}, {"model", required_argument, 0, F_MODEL},
         {"hardware", required_argument, 0, F_HW},       {"gpus", required_argument, 0, F_GPUS},
@@ -543,6 +561,7 @@ int cmd_simulate(int argc, char **argv) {
         {"grid", no_argument, 0, F_GRID},               {"out", required_argument, 0, F_OUT},
         {"no-plot", no_argument, 0, F_NOPLOT},          {"json", no_argument, 0, F_JSON},
         {"strict", no_argument, 0, F_STRICT},           {"help", no_argument, 0, F_HELP},
+        {"cells", required_argument, 0, F_CELLS},
         {0, 0, 0, 0},
     };
     opterr = 0;
@@ -581,6 +600,7 @@ int cmd_simulate(int argc, char **argv) {
         case F_NOPLOT: fl.no_plot = 1; break;
         case F_JSON: fl.json = 1; break;
         case F_STRICT: fl.strict = 1; break;
+        case F_CELLS: bad = cells_flag(a, &fl.part, &fl.parts); break;
         case ':': return bad_usage("%s needs a value", argv[optind - 1]);
         default:
             if (cli_retired_flag(argv[optind - 1])) return bad_usage("%s", cli_retired_flag(argv[optind - 1]));
@@ -615,6 +635,7 @@ int cmd_simulate(int argc, char **argv) {
         {fl.sweep && !strcmp(fl.sweep, "gpus"), "--sweep gpus", "a sweep writes no trace", {F_TRACE_RANKS, 0}},
         {fl.sweep != NULL, "--sweep", "the memory check is for single runs", {F_STRICT, 0}},
         {!fl.grid && !fl.sweep, "a single run", "only sweeps and the grid write files there", {F_OUT, F_NOPLOT, 0}},
+        {!fl.grid, "a run without --grid", "only the grid has cells", {F_CELLS, 0}},
         {!fl.trace, "a run without --trace", "it only applies to a trace", {F_TRACE_RANKS, 0}},
     };
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
@@ -656,7 +677,8 @@ int cmd_simulate(int argc, char **argv) {
             snprintf(cmd + used, sizeof cmd - used, " %s", argv[i]);
         }
         const char *out = fl.out ? fl.out : "docs/results";
-        if (sim_grid_run(v, n_v, (uint64_t)fl.seed, fl.seeds, fl.hardware, out, cmd, !fl.no_plot, stdout) != 0)
+        if (sim_grid_run(v, n_v, (uint64_t)fl.seed, fl.seeds, fl.hardware, fl.part, fl.parts, out, cmd, !fl.no_plot,
+                         stdout) != 0)
             return fail();
         return 0;
     }

@@ -19,6 +19,8 @@
 //      bucket's longest sequences go to the largest sizes the program gave it, and within a size,
 //      longest first to the least-loaded group with room. A group runs its sequences as one packed
 //      all-to-all item (Item.a2a; a pack on one rank).
+//   4. A wave of at most FLEXSP_EXACT_MAX sequences skips the program: every partition of it into
+//      groups is searched (wave_exact), which is the exact optimum the counted program can miss.
 // A simple greedy (every group of one size, policy_flexsp_greedy) is planned too, and flexsp keeps
 // whichever plan has the smaller makespan, so it is never worse than homogeneous Ulysses SP.
 // Head limit: a Ulysses group splits the attention heads of a TP shard, so it has at most
@@ -46,6 +48,7 @@ static const double FLEXSP_CAP_FILLS[] = {1.0, 0.95, 0.9, 0.8, 0.7};
 #define FLEXSP_MIP_GAP 1e-4       // GLPK's relative gap tolerance
 #define FLEXSP_BISECT_TOL 1e-2    // stop when T_lo and T are this close (relative)
 #define FLEXSP_BISECT_MAX 30
+#define FLEXSP_EXACT_MAX 8        // a wave of at most this many sequences is solved exactly (wave_exact)
 
 static int64_t next_pow2(int64_t x) {
     int64_t p = 1;
@@ -353,6 +356,143 @@ out:
 static int wave_fill(Plan *out, const GlobalBatch *b, const CostModel *cm, const int32_t *seqs, int32_t n,
                      const int64_t *lens, int *class_of, int64_t C, double fill);
 
+// ---- small waves: the program solved exactly ------------------------------------------------------
+//
+// The program counts the groups of a size (n_k) and gives them their class's work on average, so it
+// does not see how whole sequences split between the groups: on a small wave it can pick two groups
+// of 1 for three sequences where one group of 2 is faster once the sequences are placed. A wave of at
+// most FLEXSP_EXACT_MAX sequences is therefore solved exactly instead: every partition of its
+// sequences into groups, each group at the power-of-two size that the least makespan needs (Bell(8) =
+// 4140 partitions). Its optimum is the optimum of the paper's program, in which every group is a
+// variable of its own.
+
+// One group's time: lens packed on d ranks, all-to-all up to the head limit, a ring beyond.
+static double group_time(const CostModel *cm, const int64_t *lens, int n, int64_t d) {
+    return is_a2a(cm, d) || d <= 1 ? cost_a2a_item_time(cm, lens, n, (int)d) : cost_item_time(cm, lens, n, (int)d, 0.0);
+}
+
+typedef struct {
+    int32_t n, R;
+    int n_sizes;           // sizes 1 .. 2^(n_sizes - 1) <= R
+    const double *t;       // (2^n, n_sizes) the time of the group of each subset of sequences at each
+                           // size, infinite where it does not fit the members' capacity
+    int block_of[FLEXSP_EXACT_MAX];       // the partition being tried
+    double best;                          // the least makespan found
+    double best_work;                     // its groups' rank-seconds, the tie-break
+    int best_of[FLEXSP_EXACT_MAX];        // its partition
+    int32_t best_size[FLEXSP_EXACT_MAX];  // and each block's group size
+} Exact;
+
+// The time of every subset of the wave as one group of every size (t, as Exact.t): 2^8 x 31 at
+// most, so that the partitions only look them up. extra: (R,) scratch of the members' fill.
+static void exact_times(double *t, const CostModel *cm, const int64_t *lens, int32_t n, int n_sizes, int64_t C,
+                        int64_t *extra) {
+    for (uint32_t mask = 1; mask < (1u << n); mask++) {
+        int64_t segs[FLEXSP_EXACT_MAX], tokens = 0;
+        int m = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (mask >> i & 1) segs[m++] = lens[i], tokens += lens[i];
+        for (int k = 0; k < n_sizes; k++) {
+            int64_t d = (int64_t)1 << k, most = tokens / d + 2 * m;  // a member holds at most this
+            if (most > C && tokens <= d * C) {  // near the capacity: count the 2D-chunk layout exactly
+                RingFill f = {.D = d, .extra = extra};
+                ring_fill_clear(&f);
+                for (int j = 0; j < m; j++) most = ring_fill_add(&f, segs[j]);
+            }
+            t[mask * (uint32_t)n_sizes + (uint32_t)k] = most <= C ? group_time(cm, segs, m, d) : INFINITY;
+        }
+    }
+}
+
+// The least makespan of one partition into m blocks: the smallest time T at which every block has a
+// size finishing within T and the sizes fit the ranks. Records it when it beats the best.
+static void exact_partition(Exact *e, int m) {
+    const double *t[FLEXSP_EXACT_MAX];  // each block's times by size
+    uint32_t mask[FLEXSP_EXACT_MAX] = {0};
+    for (int32_t i = 0; i < e->n; i++) mask[e->block_of[i]] |= 1u << i;
+    for (int blk = 0; blk < m; blk++) t[blk] = e->t + mask[blk] * (uint32_t)e->n_sizes;
+    for (int cb = 0; cb < m; cb++)
+        for (int ck = 0; ck < e->n_sizes; ck++) {
+            double T = t[cb][ck];
+            if (!(T <= e->best * (1 + 1e-12))) continue;
+            int32_t size[FLEXSP_EXACT_MAX];
+            int64_t ranks = 0;
+            double work = 0;  // rank-seconds: of two plans as fast, the one that keeps fewer ranks busy
+            for (int blk = 0; blk < m && ranks <= e->R; blk++) {
+                int k = 0;  // the smallest size within T
+                while (k < e->n_sizes && !(t[blk][k] <= T)) k++;
+                size[blk] = k < e->n_sizes ? (int32_t)1 << k : 0;
+                ranks += k < e->n_sizes ? size[blk] : (int64_t)e->R + 1;
+                if (k < e->n_sizes) work += size[blk] * t[blk][k];
+            }
+            if (ranks > e->R || (T >= e->best * (1 - 1e-12) && work >= e->best_work)) continue;
+            e->best = T, e->best_work = work;
+            memcpy(e->best_of, e->block_of, sizeof e->best_of);
+            memcpy(e->best_size, size, (size_t)m * sizeof size[0]);
+        }
+}
+
+// Every partition of sequences i .. n-1 given blocks 0 .. m-1 so far (restricted growth strings).
+static void exact_search(Exact *e, int32_t i, int m) {
+    if (i == e->n) {
+        exact_partition(e, m);
+        return;
+    }
+    for (int blk = 0; blk <= m && blk < e->R; blk++) {
+        e->block_of[i] = blk;
+        exact_search(e, i + 1, blk == m ? m + 1 : m);
+    }
+}
+
+// The best partition's items: groups largest first from rank 0 (aligned blocks, as emit_groups).
+static int emit_exact(Plan *out, const GlobalBatch *b, const CostModel *cm, const int32_t *seqs, const Exact *e) {
+    int m = 0;
+    for (int32_t i = 0; i < e->n; i++) m = e->best_of[i] + 1 > m ? e->best_of[i] + 1 : m;
+    int32_t *ranks = malloc((size_t)e->R * sizeof(int32_t));
+    if (!ranks) return bs_fail("flexsp: out of memory");
+    int32_t r_at = 0;
+    for (int32_t d = (int32_t)1 << (e->n_sizes - 1); d >= 1; d /= 2)
+        for (int blk = 0; blk < m; blk++) {
+            if (e->best_size[blk] != d) continue;
+            Segment segs[FLEXSP_EXACT_MAX];
+            int n_segs = 0;
+            for (int32_t i = 0; i < e->n; i++)
+                if (e->best_of[i] == blk) segs[n_segs++] = (Segment){seqs[i], 0, b->seqs[seqs[i]].len};
+            for (int32_t r = 0; r < d; r++) ranks[r] = r_at + r;
+            r_at += d;
+            int32_t k = plan_add_item(out, segs, n_segs, ranks, d, 0.0);
+            if (k < 0) {
+                free(ranks);
+                return -1;
+            }
+            out->items[k].a2a = is_a2a(cm, d);
+        }
+    free(ranks);
+    return 1;
+}
+
+// One wave of at most FLEXSP_EXACT_MAX sequences (seqs longest first) by exhaustive search. 1, 0, -1
+// as wave_milp.
+static int wave_exact(Plan *out, const GlobalBatch *b, const CostModel *cm, const int32_t *seqs, int32_t n,
+                      int64_t C) {
+    int64_t lens[FLEXSP_EXACT_MAX];
+    for (int32_t i = 0; i < n; i++) lens[i] = b->seqs[seqs[i]].len;
+    Exact e = {.n = n, .R = out->n_ranks, .best = INFINITY, .best_work = INFINITY};
+    while (e.n_sizes < FLEXSP_MAX_SIZES && ((int64_t)1 << e.n_sizes) <= e.R) e.n_sizes++;
+    int64_t *extra = malloc((size_t)e.R * sizeof(int64_t));
+    double *t = malloc(((size_t)1 << n) * (size_t)e.n_sizes * sizeof(double));
+    if (!extra || !t) {
+        free(extra), free(t);
+        return bs_fail("flexsp: out of memory");
+    }
+    exact_times(t, cm, lens, n, e.n_sizes, C, extra);
+    e.t = t;
+    exact_search(&e, 0, 0);
+    free(extra), free(t);
+    if (!isfinite(e.best)) return 0;
+    return emit_exact(out, b, cm, seqs, &e);
+}
+
 // One wave by the program: 1 done, 0 no plan for it, -1 + error.
 static int wave_milp(Plan *out, const GlobalBatch *b, const CostModel *cm, const int32_t *seqs, int32_t n, int64_t C) {
     int64_t *lens = malloc((size_t)n * sizeof(int64_t));
@@ -420,8 +560,12 @@ static int wave_greedy(Plan *out, const GlobalBatch *b, const CostModel *cm, con
     return rc;
 }
 
-// The waves (the sequence blaster) and each wave's plan; greedy_only for policy_flexsp_greedy.
-static int plan_waves(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int greedy_only,
+// How plan_waves plans a wave: flexsp's way (small waves exactly, the others by the program), the
+// greedy alone (policy_flexsp_greedy), or the program alone (policy_flexsp_program).
+typedef enum { FLEXSP_FULL, FLEXSP_GREEDY, FLEXSP_PROGRAM } WaveMode;
+
+// The waves (the sequence blaster) and each wave's plan.
+static int plan_waves(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, WaveMode mode,
                       const char *name) {
     int64_t C = cfg->capacity, tokens = 0;
     int32_t n = (int32_t)b->n, R = cfg->n_ranks;
@@ -472,7 +616,9 @@ static int plan_waves(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, co
             for (int32_t i = 0; i < n; i++)
                 if (wave_of[order[i]] == w) seqs[k++] = order[i];
             if (k == 0) continue;
-            int r = greedy_only ? 0 : wave_milp(out, b, cm, seqs, k, C);
+            int r = mode == FLEXSP_GREEDY ? 0
+                    : mode == FLEXSP_FULL && k <= FLEXSP_EXACT_MAX ? wave_exact(out, b, cm, seqs, k, C)
+                                                                   : wave_milp(out, b, cm, seqs, k, C);
             if (r == 0) r = wave_greedy(out, b, cm, seqs, k, C);  // no program solution: the greedy's
             if (r < 0) goto out;
             ok = r == 1;
@@ -487,17 +633,22 @@ out:
 
 int policy_flexsp_greedy(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
     memset(out, 0, sizeof *out);
-    return plan_waves(out, b, cfg, cm, 1, "flexsp-greedy");
+    return plan_waves(out, b, cfg, cm, FLEXSP_GREEDY, "flexsp-greedy");
+}
+
+int policy_flexsp_program(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    memset(out, 0, sizeof *out);
+    return plan_waves(out, b, cfg, cm, FLEXSP_PROGRAM, "flexsp-program");
 }
 
 int policy_flexsp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
     memset(out, 0, sizeof *out);
     Plan greedy;
     memset(&greedy, 0, sizeof greedy);
-    if (plan_waves(out, b, cfg, cm, 0, "flexsp") != 0) return -1;
+    if (plan_waves(out, b, cfg, cm, FLEXSP_FULL, "flexsp") != 0) return -1;
     if (plan_finalize(out, cm) != 0) return -1;
     // never worse than homogeneous Ulysses: keep the greedy's plan where its makespan is smaller
-    if (plan_waves(&greedy, b, cfg, cm, 1, "flexsp") != 0 || plan_finalize(&greedy, cm) != 0) {
+    if (plan_waves(&greedy, b, cfg, cm, FLEXSP_GREEDY, "flexsp") != 0 || plan_finalize(&greedy, cm) != 0) {
         plan_free(&greedy);
         bs_error_clear();
         return 0;  // no greedy plan (its waves do not fit): the program's stands

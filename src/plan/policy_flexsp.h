@@ -32,4 +32,8 @@ int flexsp_solve(const CostModel *cm, const int64_t *lens, int32_t n, int32_t R,
 // group with room (homogeneous Ulysses SP).
 int policy_flexsp_greedy(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 
+// flexsp without its exact search of small waves and without the greedy guard: every wave by the
+// program and its placement (what the tests compare with the exhaustive optimum).
+int policy_flexsp_program(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
+
 #endif

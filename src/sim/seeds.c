@@ -28,6 +28,10 @@ static const SimMetricInfo metrics[SIM_N_METRICS] = {
     // wall-clock times vary run to run: in the table and JSON (as the single run has them), not the CSV
     [SIM_M_PLAN_SECONDS] = {"plan_seconds", "", 1},
     [SIM_M_SIM_SECONDS] = {"sim_seconds", "", 1},
+    [SIM_M_BUSY_IMBALANCE] = {"busy_max_over_mean", "busy_max_over_mean", 1},
+    [SIM_M_COMM_MEAN] = {"comm_mean", "comm_mean_s", 1},
+    [SIM_M_WAIT_MEAN] = {"wait_mean", "wait_mean_s", 1},
+    [SIM_M_LONGEST_ITEM] = {"longest_item", "longest_item_s", 1},
 };
 
 const SimMetricInfo *sim_metric_info(SimMetric m) { return &metrics[m]; }
@@ -45,9 +49,21 @@ SimStat sim_stat_of(const double *x, int n, int stride) {
     return s;
 }
 
+static double mean_of(const double *x, int n) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += x[i];
+    return n > 0 ? sum / n : NAN;
+}
+
 // One run's numbers in metric order. The speedup needs static's run on the same seed: filled later.
-static void outcome_values(const SimOutcome *o, double *x) {
+static void outcome_values(const SimOutcome *o, const Plan *p, double *x) {
     const SimResult *r = &o->res;
+    double busy_mean = mean_of(r->busy, r->n_res), longest = 0;
+    for (int32_t k = 0; k < p->n_items; k++) longest = fmax(longest, p->items[k].est_time);
+    x[SIM_M_BUSY_IMBALANCE] = busy_mean > 0 ? r->busy_spread.max / busy_mean : NAN;
+    x[SIM_M_COMM_MEAN] = mean_of(r->comm, r->n_res);
+    x[SIM_M_WAIT_MEAN] = mean_of(r->wait, r->n_res);
+    x[SIM_M_LONGEST_ITEM] = longest;
     x[SIM_M_STEP_TIME] = r->step_time;
     x[SIM_M_TOKENS_PER_S] = r->tokens_per_s;
     x[SIM_M_SPEEDUP] = NAN;
@@ -71,6 +87,22 @@ static void outcome_values(const SimOutcome *o, double *x) {
 void sim_seeds_free(SimSeedsResult *r) {
     for (int j = 0; j < SIM_SEEDS_MAX_VARIANTS; j++) free(r->v[j].values);
     memset(r, 0, sizeof *r);
+}
+
+// The first and the last step's share of the run's simulated time (the last flushes).
+static double first_flush_share(const SimSeedStats *st, int n) {
+    const int M = SIM_N_METRICS;
+    double total = 0;
+    for (int k = 0; k < n; k++) total += st->values[(size_t)k * M + SIM_M_STEP_TIME];
+    double edges = st->values[SIM_M_STEP_TIME] + (n > 1 ? st->values[(size_t)(n - 1) * M + SIM_M_STEP_TIME] : 0);
+    return st->ok && total > 0 ? edges / total : NAN;
+}
+
+double sim_seeds_max_first_flush_share(const SimSeedsResult *r) {
+    double most = NAN;
+    for (int j = 0; j < r->n_v; j++)
+        if (r->v[j].ok && !(r->v[j].first_flush_share <= most)) most = r->v[j].first_flush_share;
+    return most;
 }
 
 double sim_seed_stats_run_tokens_per_s(const SimSeedStats *st) {
@@ -181,7 +213,7 @@ int sim_seeds_run(SimSeedsResult *out, const Scenario *sc, const SimVariant *v, 
                 advance(cfg, 1, sc->name);
                 continue;
             }
-            outcome_values(&o, &st->values[(size_t)k * M]);
+            outcome_values(&o, &p, &st->values[(size_t)k * M]);
             if (take_delayed(&carry[j], &p) != 0) rc = bs_fail_ctx("seed %llu", (unsigned long long)seed);
             if (rc == 0 && cfg->hook && cfg->hook(cfg->hook_ctx, &t, j, &o, &p) != 0) rc = -1;
             plan_free(&p);
@@ -207,6 +239,7 @@ int sim_seeds_run(SimSeedsResult *out, const Scenario *sc, const SimVariant *v, 
         SimSeedStats *st = &out->v[j];
         for (int m = 0; m < M; m++)
             st->stat[m] = st->ok ? sim_stat_of(&st->values[m], n, M) : (SimStat){NAN, NAN, NAN};
+        st->first_flush_share = first_flush_share(st, n);
     }
     return 0;
 }
@@ -232,6 +265,21 @@ static const char *count_text(char *buf, size_t n, double x) {
     else if (x >= 1e3) snprintf(buf, n, "%.4gK", x / 1e3);
     else snprintf(buf, n, "%.4g", x);
     return buf;
+}
+
+// Why one policy beats another, per policy: the per-(rank, stage) breakdown's means over the steps,
+// and the first and flushing steps' share of the run (docs/simulator.md, "Runs").
+static void breakdown_print(FILE *f, const SimSeedsResult *r) {
+    fprintf(f, "%-12s %14s %14s %14s %15s %13s\n", "policy", "busy max/mean", "comm mean s", "wait mean s",
+            "longest item s", "first+flush");
+    for (int j = 0; j < r->n_v; j++) {
+        const SimSeedStats *st = &r->v[j];
+        if (!st->ok) continue;
+        const SimStat *x = st->stat;
+        fprintf(f, "%-12s %14.3f %14.3f %14.3f %15.3f %12.1f%%\n", st->variant.label, x[SIM_M_BUSY_IMBALANCE].mean,
+                x[SIM_M_COMM_MEAN].mean, x[SIM_M_WAIT_MEAN].mean, x[SIM_M_LONGEST_ITEM].mean,
+                100 * st->first_flush_share);
+    }
 }
 
 void sim_seeds_table_print(FILE *f, const SimSeedsResult *r) {
@@ -272,6 +320,7 @@ void sim_seeds_table_print(FILE *f, const SimSeedsResult *r) {
             if (!isnan(run)) fprintf(f, " %s %s", r->v[j].variant.label, count_text(a, sizeof a, run));
         }
         fprintf(f, "\n");
+        breakdown_print(f, r);
     }
 }
 
@@ -292,6 +341,7 @@ cJSON *sim_seed_stats_json(const SimSeedStats *st) {
     }
     double run = sim_seed_stats_run_tokens_per_s(st);
     if (!isnan(run)) cJSON_AddNumberToObject(o, "run_tokens_per_s", run);
+    if (!isnan(st->first_flush_share)) cJSON_AddNumberToObject(o, "first_flush_share", st->first_flush_share);
     return o;
 oom:
     cJSON_Delete(o);

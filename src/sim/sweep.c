@@ -64,7 +64,7 @@ static void csv_header(FILE *f, const char *x) {
         const char *c = sim_metric_info(m)->csv;
         if (c[0]) fprintf(f, ",%s_mean,%s_min,%s_max", c, c, c);
     }
-    fprintf(f, "\n");
+    fprintf(f, ",run_tokens_per_s,first_flush_share\n");  // a run's numbers, one each
 }
 
 static void csv_rows(FILE *f, const char *x, const SimSeedsResult *r) {
@@ -79,7 +79,7 @@ static void csv_rows(FILE *f, const char *x, const SimSeedsResult *r) {
             if (isnan(t->mean)) fprintf(f, ",,,");  // no static to compare with
             else fprintf(f, ",%.6g,%.6g,%.6g", t->mean * mi->csv_scale, t->min * mi->csv_scale, t->max * mi->csv_scale);
         }
-        fprintf(f, "\n");
+        fprintf(f, ",%.6g,%.6g\n", sim_seed_stats_run_tokens_per_s(st), st->first_flush_share);
     }
 }
 
@@ -408,12 +408,15 @@ static int write_grid_plot(const char *dir, const GridRow *rows, int n_rows, con
     return sim_gnuplot(gp);
 }
 
-int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, int n_seeds, const char *hardware, const char *dir,
-                 const char *command, int plot, FILE *log) {
+int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, int n_seeds, const char *hardware, int part, int parts,
+                 const char *dir, const char *command, int plot, FILE *log) {
     if (n_v < 1 || n_v > 16) return bs_fail("grid: 1 to 16 policies (got %d)", n_v);
     if (n_seeds < 1 || n_seeds > SIM_SEEDS_MAX) return bs_fail("grid: 1 to %d seeds (got %d)", SIM_SEEDS_MAX, n_seeds);
+    int n_all = scenario_grid_count();
+    if (parts < 1 || parts > n_all || part < 1 || part > parts)
+        return bs_fail("grid: part %d of %d: give 1 <= part <= parts <= %d (the cells)", part, parts, n_all);
     if (make_dirs(dir) != 0) return -1;
-    int n_rows = scenario_grid_count();
+    int n_rows = (n_all - part + parts) / parts;  // the cells part - 1, part - 1 + parts, ...
     GridRow *rows = bs_calloc((size_t)n_rows, sizeof *rows);
     if (!rows) return -1;
     char csv[4096], md[4096];
@@ -430,7 +433,7 @@ int sim_grid_run(const SimVariant *v, int n_v, uint64_t seed, int n_seeds, const
     int64_t done = 0;
     for (int i = 0; i < n_rows; i++) {
         GridRow *row = &rows[i];
-        if (scenario_get(i, &row->sc) != 0) break;
+        if (scenario_get(part - 1 + i * parts, &row->sc) != 0) break;
         if (hardware) snprintf(row->sc.hardware, sizeof row->sc.hardware, "%s", hardware);
         row->hdp_ranks = row->sc.gpus / (row->sc.tp * row->sc.pp);
         for (int j = 0; j < n_v; j++)

@@ -386,6 +386,28 @@ static void test_grid_writes_the_results_page(void **state) {
     static char csv[1 << 16];
     cli_slurp(path, csv, sizeof csv);
     assert_int_equal(count_lines(csv), 1 + 48 * 2);
+    // the run's columns come last: the first and flushing steps are the whole of a 2-step run
+    assert_non_null(strstr(csv, ",run_tokens_per_s,first_flush_share\n"));
+    assert_non_null(strstr(csv, ",1\n"));
+    // --cells K/3: the three parts' rows are the whole grid's rows, each line identical, none twice
+    int seen = 0;
+    for (int k = 1; k <= 3; k++) {
+        snprintf(args, sizeof args, "--grid --policy static,balance --no-plot --seeds 2 --cells %d/3 --out %s/grid%d",
+                 k, dir, k);
+        rc = run(args);
+        if (rc != 0) fail_msg("exit %d: %s", rc, cli_err);
+        snprintf(path, sizeof path, "%s/grid%d/paper-grid.csv", dir, k);
+        static char part[1 << 16];
+        cli_slurp(path, part, sizeof part);
+        const char *line = strchr(part, '\n') + 1;  // the header is the whole grid's
+        assert_memory_equal(part, csv, (size_t)(line - part));
+        for (const char *eol; (eol = strchr(line, '\n')) != NULL; line = eol + 1, seen++) {
+            char row[4096];
+            snprintf(row, sizeof row, "\n%.*s\n", (int)(eol - line), line);
+            if (!strstr(csv, row)) fail_msg("part %d's row is not the whole grid's: %s", k, row + 1);
+        }
+    }
+    assert_int_equal(seen, 48 * 2);
 }
 
 static void test_bad_flags(void **state) {
@@ -398,6 +420,9 @@ static void test_bad_flags(void **state) {
     expect("--policy nope", 2, "unknown policy \"nope\"");
     expect("--scenario nope", 2, "--scenario list");
     expect("--grid --json", 2, "--json is for single runs");
+    expect("--grid --cells 2/0", 2, "--cells: '2/0' needs 1 <= K <= N <= 48");
+    expect("--grid --cells half", 2, "--cells: 'half' is not K/N");
+    expect("--cells 1/2", 2, "--cells has no effect with a run without --grid");
     expect("--gpus 100 --tp 8", 2, "--gpus 100 is not a multiple of --tp 8");
     expect("--model llama-99b", 2, "unknown model \"llama-99b\"");
     expect("--plan /nonexistent/plan.json", 1, "/nonexistent/plan.json");

@@ -2,7 +2,9 @@
 // max computed here from N single runs (sim_setup_init + sim_setup_run, seed by seed); one seed is
 // the single run; the speedup is the mean of the per-seed ratios; failures, the hook and the
 // progress count; the seeds as the steps of one run (wlb's delayed sequences come back, the last
-// step flushes, every policy trains every token once, the run's throughput is total over total).
+// step flushes, every policy trains every token once, the run's throughput is total over total, the
+// first and flushing steps' share of it); the per-rank breakdown (imbalance, exposed communication,
+// wait, the longest item) from each seed's own run and plan.
 #include "test_util.h"
 
 #include <math.h>
@@ -30,9 +32,18 @@ static void all_variants(SimVariant *v) {
 
 enum { N_SEEDS = 3, FIRST_SEED = 5 };
 
-// One seed's value of a metric by hand, from a single run of that seed.
-static double by_hand(const SimOutcome *o, SimMetric m, double static_tps) {
+// One seed's value of a metric by hand, from a single run of that seed and its plan.
+static double by_hand(const SimOutcome *o, const Plan *p, SimMetric m, double static_tps) {
+    const SimResult *r = &o->res;
+    double busy = 0, busy_max = 0, comm = 0, wait = 0, longest = 0;
+    for (int i = 0; i < r->n_res; i++)
+        busy += r->busy[i], busy_max = fmax(busy_max, r->busy[i]), comm += r->comm[i], wait += r->wait[i];
+    for (int32_t k = 0; k < p->n_items; k++) longest = fmax(longest, p->items[k].est_time);
     switch (m) {
+    case SIM_M_BUSY_IMBALANCE: return busy_max / (busy / r->n_res);
+    case SIM_M_COMM_MEAN: return comm / r->n_res;
+    case SIM_M_WAIT_MEAN: return wait / r->n_res;
+    case SIM_M_LONGEST_ITEM: return longest;
     case SIM_M_STEP_TIME: return o->res.step_time;
     case SIM_M_TOKENS_PER_S: return o->res.tokens_per_s;
     case SIM_M_SPEEDUP: return o->res.tokens_per_s / static_tps;
@@ -47,7 +58,8 @@ static double by_hand(const SimOutcome *o, SimMetric m, double static_tps) {
 }
 
 static const SimMetric checked[] = {SIM_M_STEP_TIME, SIM_M_TOKENS_PER_S, SIM_M_SPEEDUP, SIM_M_MFU,    SIM_M_RING_BYTES,
-                                    SIM_M_OFFLOAD_BYTES, SIM_M_MAKESPAN_RATIO, SIM_M_WAIT_MAX, SIM_M_ITEMS};
+                                    SIM_M_OFFLOAD_BYTES, SIM_M_MAKESPAN_RATIO, SIM_M_WAIT_MAX, SIM_M_ITEMS,
+                                    SIM_M_BUSY_IMBALANCE, SIM_M_COMM_MEAN, SIM_M_WAIT_MEAN, SIM_M_LONGEST_ITEM};
 enum { N_CHECKED = sizeof checked / sizeof checked[0] };
 
 // The aggregate equals mean / min / max over single runs done here, seed by seed.
@@ -70,11 +82,13 @@ static void test_aggregate_equals_single_runs(void **state) {
         if (sim_setup_init(&s, &sc, FIRST_SEED + k) != 0) fail_msg("%s", bs_errmsg());
         seqs[k] = (double)s.batch.n;
         SimOutcome o[SIM_SEEDS_MAX_VARIANTS];
+        Plan p[SIM_SEEDS_MAX_VARIANTS];
         for (int j = 0; j < n_v; j++)
-            if (sim_setup_run(&s, &v[j], &o[j], NULL) != 0) fail_msg("%s", bs_errmsg());
+            if (sim_setup_run(&s, &v[j], &o[j], &p[j]) != 0) fail_msg("%s", bs_errmsg());
         for (int j = 0; j < n_v; j++)
-            for (int c = 0; c < N_CHECKED; c++) want[j][c][k] = by_hand(&o[j], checked[c], o[0].res.tokens_per_s);
-        for (int j = 0; j < n_v; j++) sim_outcome_free(&o[j]);
+            for (int c = 0; c < N_CHECKED; c++)
+                want[j][c][k] = by_hand(&o[j], &p[j], checked[c], o[0].res.tokens_per_s);
+        for (int j = 0; j < n_v; j++) sim_outcome_free(&o[j]), plan_free(&p[j]);
         sim_setup_free(&s);
     }
     for (int j = 0; j < n_v; j++) {
@@ -146,14 +160,17 @@ static void test_one_seed_is_the_single_run(void **state) {
     double static_tps = 0;
     for (int j = 0; j < n_v; j++) {
         SimOutcome o;
-        if (sim_setup_run(&s, &v[j], &o, NULL) != 0) fail_msg("%s", bs_errmsg());
+        Plan p;
+        if (sim_setup_run(&s, &v[j], &o, &p) != 0) fail_msg("%s", bs_errmsg());
         if (j == 0) static_tps = o.res.tokens_per_s;
         for (int c = 0; c < N_CHECKED; c++) {
             const SimStat *t = &r.v[j].stat[checked[c]];
-            double x = by_hand(&o, checked[c], static_tps);
+            double x = by_hand(&o, &p, checked[c], static_tps);
             assert_true(t->mean == x && t->min == x && t->max == x);
         }
+        assert_true(r.v[j].first_flush_share == 1);  // one step is the first and the last
         sim_outcome_free(&o);
+        plan_free(&p);
     }
     assert_true(r.sequences.mean == (double)s.batch.n);
     sim_setup_free(&s);
@@ -263,6 +280,10 @@ static void test_run_carries_delayed(void **state) {
         }
         assert_true(tokens == total);  // every token of the run once
         assert_close(sim_seed_stats_run_tokens_per_s(st), tokens / time, 1e-12, 0);
+        // the first and the last (flushing) step's share of the run's time
+        double edges = st->values[SIM_M_STEP_TIME] + st->values[(N - 1) * SIM_N_METRICS + SIM_M_STEP_TIME];
+        assert_close(st->first_flush_share, edges / time, 1e-12, 0);
+        assert_true(st->first_flush_share > 0 && st->first_flush_share < 1);
     }
     assert_true(moved > 0);  // wlb delayed some sequences to a later step
     sim_seeds_free(&r);
