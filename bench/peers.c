@@ -150,6 +150,31 @@ static RunResult run_policy(const GlobalBatch *b, const char *pol, int R, int64_
     return res;
 }
 
+// Make the default corpora's lengths files (DEFAULTS) into /tmp; returns how many this machine has.
+static int default_corpora(const char **names, const char **files) {
+    static char paths[N_DEFAULTS][64];
+    int nc = 0;
+    for (int d = 0; d < N_DEFAULTS; d++) {
+        // made afresh every run: the file says what this machine's tree holds now. find's status is
+        // not the test (an unreadable directory fails it); an empty file is.
+        snprintf(paths[d], sizeof paths[d], "/tmp/bytescale-peers-%s.txt", DEFAULTS[d].name);
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "%s > %s 2>/dev/null", DEFAULTS[d].cmd, paths[d]);
+        fprintf(stderr, "bench peers: %s\n", cmd);
+        int rc = system(cmd);
+        FILE *f = rc == -1 ? NULL : fopen(paths[d], "r");
+        int empty = !f || fgetc(f) == EOF;
+        if (f) fclose(f);
+        if (empty) {
+            fprintf(stderr, "bench peers: no %s sources here, skipped\n", DEFAULTS[d].name);
+            remove(paths[d]);
+            continue;
+        }
+        names[nc] = DEFAULTS[d].name, files[nc++] = paths[d];
+    }
+    return nc;
+}
+
 int main(int argc, char **argv) {
     int steps = 50, nc = 0;
     const char *names[MAX_CORPORA], *files[MAX_CORPORA];
@@ -168,26 +193,7 @@ int main(int argc, char **argv) {
     }
     if (nc < 0 || steps < 1)
         bs_die("usage: bench_peers [--steps N] [NAME=LENGTHS ...]  (lengths files: docs/peers.md)");
-    static char paths[N_DEFAULTS][64];
-    const int defaults = nc == 0;
-    for (int d = 0; defaults && d < N_DEFAULTS; d++) {
-        // made afresh every run: the file says what this machine's tree holds now. find's status is
-        // not the test (an unreadable directory fails it); an empty file is.
-        snprintf(paths[d], sizeof paths[d], "/tmp/bytescale-peers-%s.txt", DEFAULTS[d].name);
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "%s > %s 2>/dev/null", DEFAULTS[d].cmd, paths[d]);
-        fprintf(stderr, "bench peers: %s\n", cmd);
-        int rc = system(cmd);
-        FILE *f = rc == -1 ? NULL : fopen(paths[d], "r");
-        int empty = !f || fgetc(f) == EOF;
-        if (f) fclose(f);
-        if (empty) {
-            fprintf(stderr, "bench peers: no %s sources here, skipped\n", DEFAULTS[d].name);
-            remove(paths[d]);
-            continue;
-        }
-        names[nc] = DEFAULTS[d].name, files[nc++] = paths[d];
-    }
+    if (nc == 0) nc = default_corpora(names, files);
     if (nc == 0) {
         printf("# bench_peers: no corpus (none of the default source trees is here; give NAME=LENGTHS)\n\n");
         return 0;
