@@ -20,6 +20,11 @@
 # first and its flushing step take, over the cell's policies (the CSV's first_flush_share; absent in
 # CSVs older than that column): below 5% the run is its steady state. The cells where a peer wins and
 # each policy's largest share go to stderr.
+#
+# CSVs of runs of different lengths may be given together (e.g. a long run of the fast policies and a
+# shorter one with flexsp, whose GLPK time dominates the grid): every ratio compares a peer with
+# bytescale's best of the longest run that has both, so each ratio is over the same documents; the
+# steps of each peer's runs go to stderr.
 import collections
 import csv
 import math
@@ -32,11 +37,11 @@ SIZE = {"k": 1 << 10, "m": 1 << 20}
 
 if len(sys.argv) < 2:
     sys.exit("usage: peers_table.py GRID.csv [MORE.csv ...]")
-cells = collections.OrderedDict()
+cells = collections.OrderedDict()  # scenario -> {seeds: {policy: row}}
 policies = []
 for path in sys.argv[1:]:
     for r in csv.DictReader(open(path)):
-        cells.setdefault(r["scenario"], {})[r["policy"]] = r
+        cells.setdefault(r["scenario"], {}).setdefault(int(r.get("seeds") or 0), {})[r["policy"]] = r
         if r["policy"] not in policies:
             policies.append(r["policy"])
 
@@ -68,15 +73,26 @@ most = {p: (0.0, "") for p in policies}
 head = [f"best / {p} (per-step mean)" if p == "wlb" else f"best / {p}" for p in peers]
 print("| cell | best (run tok/s) | " + " | ".join(head) + " | first+flush (max) |")
 print("|---|---|" + "---|" * len(peers) + "---|")
-for cell, pol in cells:
+steps = {p: set() for p in peers}
+
+
+def best_of(pol):  # bytescale's faster run and its name, its per-step mean
     b = max(("balance", "elastic"), key=lambda p: run(pol[p]) if p in pol else 0)
-    best = run(pol[b])
-    bstep = max(float(pol[p]["tokens_per_s_mean"]) for p in ("balance", "elastic") if p in pol)
+    return b, run(pol[b]), max(float(pol[p]["tokens_per_s_mean"]) for p in ("balance", "elastic") if p in pol)
+
+
+for cell, runs in cells:
+    longest = max(runs)
+    b, best, bstep = best_of(runs[longest])
     out = []
     for p in peers:
-        if p not in pol:
+        have = [n for n in runs if p in runs[n] and ("balance" in runs[n] or "elastic" in runs[n])]
+        if not have:
             out.append("-")
             continue
+        steps[p].add(max(have))
+        pol = runs[max(have)]
+        _, best, bstep = best_of(pol)
         x = best / run(pol[p])
         logs[p].append(math.log(x))
         if x < 1:
@@ -87,14 +103,18 @@ for cell, pol in cells:
             logs["wlb-step"].append(math.log(y))
             s += f" ({y:.2f})"
         out.append(s)
-    for p, r in pol.items():
+    rows = [(p, r) for n in runs for p, r in runs[n].items()]
+    for p, r in rows:
         if share(r) > most[p][0]:
             most[p] = (share(r), cell)
-    top = max((share(r) for r in pol.values()), default=float("nan"))
+    top = max((share(r) for _, r in rows), default=float("nan"))
+    b, best, _ = best_of(runs[longest])
     print(f"| {cell} | {b} {best:.3g} | " + " | ".join(out) + (f" | {100 * top:.1f}% |" if top == top else " | - |"))
 g = {p: math.exp(sum(v) / len(v)) if v else float("nan") for p, v in logs.items()}
 geo = [f"{g[p]:.2f} ({g['wlb-step']:.2f})" if p == "wlb" else f"{g[p]:.2f}" for p in peers]
 print("| geometric mean | | " + " | ".join(geo) + " | |")
+for p in peers:
+    print(f"{p}: runs of {', '.join(str(n) for n in sorted(steps[p]))} steps", file=sys.stderr)
 for p in peers:
     print(f"{p} faster in {len(wins[p])} cells: {', '.join(wins[p])}", file=sys.stderr)
 for p in policies:
