@@ -127,20 +127,16 @@ static RunResult run_policy(const GlobalBatch *b, const char *pol, int R, int64_
     RunResult res = {0, 0, 0};
     for (int t = 0; t < steps; t++) {
         const int flush = t == steps - 1;
-        StepResult r;
-        if (carry.n == 0 && fresh[flush].valid) {
-            r = fresh[flush];
-        } else {
-            r = run_step(&s, b, &carry, pol, R, ctx, flush);
-            if (carry.n == 0) fresh[flush] = r;
-        }
+        int kept = carry.n == 0 && fresh[flush].valid;  // r is fresh[flush]: its delayed stay with it
+        StepResult r = kept ? fresh[flush] : run_step(&s, b, &carry, pol, R, ctx, flush);
+        if (!kept && carry.n == 0) fresh[flush] = r, kept = 1;
         tokens += r.tokens, time += r.time;
         if (t == 0) res.first = r.tokens_per_s;
         if (t == 0 || flush) edges += r.time;
         batch_free(&carry);
         batch_init(&carry, r.delayed.n + 1);
         for (int64_t i = 0; i < r.delayed.n; i++) batch_push(&carry, r.delayed.seqs[i].id, r.delayed.seqs[i].len, -1);
-        if (r.delayed.seqs != fresh[0].delayed.seqs && r.delayed.seqs != fresh[1].delayed.seqs) batch_free(&r.delayed);
+        if (!kept) batch_free(&r.delayed);
     }
     for (int k = 0; k < 2; k++)
         if (fresh[k].valid) batch_free(&fresh[k].delayed);

@@ -83,7 +83,6 @@ def best_of(pol):  # bytescale's faster run and its name, its per-step mean
 
 for cell, runs in cells:
     longest = max(runs)
-    b, best, bstep = best_of(runs[longest])
     out = []
     for p in peers:
         have = [n for n in runs if p in runs[n] and ("balance" in runs[n] or "elastic" in runs[n])]
