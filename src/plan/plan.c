@@ -102,6 +102,7 @@ int32_t plan_add_blocks_item(Plan *p, const Segment *segs, int n_segs, const int
 ItemKind plan_item_kind(const Plan *p, int32_t item) {
     const Item *it = &p->items[item];
     if (p->seg_owner && it->n_segs > 0 && p->seg_owner[it->seg_begin] >= 0) return ITEM_BLOCKS;
+    if (it->ulysses > 0) return ITEM_HYBRID;
     return it->a2a ? ITEM_A2A : ITEM_RING;
 }
 
