@@ -17,7 +17,8 @@
 // 64K tokens per rank (the same settings otherwise): makespan over the bounds and planning time
 // (median of several runs, and elastic's over balance's). Where a ring sets balance's step, elastic
 // widens it; target for elastic: within 5% of the bound wherever the batch has enough work for
-// every rank. `bench_plan scale` runs this table alone.
+// every rank. `bench_plan scale` runs this table alone; `bench_plan scale 16384` only its rows of that
+// many ranks (the planning-time targets: 32M tokens and 1G tokens on 16,384 ranks).
 //
 // Table 4: plan files of 1M and 10M sequences (uniform lengths 1-600, balance plans on 16,384 ranks):
 // write and read time and the peak growth of resident memory while writing and while reading (each
@@ -258,7 +259,7 @@ static int32_t idle_ranks(const Plan *p) {
     return n;
 }
 
-static void table_scale(void) {
+static void table_scale(int only_ranks) {
     static const int RANKS[] = {512, 2048, 16384, 131072};
     static const int64_t PER_RANK[] = {2 << 10, 64 << 10};
     enum { N_RANKS = 4 };
@@ -284,6 +285,10 @@ static void table_scale(void) {
         for (int k = 0; k < 2; k++)
             for (int ri = 0; ri < N_RANKS; ri++) {
                 int R = RANKS[ri];
+                if (only_ranks > 0 && R != only_ranks) {
+                    progress_update(&pr, ++done, NULL);
+                    continue;
+                }
                 int64_t tokens = (int64_t)R * PER_RANK[k];
                 int reps = tokens >= (1ll << 30) ? 3 : REPEATS;
                 CostModel cm;
@@ -468,13 +473,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "scale")) {
-        table_scale();
+        table_scale(argc > 2 ? atoi(argv[2]) : 0);
         return 0;
     }
-    if (argc > 1) bs_die("usage: bench_plan [files | scale | peers]");
+    if (argc > 1) bs_die("usage: bench_plan [files | scale [RANKS] | peers]");
     table_speed();
     table_quality();
-    table_scale();
+    table_scale(0);
     table_files(dir);
     return 0;
 }

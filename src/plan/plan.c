@@ -430,6 +430,17 @@ static double slot_const(const CostModel *cm) {
     return cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const;
 }
 
+// One sequence alone on D ranks at its fastest kind, without offload copies: a ring, or an all-to-all
+// (Ulysses) group where the head count of a TP shard is known and D within it (cost_a2a_max), the
+// kinds bytescale's policies choose from (policy_item_choice). Every bound below times an
+// indivisible sequence by this. (A hand-made cost model without heads, a2a_heads = 0, keeps the
+// ring-only bounds; a plan of all-to-all groups on it, which only flexsp makes, is not bounded.)
+static double fastest_item(const CostModel *cm, int64_t s, int D) {
+    double t = cost_item_time(cm, &s, 1, D, 0.0);
+    if (D > 1 && cm->a2a_heads > 0 && D <= cost_a2a_max(cm, D)) t = fmin(t, cost_a2a_item_time(cm, &s, 1, D));
+    return t;
+}
+
 // The two parts of the policy-independent bound for one stage: *avg, the average work per rank,
 // and *single, the longest sequence's fastest time on any ring it fits (docs/planner.md).
 static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, double *avg,
@@ -457,7 +468,7 @@ static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
         *single = INFINITY;
         int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks;
         for (int D = d_lo; D <= d_hi; D++) {
-            double t = cost_item_time(cm, &longest, 1, D, 0.0);
+            double t = fastest_item(cm, longest, D);
             if (t < *single) *single = t;
         }
         double share = seq_work(cm, longest) / n_ranks + slot_const(cm);
@@ -523,7 +534,7 @@ double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm_in, int32_t n_ra
         // at the cheapest D; its indivisible time: the fastest D
         double w = INFINITY, t = INFINITY;
         for (int D = d_lo; D <= d_hi; D++) {
-            double td = cost_item_time(cm, &s, 1, D, 0.0);
+            double td = fastest_item(cm, s, D);
             if (td < t) t = td;
             if (D * td < w) w = D * td;
         }

@@ -89,16 +89,21 @@ typedef struct {
     RankGroup *groups;    // (n_lng + n_sht + 1,) predict's heap of rank groups
 } Model;
 
-static double ring_time(const CostModel *cm, int64_t s, int D) { return cost_item_time(cm, &s, 1, D, 0.0); }
+// A sequence alone on D ranks, no offloading: a ring or, where faster and the heads allow, an
+// all-to-all group or a hybrid (policy_item_choice; the scheduler makes the same choice).
+static double ring_time(const CostModel *cm, int64_t s, int D) { return policy_item_choice(cm, &s, 1, D, 0.0).t; }
+static double plain_ring_time(const CostModel *cm, int64_t s, int D) { return cost_item_time(cm, &s, 1, D, 0.0); }
 
 // ---- widths ----------------------------------------------------------------------------------------------
 
-// The fastest width in [lo, hi] of a time that falls and then rises, as a ring's does on one link
-// (ternary search on the integers, then the last few by hand; ties: the fewer ranks).
+// The fastest width in [lo, hi]. A ring's time falls and then rises on one link (ternary search on
+// the integers, then the last few by hand; ties: the fewer ranks); the all-to-all and hybrid kinds
+// exist only up to the head limit of a TP shard, a few dozen widths, which are tried one by one.
 static int fastest_in(const CostModel *cm, int64_t s, int lo, int hi, double *t_out) {
+    int lo0 = lo, hi0 = hi;
     while (hi - lo > 2) {
         int m1 = lo + (hi - lo) / 3, m2 = hi - (hi - lo) / 3;
-        if (ring_time(cm, s, m1) <= ring_time(cm, s, m2)) hi = m2;
+        if (plain_ring_time(cm, s, m1) <= plain_ring_time(cm, s, m2)) hi = m2;
         else lo = m1;
     }
     int best = lo;
@@ -106,6 +111,11 @@ static int fastest_in(const CostModel *cm, int64_t s, int lo, int hi, double *t_
     for (int d = lo + 1; d <= hi; d++) {
         double t = ring_time(cm, s, d);
         if (t < tb) tb = t, best = d;
+    }
+    int groups_top = cm->a2a_heads > 0 && cm->a2a_heads < hi0 ? cm->a2a_heads : (cm->a2a_heads > 0 ? hi0 : 0);
+    for (int d = lo0; d <= groups_top; d++) {
+        double t = ring_time(cm, s, d);
+        if (t < tb || (t == tb && d < best)) tb = t, best = d;
     }
     *t_out = tb;
     return best;
@@ -220,7 +230,7 @@ static int model_init(Model *m, const BalanceBatch *bb) {
         int d = plain < m->R ? (int)plain : m->R;
         double r = 0;
         if (d < plain && !policy_offload_for(cm, s, C, d, &r)) d = bb->d_min[i], r = bb->r_min[i];
-        double t = cost_item_time(cm, &s, 1, d, r);
+        double t = policy_item_choice(cm, &s, 1, d, r).t;
         m->lng[m->n_lng++] = (Seq){i, s, d, (int32_t)(top > d ? top : d), t, t * d, 0, 0};
         m->work += t * d;
     }
@@ -391,7 +401,7 @@ static int makespan_across_nodes(Plan *p, const Model *m, double *out) {
         double t = it->est_time, start = 0;
         if (it->n_ranks > 1) {
             for (int32_t j = 0; j < it->n_segs; j++) lens[j] = p->segs[it->seg_begin + j].len;
-            t = cost_item_time(&m->wide, lens, it->n_segs, it->n_ranks, it->offload);
+            t = policy_kind_time(&m->wide, lens, it->n_segs, it->n_ranks, it->offload, it->a2a, it->ulysses);
         }
         for (int32_t j = 0; j < it->n_ranks; j++) start = fmax(start, free_at[rk[j]]);
         for (int32_t j = 0; j < it->n_ranks; j++) free_at[rk[j]] = start + t;
