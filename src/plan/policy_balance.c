@@ -317,8 +317,9 @@ static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, 
         }
         double rd;
         if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
-        ItemChoice c = policy_item_choice(dd > plain ? bl->wide : cm, &len, 1, dd, rd);
-        double td = c.t;
+        // the kind by the plan's cost model; a widened ring (elastic) timed as crossing nodes
+        ItemChoice c = policy_item_choice(cm, &len, 1, dd, rd);
+        double td = dd > plain ? policy_kind_time(bl->wide, &len, 1, dd, rd, c.a2a, c.ulysses) : c.t;
         double wait = fmax(pipeline_wait(bl, td, low), pipeline_wait(bl, td, high));
         double end = latest + wait + td + pipeline_drain(bl, td);
         if (end < best) {
