@@ -166,8 +166,9 @@ int plan_blocks_check(const Plan *p, int32_t k) {
     const Item *it = &p->items[k];
     const int32_t *own = p->seg_owner + it->seg_begin;
     if (it->offload != 0 || it->a2a || it->ulysses)
-        return bs_fail("item %d: a block item cannot offload or be an all-to-all group or a hybrid (offload %g, a2a %d, "
-                       "ulysses %d)", k, it->offload, it->a2a, it->ulysses);
+        return bs_fail("item %d: a block item cannot offload or be an all-to-all group or a hybrid (offload %g, "
+                       "a2a %d, ulysses %d)",
+                       k, it->offload, it->a2a, it->ulysses);
     int64_t *held = bs_calloc((size_t)it->n_ranks, sizeof(int64_t));
     Blk *bl = bs_malloc((size_t)it->n_segs * sizeof *bl);
     if (!held || !bl) return free(held), free(bl), bs_fail_ctx("plan_validate");

@@ -33,9 +33,10 @@ static double a2a_layer_bytes(const CostModel *cm, int64_t tokens, int32_t d) {
 
 // The bytes a hybrid item (Item.ulysses: a ring of r groups of u) moves per layer for T tokens, as the
 // simulator counts them (sim.c): every group's all-to-alls (a2a_layer_bytes of a group of u: the r
-// groups together move (u-1)/u of all T tokens' bytes), then a ring of r over the groups in which each of the D = u r members passes
-// group blocks of T / r tokens on its K/V heads (kv_token x cost_hybrid_kv_share(u) a token): forward
-// r - 1 blocks, backward r - 1 with their dK/dV and one hop home (3r - 2 in all).
+// groups together move (u-1)/u of all T tokens' bytes), then a ring of r over the groups in which each
+// of the D = u r members passes group blocks of T / r tokens on its K/V heads (kv_token x
+// cost_hybrid_kv_share(u) a token): forward r - 1 blocks, backward r - 1 with their dK/dV and one hop
+// home (3r - 2 in all).
 static double hybrid_layer_bytes(const CostModel *cm, int64_t tokens, int32_t d, int32_t u) {
     int32_t r = d / u;
     double a2a = a2a_layer_bytes(cm, tokens, u);  // the r groups' all-to-alls: (u-1)/u of every token's bytes

@@ -111,7 +111,8 @@ static double hybrid_attention(const SimConfig *cfg, const Plan *p, const Item *
     const int32_t *ranks = p->ranks + it->rank_begin;
     int D = it->n_ranks, u = it->ulysses, r = D / u;
     double n = (double)it->tokens / D;  // tokens on each member
-    double blk = phi * (cm->attn_pair * item_area(p, it) * cost_a2a_head_share(cm, u) / ((double)r * r) + cm->attn_step);
+    double pairs = cm->attn_pair * item_area(p, it) * cost_a2a_head_share(cm, u) / ((double)r * r);
+    double blk = phi * (pairs + cm->attn_step);  // the group's queries against one group's keys, its heads
     double a2a = cost_a2a_bytes(cm, u) * n * (u - 1) / u, x_a2a = 0;
     for (int g = 0; g < r; g++) x_a2a = fmax(x_a2a, cluster_ring_hop_time(cfg->cluster, ranks + g * u, u, stage, a2a));
     double kv = cm->kv_token * cost_hybrid_kv_share(cm, u) * n * u;  // one group block (u n tokens), its heads
