@@ -3,7 +3,8 @@
 //   - plan_finalize sets its est_time with cost_hybrid_item_time (the hand-computed 1.0887 s of
 //     tests/core/test_cost_hybrid.c) and plan_stats counts its bytes by hand;
 //   - it goes through a plan file ("ulysses": 2 on that item only, a second write byte-identical)
-//     and the wire form (version 4; a plan without hybrid items still version 1 or 2);
+//     and the wire form (version 4; with block items too, version 5; a plan without hybrid items
+//     still version 1);
 //   - plan_validate refuses each bad case with a message naming it: u not dividing the ranks, u = 1,
 //     u = D, u with a2a, u with offloading, u above the heads of a TP shard, a member over capacity.
 #include "plan/plan_fixtures.h"
@@ -136,6 +137,44 @@ static void test_file_and_wire_round_trip(void **state) {
     batch_free(&b);
 }
 
+// A plan with a hybrid item and a block item (the block peer's kind) beside it: the wire's version 5
+// carries both the owners and every item's u.
+static void test_wire_with_block_items(void **state) {
+    (void)state;
+    CostModel cm = hybrid_model();
+    int64_t lens[] = {1200, 100, 100};
+    GlobalBatch b = make_batch(lens, 3);
+    Plan p, w;
+    assert_int_equal(plan_init(&p, &b, 8, 300, 1, "hand"), 0);
+    Segment s0 = {0, 0, 1200}, blocks[] = {{1, 0, 100}, {2, 0, 100}};
+    int32_t r0[] = {0, 1, 2, 3}, r1[] = {4, 5}, owners[] = {0, 1};
+    assert_int_equal(plan_add_item(&p, &s0, 1, r0, 4, 0), 0);
+    assert_int_equal(plan_add_blocks_item(&p, blocks, 2, r1, 2, owners), 1);
+    p.items[0].ulysses = 2;
+    assert_int_equal(plan_finalize(&p, &cm), 0);
+    if (plan_validate(&p, &cm) != 0) fail_msg("%s", bs_errmsg());
+    assert_int_equal(plan_item_kind(&p, 0), ITEM_HYBRID);
+    assert_int_equal(plan_item_kind(&p, 1), ITEM_BLOCKS);
+    uint8_t *buf;
+    size_t size;
+    assert_int_equal(plan_pack(&p, &buf, &size), 0);
+    uint32_t version;
+    memcpy(&version, buf + 4, 4);
+    assert_int_equal(version, 5);
+    if (plan_unpack(&w, buf, size) != 0) fail_msg("%s", bs_errmsg());
+    assert_int_equal(w.items[0].ulysses, 2);
+    assert_int_equal(w.items[1].ulysses, 0);
+    assert_int_equal(plan_item_kind(&w, 1), ITEM_BLOCKS);
+    assert_int_equal(w.seg_owner[2], 1);
+    // a block item cannot also be a hybrid
+    p.items[1].ulysses = 2;
+    assert_int_equal(plan_validate(&p, &cm), -1);
+    assert_non_null(strstr(bs_errmsg(), "item 1: a block item cannot offload or be an all-to-all group or a hybrid"));
+    free(buf);
+    plan_free(&w), plan_free(&p);
+    batch_free(&b);
+}
+
 // plan_validate on item 0 built with (u, offload, a2a, capacity): -1 and a message containing `want`.
 static void refused(const CostModel *cm, int u, double off, int a2a, int64_t capacity, const char *want) {
     GlobalBatch b;
@@ -175,6 +214,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_estimate_and_bytes),
         cmocka_unit_test(test_file_and_wire_round_trip),
+        cmocka_unit_test(test_wire_with_block_items),
         cmocka_unit_test(test_validator_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
