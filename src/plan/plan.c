@@ -159,8 +159,11 @@ static int finalize_times(Plan *p, const CostModel *cm) {
             }
             continue;
         }
-        it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks)
-                               : cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
+        if (it->ulysses > 0)  // a ring of n_ranks / ulysses groups (plan_validate: ulysses divides n_ranks)
+            it->est_time = cost_hybrid_item_time(cm, lens, it->n_segs, it->ulysses, it->n_ranks / it->ulysses);
+        else
+            it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks)
+                                   : cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
     }
     free(lens);
     return 0;
