@@ -242,14 +242,14 @@ static void table_quality(void) {
 
 // ---- beyond Algorithm 2: balance and elastic at scale ---------------------------------------------------
 
-// The longest sequence's fastest ring over every width up to all ranks: no plan of any policy beats
-// it. plan_lower_bound searches 65,536 widths past Eq. 3's fewest and takes a smaller stand-in beyond,
+// The longest sequence's fastest item (ring, all-to-all group or hybrid: plan_fastest_item) over every
+// width up to all ranks: no plan of any policy beats it. plan_lower_bound searches 65,536 widths past Eq. 3's fewest and takes a smaller stand-in beyond,
 // so from 131,072 ranks on it can be far below this.
 static double longest_fastest(const GlobalBatch *b, const CostModel *cm, int32_t R) {
     int64_t longest = 0;
     for (int64_t i = 0; i < b->n; i++) longest = b->seqs[i].len > longest ? b->seqs[i].len : longest;
     double best = INFINITY;
-    for (int D = 1; D <= R && D <= longest; D++) best = fmin(best, cost_item_time(cm, &longest, 1, D, 0.0));
+    for (int D = 1; D <= R && D <= longest; D++) best = fmin(best, plan_fastest_item(cm, longest, D));
     return best;
 }
 

@@ -147,6 +147,10 @@ double plan_lower_bound_pp(const GlobalBatch *b, const CostModel *cm, int32_t n_
 // ring and per-layer overheads included) and the indivisible time is the slowest sequence at its
 // fastest admissible ring size. Never below plan_lower_bound_pp; the 5% target applies to it.
 double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp);
+// One sequence of s tokens alone on D ranks at its fastest kind without offloading: a ring, or where
+// the head count of a TP shard is known (cm->a2a_heads) an all-to-all group (D <= the heads) or a
+// hybrid of D / u groups of u (u dividing D and the heads). Both bounds time the longest by it.
+double plan_fastest_item(const CostModel *cm, int64_t s, int D);
 
 // The compact binary form the planning rank broadcasts (plan_wire.c). plan_pack allocates *buf
 // (free it); plan_unpack makes a finalized, validated plan or refuses a damaged message (-1 + error).

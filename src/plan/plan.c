@@ -433,14 +433,19 @@ static double slot_const(const CostModel *cm) {
     return cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const;
 }
 
-// One sequence alone on D ranks at its fastest kind, without offload copies: a ring, or an all-to-all
-// (Ulysses) group where the head count of a TP shard is known and D within it (cost_a2a_max), the
-// kinds bytescale's policies choose from (policy_item_choice). Every bound below times an
-// indivisible sequence by this. (A hand-made cost model without heads, a2a_heads = 0, keeps the
-// ring-only bounds; a plan of all-to-all groups on it, which only flexsp makes, is not bounded.)
-static double fastest_item(const CostModel *cm, int64_t s, int D) {
+// One sequence alone on D ranks at its fastest kind, without offload copies: a ring, or, where the
+// head count of a TP shard is known, an all-to-all (Ulysses) group of D within it (cost_a2a_max) or
+// a hybrid of D / u groups of u, u dividing D and the heads: the kinds bytescale's policies choose
+// from (policy_item_choice). Every bound below times an indivisible sequence by this. (A hand-made
+// cost model without heads, a2a_heads = 0, keeps the ring-only bounds; a plan of all-to-all groups
+// on it, which only flexsp makes, is not bounded.)
+double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
     double t = cost_item_time(cm, &s, 1, D, 0.0);
-    if (D > 1 && cm->a2a_heads > 0 && D <= cost_a2a_max(cm, D)) t = fmin(t, cost_a2a_item_time(cm, &s, 1, D));
+    int heads = cm->a2a_heads;
+    if (D < 2 || heads <= 0) return t;
+    if (D <= heads) t = fmin(t, cost_a2a_item_time(cm, &s, 1, D));
+    for (int u = 2; u <= heads && u < D; u++)
+        if (D % u == 0 && heads % u == 0) t = fmin(t, cost_hybrid_item_time(cm, &s, 1, u, D / u));
     return t;
 }
 
@@ -471,7 +476,7 @@ static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
         *single = INFINITY;
         int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks;
         for (int D = d_lo; D <= d_hi; D++) {
-            double t = fastest_item(cm, longest, D);
+            double t = plan_fastest_item(cm, longest, D);
             if (t < *single) *single = t;
         }
         double share = seq_work(cm, longest) / n_ranks + slot_const(cm);
@@ -537,7 +542,7 @@ double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm_in, int32_t n_ra
         // at the cheapest D; its indivisible time: the fastest D
         double w = INFINITY, t = INFINITY;
         for (int D = d_lo; D <= d_hi; D++) {
-            double td = fastest_item(cm, s, D);
+            double td = plan_fastest_item(cm, s, D);
             if (td < t) t = td;
             if (D * td < w) w = D * td;
         }

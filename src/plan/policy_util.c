@@ -40,20 +40,29 @@ int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double 
     return 1;
 }
 
+// A hybrid's Ulysses group size u: 2 <= u < D, u divides D (r = D / u groups) and the query heads of
+// a TP shard (every member of a group gets the same heads), so u runs over the divisors of the heads.
+static int hybrid_u_ok(int u, int D, int heads) { return u < D && D % u == 0 && heads % u == 0; }
+
 ItemChoice policy_item_choice(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
     ItemChoice c = {cost_item_time(cm, segs, n_segs, D, r), 0, 0};
     if (D <= 1 || r > 0 || cm->a2a_heads <= 0) return c;
-    int heads = cost_a2a_max(cm, D);  // a group splits the query heads of a TP shard: at most that many
+    int heads = cost_a2a_max(cm, INT32_MAX);  // a group splits the query heads of a TP shard: at most that many
     if (D <= heads) {
         double t = cost_a2a_item_time(cm, segs, n_segs, D);
         if (t < c.t) c = (ItemChoice){t, 1, 0};
+    }
+    for (int u = 2; u <= heads && u < D; u++) {
+        if (!hybrid_u_ok(u, D, heads)) continue;
+        double t = cost_hybrid_item_time(cm, segs, n_segs, u, D / u);
+        if (t < c.t) c = (ItemChoice){t, 0, u};
     }
     return c;
 }
 
 double policy_kind_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r, int a2a, int ulysses) {
-    (void)ulysses;
     if (a2a) return cost_a2a_item_time(cm, segs, n_segs, D);
+    if (ulysses > 1) return cost_hybrid_item_time(cm, segs, n_segs, ulysses, D / ulysses);
     return cost_item_time(cm, segs, n_segs, D, r);
 }
 

@@ -47,8 +47,9 @@ typedef struct {
 // The fastest kind for segs on D ranks with offload ratio r. A ring when D <= 1 (a pack) or r > 0
 // (all-to-all and hybrid items do not offload), or when the head count of a TP shard is not known
 // (cm->a2a_heads = 0, a loaded profile: a group's head split could not be checked); otherwise an
-// all-to-all group when D <= cost_a2a_max and it is faster, a hybrid when it is faster still. Ties
-// go to the ring, then to the all-to-all group.
+// all-to-all group when D <= cost_a2a_max and it is faster, or a hybrid of D / u groups of u where u
+// divides both D and the query heads (an even head split; 2 <= u < D) and it is faster still. Ties
+// go to the ring, then to the all-to-all group, then to the smaller u.
 ItemChoice policy_item_choice(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
 // The time of an item of a given kind (as policy_item_choice reports it): the cost model's

@@ -1,12 +1,13 @@
-// test_policy_kinds.c: balance and elastic choose each long sequence's kind of item (a ring or an
-// all-to-all group; src/plan/policy_util.c, policy_item_choice; docs/planner.md "Which kind of item"):
+// test_policy_kinds.c: balance and elastic choose each long sequence's kind of item (a ring, an
+// all-to-all group or a hybrid; src/plan/policy_util.c, policy_item_choice; docs/planner.md "Which kind of item"):
 //   - by hand: one sequence of 300 tokens on 3 ranks, ring latency 1 ms: a ring pays 5 steps a layer
 //     (0.23 s), an all-to-all group two exchanges (0.224 s); with 4 heads per TP shard balance runs
 //     it as the group, with 2 heads (fewer than the members) or an unknown head count as the ring;
 //   - property test over random batches, models, TP degrees and rank counts: every plan valid, every
-//     all-to-all item within the head limit and not offloading, every multi-rank item's estimate no
+//     all-to-all item within the head limit, every hybrid's groups dividing its ranks and the heads,
+//     neither offloading, every multi-rank item's estimate no
 //     slower than a ring on the same ranks (the choice is by the cost model), balance's makespan at or
-//     above the HDP-aware bound, and all-to-all groups chosen in some of the plans.
+//     above the HDP-aware bound, and all-to-all groups and hybrids chosen in some of the plans.
 // ctest: long (240 random batches under two policies)
 #include "plan/plan_fixtures.h"
 
@@ -54,15 +55,17 @@ static void test_by_hand(void **state) {
     batch_free(&b);
 }
 
-// Every item of p: an all-to-all group within the head limit and not offloading; a multi-rank item
-// no slower than a ring of its segments on its ranks. Returns the all-to-all items.
-static int check_kinds(const Plan *p, const CostModel *cm, const char *policy) {
+// Every item of p: an all-to-all group within the head limit and not offloading, a hybrid of groups
+// dividing its ranks and the heads and not offloading; a multi-rank item no slower than a ring of its
+// segments on its ranks. Returns the all-to-all items; adds the hybrids to *n_hybrid.
+static int check_kinds(const Plan *p, const CostModel *cm, const char *policy, int *n_hybrid) {
     int n_a2a = 0;
     int64_t lens[4096];
     for (int32_t k = 0; k < p->n_items; k++) {
         const Item *it = &p->items[k];
         if (it->n_ranks < 2) {
             assert_int_equal(it->a2a, 0);
+            assert_int_equal(it->ulysses, 0);
             continue;
         }
         assert_true(it->n_segs <= 4096);
@@ -77,6 +80,13 @@ static int check_kinds(const Plan *p, const CostModel *cm, const char *policy) {
             assert_true(it->offload == 0);
             assert_close(it->est_time, cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks), 1e-12, 0);
         }
+        if (it->ulysses) {
+            int u = it->ulysses;
+            ++*n_hybrid;
+            assert_true(u >= 2 && u < it->n_ranks && it->n_ranks % u == 0 && cm->a2a_heads % u == 0);
+            assert_true(it->offload == 0 && !it->a2a);
+            assert_close(it->est_time, cost_hybrid_item_time(cm, lens, it->n_segs, u, it->n_ranks / u), 1e-12, 0);
+        }
     }
     return n_a2a;
 }
@@ -87,7 +97,7 @@ static void test_random_batches(void **state) {
     const char *dists[] = {"github", "byted", "uniform:1:40000", "lognormal:8:1.5"};
     Rng g;
     rng_seed(&g, 3030);
-    int plans = 0, with_a2a = 0, a2a_items = 0;
+    int plans = 0, with_a2a = 0, a2a_items = 0, hybrids = 0;
     const int trials = test_trials(240);
     for (int trial = 0; trial < trials; trial++) {
         int32_t pp = trial % 4 == 3 ? 2 : 1;
@@ -106,7 +116,7 @@ static void test_random_batches(void **state) {
             PlanConfig cfg = {.n_ranks = R, .capacity = C, .context = ctx, .pp = pp, .offload = rng_below(&g, 3) != 0};
             Plan p;
             plan_ok(&p, policy, &b, &cfg, &cm);  // policy_plan validates it
-            int n = check_kinds(&p, &cm, policy);
+            int n = check_kinds(&p, &cm, policy, &hybrids);
             a2a_items += n;
             with_a2a += n > 0;
             plans++;
@@ -118,8 +128,9 @@ static void test_random_batches(void **state) {
         }
         batch_free(&b);
     }
-    printf("%d plans, %d with all-to-all groups (%d groups)\n", plans, with_a2a, a2a_items);
-    assert_true(with_a2a > 0);  // the choice is made, not only allowed
+    printf("%d plans, %d with all-to-all groups (%d groups), %d hybrid items\n", plans, with_a2a, a2a_items, hybrids);
+    assert_true(with_a2a > 0);  // the choices are made, not only allowed
+    assert_true(hybrids > 0);
 }
 
 int main(void) {
