@@ -436,9 +436,11 @@ static double slot_const(const CostModel *cm) {
 // One sequence alone on D ranks at its fastest kind, without offload copies: a ring, or, where the
 // head count of a TP shard is known, an all-to-all (Ulysses) group of D within it (cost_a2a_max) or
 // a hybrid of D / u groups of u, u dividing D and the heads: the kinds bytescale's policies choose
-// from (policy_item_choice). Every bound below times an indivisible sequence by this. (A hand-made
-// cost model without heads, a2a_heads = 0, keeps the ring-only bounds; a plan of all-to-all groups
-// on it, which only flexsp makes, is not bounded.)
+// from (policy_item_choice). hdp_bound times every long sequence by it. lower_bound keeps timing the
+// longest on rings, as it did before these kinds (every plan file carries it, and the peers' files
+// stay as they were): it bounds plans of packs and rings, and an all-to-all or hybrid item may beat
+// it (docs/planner.md, "The bounds"). A hand-made cost model without heads (a2a_heads = 0) keeps
+// the ring-only hdp_bound; a plan of all-to-all groups on it, which only flexsp makes, is not bounded.
 double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
     double t = cost_item_time(cm, &s, 1, D, 0.0);
     int heads = cm->a2a_heads;
@@ -476,7 +478,7 @@ static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
         *single = INFINITY;
         int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks;
         for (int D = d_lo; D <= d_hi; D++) {
-            double t = plan_fastest_item(cm, longest, D);
+            double t = cost_item_time(cm, &longest, 1, D, 0.0);  // rings only: see plan_fastest_item
             if (t < *single) *single = t;
         }
         double share = seq_work(cm, longest) / n_ranks + slot_const(cm);
