@@ -242,15 +242,31 @@ static void table_quality(void) {
 
 // ---- beyond Algorithm 2: balance and elastic at scale ---------------------------------------------------
 
-// The longest sequence's fastest item (ring, all-to-all group or hybrid: plan_fastest_item) over every
-// width up to all ranks: no plan of any policy beats it. plan_lower_bound searches 65,536 widths past Eq. 3's fewest and takes a smaller stand-in beyond,
-// so from 131,072 ranks on it can be far below this.
-static double longest_fastest(const GlobalBatch *b, const CostModel *cm, int32_t R) {
+// The longest sequence's fastest item over every width up to all ranks: *ring on rings, the return
+// value over every kind (ring, all-to-all group, hybrid: plan_fastest_item), which no plan beats.
+// plan_lower_bound times the longest on rings only, over 65,536 widths past Eq. 3's fewest (a smaller
+// stand-in beyond, so from 131,072 ranks on it can be far below the ring's time).
+static double longest_fastest(const GlobalBatch *b, const CostModel *cm, int32_t R, double *ring) {
     int64_t longest = 0;
     for (int64_t i = 0; i < b->n; i++) longest = b->seqs[i].len > longest ? b->seqs[i].len : longest;
     double best = INFINITY;
-    for (int D = 1; D <= R && D <= longest; D++) best = fmin(best, plan_fastest_item(cm, longest, D));
+    *ring = INFINITY;
+    for (int D = 1; D <= R && D <= longest; D++) {
+        best = fmin(best, plan_fastest_item(cm, longest, D));
+        *ring = fmin(*ring, cost_item_time(cm, &longest, 1, D, 0.0));
+    }
     return best;
+}
+
+// The batch's work over R ranks (pp = 1): plan_lower_bound's first term (docs/planner.md).
+static double work_bound(const GlobalBatch *b, const CostModel *cm, int32_t R, int64_t C) {
+    double work = 0;
+    for (int64_t i = 0; i < b->n; i++) {
+        double s = (double)b->seqs[i].len;
+        work += cm->n_layers * (cm->attn_pair * s * (s + 1) / 2 + cm->lin_token * s) + cm->head_token * s;
+    }
+    double slots = fmax(1.0, ceil((double)b->n_tokens / cost_max_offload_tokens(cm, C) - 1e-9));
+    return (work + slots * (cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const)) / R;
 }
 
 static int32_t idle_ranks(const Plan *p) {
@@ -265,11 +281,11 @@ static void table_scale(int only_ranks) {
     enum { N_RANKS = 4 };
     printf("## Beyond Algorithm 2: balance and elastic, 2K and 64K tokens per rank, 2M context, C = 8K, LLaMA-7B, "
            "offloading on\n\n");
-    printf("lower: the policy-independent lower bound (plan_lower_bound); bound: the same with the longest sequence "
-           "timed at its fastest ring over every width up to all ranks (the lower bound's search stops 65,536 "
-           "widths past Eq. 3's fewest, so they differ from 131,072 ranks on); set by: what sets that bound, the "
-           "batch's work spread over the ranks or the longest sequence's ring (then the batch has less work than "
-           "ranks). Target for elastic: within 5%% of the bound where the work sets it. Planning time: median of "
+    printf("lower: the lower bound of plans of packs and rings (plan_lower_bound); bound: the batch's work spread "
+           "over the ranks, or the longest sequence at its fastest kind (ring, all-to-all group or hybrid) over every "
+           "width up to all ranks where its rings set `lower` (the lower bound's search stops 65,536 widths past "
+           "Eq. 3's fewest, and it times rings only); set by: what sets that bound, the batch's work or the longest "
+           "sequence (then the batch has less work than ranks). Target for elastic: within 5%% of the bound where the work sets it. Planning time: median of "
            "%d runs (3 from 1G tokens) on one core, wall clock (thread CPU time in brackets)\n\n",
            REPEATS);
     printf("| dataset | ranks   | tokens/rank | sequences | set by  | idle ranks, balance | idle ranks, elastic "
@@ -308,7 +324,10 @@ static void table_scale(int only_ranks) {
                         if (rep == 0) p[j] = q;
                         else plan_free(&q);
                     }
-                double longest = longest_fastest(&b, &cm, R), lower = p[0].lower_bound, bound = fmax(lower, longest);
+                // the bound: the work, or the longest at its fastest kind where its rings set lower_bound
+                double ring, fastest = longest_fastest(&b, &cm, R, &ring), lower = p[0].lower_bound;
+                double bound = ring >= lower * (1 - 1e-12) ? fmax(fastest, work_bound(&b, &cm, R, CAPACITY)) : lower;
+                double longest = fmax(fastest, ring >= lower * (1 - 1e-12) ? ring : 0);
                 double wmed[2], cmed[2];
                 char col[2][48];
                 for (int j = 0; j < 2; j++) {
@@ -318,7 +337,7 @@ static void table_scale(int only_ranks) {
                 }
                 printf("| %-7s | %7d | %9lldK | %9lld | %-7s | %19d | %19d | %15.3f | %15.3f | %15.3f | %15.3f | %-15s "
                        "| %-15s | %15.2f (%.2f) |\n",
-                       DISTS[d], R, (long long)(PER_RANK[k] >> 10), (long long)b.n, longest >= lower ? "longest" : "work",
+                       DISTS[d], R, (long long)(PER_RANK[k] >> 10), (long long)b.n, longest >= bound * (1 - 1e-12) ? "longest" : "work",
                        idle_ranks(&p[0]), idle_ranks(&p[1]), p[0].makespan / lower, p[1].makespan / lower,
                        p[0].makespan / bound, p[1].makespan / bound, col[0], col[1], wmed[1] / wmed[0], cmed[1] / cmed[0]);
                 fflush(stdout);
