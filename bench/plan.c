@@ -17,7 +17,8 @@
 // 64K tokens per rank (the same settings otherwise): makespan over the bounds and planning time
 // (median of several runs, and elastic's over balance's). Where a ring sets balance's step, elastic
 // widens it; target for elastic: within 5% of the bound wherever the batch has enough work for
-// every rank. `bench_plan scale` runs this table alone.
+// every rank. `bench_plan scale` runs this table alone; `bench_plan scale 16384` only its rows of that
+// many ranks (the planning-time targets: 32M tokens and 1G tokens on 16,384 ranks).
 //
 // Table 4: plan files of 1M and 10M sequences (uniform lengths 1-600, balance plans on 16,384 ranks):
 // write and read time and the peak growth of resident memory while writing and while reading (each
@@ -241,15 +242,31 @@ static void table_quality(void) {
 
 // ---- beyond Algorithm 2: balance and elastic at scale ---------------------------------------------------
 
-// The longest sequence's fastest ring over every width up to all ranks: no plan of any policy beats
-// it. plan_lower_bound searches 65,536 widths past Eq. 3's fewest and takes a smaller stand-in beyond,
-// so from 131,072 ranks on it can be far below this.
-static double longest_fastest(const GlobalBatch *b, const CostModel *cm, int32_t R) {
+// The longest sequence's fastest item over every width up to all ranks: *ring on rings, the return
+// value over every kind (ring, all-to-all group, hybrid: plan_fastest_item), which no plan beats.
+// plan_lower_bound times the longest on rings only, over 65,536 widths past Eq. 3's fewest (a smaller
+// stand-in beyond, so from 131,072 ranks on it can be far below the ring's time).
+static double longest_fastest(const GlobalBatch *b, const CostModel *cm, int32_t R, double *ring) {
     int64_t longest = 0;
     for (int64_t i = 0; i < b->n; i++) longest = b->seqs[i].len > longest ? b->seqs[i].len : longest;
     double best = INFINITY;
-    for (int D = 1; D <= R && D <= longest; D++) best = fmin(best, cost_item_time(cm, &longest, 1, D, 0.0));
+    *ring = INFINITY;
+    for (int D = 1; D <= R && D <= longest; D++) {
+        best = fmin(best, plan_fastest_item(cm, longest, D));
+        *ring = fmin(*ring, cost_item_time(cm, &longest, 1, D, 0.0));
+    }
     return best;
+}
+
+// The batch's work over R ranks (pp = 1): plan_lower_bound's first term (docs/planner.md).
+static double work_bound(const GlobalBatch *b, const CostModel *cm, int32_t R, int64_t C) {
+    double work = 0;
+    for (int64_t i = 0; i < b->n; i++) {
+        double s = (double)b->seqs[i].len;
+        work += cm->n_layers * (cm->attn_pair * s * (s + 1) / 2 + cm->lin_token * s) + cm->head_token * s;
+    }
+    double slots = fmax(1.0, ceil((double)b->n_tokens / cost_max_offload_tokens(cm, C) - 1e-9));
+    return (work + slots * (cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const)) / R;
 }
 
 static int32_t idle_ranks(const Plan *p) {
@@ -258,17 +275,17 @@ static int32_t idle_ranks(const Plan *p) {
     return n;
 }
 
-static void table_scale(void) {
+static void table_scale(int only_ranks) {
     static const int RANKS[] = {512, 2048, 16384, 131072};
     static const int64_t PER_RANK[] = {2 << 10, 64 << 10};
     enum { N_RANKS = 4 };
     printf("## Beyond Algorithm 2: balance and elastic, 2K and 64K tokens per rank, 2M context, C = 8K, LLaMA-7B, "
            "offloading on\n\n");
-    printf("lower: the policy-independent lower bound (plan_lower_bound); bound: the same with the longest sequence "
-           "timed at its fastest ring over every width up to all ranks (the lower bound's search stops 65,536 "
-           "widths past Eq. 3's fewest, so they differ from 131,072 ranks on); set by: what sets that bound, the "
-           "batch's work spread over the ranks or the longest sequence's ring (then the batch has less work than "
-           "ranks). Target for elastic: within 5%% of the bound where the work sets it. Planning time: median of "
+    printf("lower: the lower bound of plans of packs and rings (plan_lower_bound); bound: the batch's work spread "
+           "over the ranks, or the longest sequence at its fastest kind (ring, all-to-all group or hybrid) over every "
+           "width up to all ranks where its rings set `lower` (the lower bound's search stops 65,536 widths past "
+           "Eq. 3's fewest, and it times rings only); set by: what sets that bound, the batch's work or the longest "
+           "sequence (then the batch has less work than ranks). Target for elastic: within 5%% of the bound where the work sets it. Planning time: median of "
            "%d runs (3 from 1G tokens) on one core, wall clock (thread CPU time in brackets)\n\n",
            REPEATS);
     printf("| dataset | ranks   | tokens/rank | sequences | set by  | idle ranks, balance | idle ranks, elastic "
@@ -284,6 +301,10 @@ static void table_scale(void) {
         for (int k = 0; k < 2; k++)
             for (int ri = 0; ri < N_RANKS; ri++) {
                 int R = RANKS[ri];
+                if (only_ranks > 0 && R != only_ranks) {
+                    progress_update(&pr, ++done, NULL);
+                    continue;
+                }
                 int64_t tokens = (int64_t)R * PER_RANK[k];
                 int reps = tokens >= (1ll << 30) ? 3 : REPEATS;
                 CostModel cm;
@@ -303,7 +324,10 @@ static void table_scale(void) {
                         if (rep == 0) p[j] = q;
                         else plan_free(&q);
                     }
-                double longest = longest_fastest(&b, &cm, R), lower = p[0].lower_bound, bound = fmax(lower, longest);
+                // the bound: the work, or the longest at its fastest kind where its rings set lower_bound
+                double ring, fastest = longest_fastest(&b, &cm, R, &ring), lower = p[0].lower_bound;
+                double bound = ring >= lower * (1 - 1e-12) ? fmax(fastest, work_bound(&b, &cm, R, CAPACITY)) : lower;
+                double longest = fmax(fastest, ring >= lower * (1 - 1e-12) ? ring : 0);
                 double wmed[2], cmed[2];
                 char col[2][48];
                 for (int j = 0; j < 2; j++) {
@@ -313,7 +337,7 @@ static void table_scale(void) {
                 }
                 printf("| %-7s | %7d | %9lldK | %9lld | %-7s | %19d | %19d | %15.3f | %15.3f | %15.3f | %15.3f | %-15s "
                        "| %-15s | %15.2f (%.2f) |\n",
-                       DISTS[d], R, (long long)(PER_RANK[k] >> 10), (long long)b.n, longest >= lower ? "longest" : "work",
+                       DISTS[d], R, (long long)(PER_RANK[k] >> 10), (long long)b.n, longest >= bound * (1 - 1e-12) ? "longest" : "work",
                        idle_ranks(&p[0]), idle_ranks(&p[1]), p[0].makespan / lower, p[1].makespan / lower,
                        p[0].makespan / bound, p[1].makespan / bound, col[0], col[1], wmed[1] / wmed[0], cmed[1] / cmed[0]);
                 fflush(stdout);
@@ -468,13 +492,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "scale")) {
-        table_scale();
+        table_scale(argc > 2 ? atoi(argv[2]) : 0);
         return 0;
     }
-    if (argc > 1) bs_die("usage: bench_plan [files | scale | peers]");
+    if (argc > 1) bs_die("usage: bench_plan [files | scale [RANKS] | peers]");
     table_speed();
     table_quality();
-    table_scale();
+    table_scale(0);
     table_files(dir);
     return 0;
 }

@@ -111,6 +111,9 @@ BS_API int bs_plan_schedules(const Plan *p, int32_t *rank_begin, int32_t *rank_i
 // starts, megatron-hcp), delayed (n_delayed sequence indices this step does not train, wlb) and a2a
 // (n_items: 1 where the item is a Ulysses all-to-all group, flexsp; else 0).
 BS_API int bs_plan_peers(const Plan *p, int32_t *barriers, int32_t *delayed, int32_t *a2a);
+// The hybrid items' Ulysses group sizes (plan.h Item.ulysses): ulysses (n_items) is u >= 2 where item k
+// is a ring of n_ranks[k] / u Ulysses groups of u consecutive members (in its ring order), else 0.
+BS_API int bs_plan_ulysses(const Plan *p, int32_t *ulysses);
 // The block peer's owners (docs/peers.md "blocks"): owners (n_segs) is, for a segment of a block item,
 // the member (index into its item's ranks) that owns it; -1 for every other segment.
 BS_API int bs_plan_owners(const Plan *p, int32_t *owners);

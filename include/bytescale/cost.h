@@ -232,6 +232,22 @@ double cost_a2a_head_share(const CostModel *cm, int D);
 // The largest all-to-all group: a2a_heads, or `most` when that is 0 (not known) or larger.
 int cost_a2a_max(const CostModel *cm, int most);
 
+// The same estimate for a hybrid item (Item.ulysses, docs/cost-model.md "Hybrid items"): a ring of r
+// Ulysses groups of u consecutive ranks each, D = u r members holding tokens / D each. Per layer and
+// direction a member waits for its group's all-to-all (cost_a2a_bytes(u) x (u-1)/u of its tokens, on
+// the link of u consecutive ranks, nothing hidden), then runs a ring of r steps across the groups on
+// its head share (cost_a2a_head_share(u)): each step the group's queries against one group block of
+// keys (1/r^2 of the mask area), overlapped with the next block's K/V (the group's tokens, tokens / r,
+// at kv_token x cost_hybrid_kv_share(u) bytes a token) on the link D consecutive ranks use, as a ring
+// (cost_item_time): backward twice the bytes and one exposed dK/dV hop. Linear layers, TP terms and
+// the head as cost_item_time for tokens / D. No offloading. u = 1 is cost_item_time's ring of r;
+// r = 1 is cost_a2a_item_time(u). u above a2a_heads is not checked here (plan_validate refuses it).
+double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int u, int r);
+// The share of kv_token a member of a Ulysses group of u holds per token after the all-to-all:
+// ceil(a2a_kv_heads / u) / a2a_kv_heads (one replicated head, 1 / a2a_kv_heads, when u exceeds them),
+// 1 / u when the head count is not known (0), 1 for u = 1.
+double cost_hybrid_kv_share(const CostModel *cm, int u);
+
 // Eq. 3 of the paper (docs/cost-model.md section 5): the fewest ranks D(s) that can hold a sequence of s
 // tokens with capacity C, and the offload ratio r that achieves it (0 without offloading).
 // Returns D >= 1, or -1 + error when s does not fit even on max_ranks ranks.

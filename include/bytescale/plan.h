@@ -35,6 +35,10 @@ typedef struct {
     float offload;                // offload ratio r in [0, 1]
     int32_t a2a;                  // 1: a Ulysses all-to-all group (flexsp, docs/peers.md) instead of a
                                   // ring: same tokens per member, all-to-all traffic; 0: ring or pack
+    int32_t ulysses;              // a hybrid item (ITEM_HYBRID): a ring of n_ranks / ulysses Ulysses groups of
+                                  // `ulysses` consecutive members each (2 <= ulysses < n_ranks, dividing it);
+                                  // 0: not a hybrid. Every member holds the 2D-chunk layout's rows (plan_chunk
+                                  // with D = n_ranks), so group g holds group chunks g and 2r-1-g of a ring of r
     int64_t tokens;               // sum of segment lengths (tokens per rank = tokens / n_ranks)
     double est_time;              // cost_item_time of this item, seconds per member rank
 } Item;
@@ -83,7 +87,7 @@ typedef struct {
 // What an item is. A block item (the block peer, docs/peers.md) is a CP group's whole micro-batch:
 // its segments are blocks of its sequences, each owned by one member (Plan.seg_owner), and every
 // member receives from their owners the K/V blocks its query blocks see (plan_blocks_loads); no ring.
-typedef enum { ITEM_RING = 0, ITEM_A2A = 1, ITEM_BLOCKS = 2 } ItemKind;  // ITEM_RING: a ring or a pack
+typedef enum { ITEM_RING = 0, ITEM_A2A = 1, ITEM_BLOCKS = 2, ITEM_HYBRID = 3 } ItemKind;  // ITEM_RING: a ring or a pack
 ItemKind plan_item_kind(const Plan *p, int32_t item);
 
 int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, int32_t pp, const char *policy);
@@ -143,6 +147,10 @@ double plan_lower_bound_pp(const GlobalBatch *b, const CostModel *cm, int32_t n_
 // ring and per-layer overheads included) and the indivisible time is the slowest sequence at its
 // fastest admissible ring size. Never below plan_lower_bound_pp; the 5% target applies to it.
 double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp);
+// One sequence of s tokens alone on D ranks at its fastest kind without offloading: a ring, or where
+// the head count of a TP shard is known (cm->a2a_heads) an all-to-all group (D <= the heads) or a
+// hybrid of D / u groups of u (u dividing D and the heads). Both bounds time the longest by it.
+double plan_fastest_item(const CostModel *cm, int64_t s, int D);
 
 // The compact binary form the planning rank broadcasts (plan_wire.c). plan_pack allocates *buf
 // (free it); plan_unpack makes a finalized, validated plan or refuses a damaged message (-1 + error).

@@ -102,6 +102,7 @@ _SIGNATURES = {
     "bs_plan_schedules": (c_int, [handle, buf, buf, buf]),
     "bs_plan_peers": (c_int, [handle, buf, buf, buf]),
     "bs_plan_owners": (c_int, [handle, buf]),
+    "bs_plan_ulysses": (c_int, [handle, buf]),
     "bs_plan_chunks": (i64, [handle, i64, buf, buf, buf, buf, buf, i64]),
     "bs_simulate": (handle, [handle, c_str, c_str, i64, i64, handle]),
     "bs_sim_free": (None, [handle]),

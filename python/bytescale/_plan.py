@@ -14,7 +14,8 @@ from ._lib import Error, lib
 
 Sequence = collections.namedtuple("Sequence", "id len src")
 Segment = collections.namedtuple("Segment", "seq start len")
-Item = collections.namedtuple("Item", "ranks segments offload tokens est_time a2a owners", defaults=(False, None))
+Item = collections.namedtuple("Item", "ranks segments offload tokens est_time a2a owners ulysses",
+                              defaults=(False, None, 0))
 Chunk = collections.namedtuple("Chunk", "item seq start len id id_start")
 Chunks = collections.namedtuple("Chunks", "rank item seq start len id id_start")
 
@@ -29,6 +30,7 @@ _ARRAYS = {
     "rank_begin": ("schedules", np.int32), "rank_items": ("schedules", np.int32), "rank_busy": ("schedules", np.float64),
     "barriers": ("peers", np.int32), "delayed": ("peers", np.int32), "item_a2a": ("peers", np.int32),
     "seg_owner": ("owners", np.int32),
+    "item_ulysses": ("ulysses", np.int32),
 }
 
 
@@ -47,6 +49,8 @@ class Plan:
                  step does not train: wlb), item_a2a (1: a Ulysses all-to-all group, flexsp); empty / all 0
                  for bytescale's own policies (docs/peers.md)
       owners     seg_owner (per segment: its owner, a member index, in a block item (blocks); else -1)
+      ulysses    item_ulysses (per item: u >= 2 for a hybrid item, a ring of item_n_ranks / u Ulysses
+                 groups of u consecutive members; else 0)
     Plain Python: items, sequences, schedule(rank), schedules, chunks(rank); chunk_arrays(rank) as NumPy.
     """
 
@@ -75,7 +79,7 @@ class Plan:
     def _fetch(self, group):
         i = self._info
         sizes = {"sequences": i.n_seqs, "items": i.n_items, "segments": i.n_segs, "members": i.n_refs,
-                 "owners": i.n_segs}
+                 "owners": i.n_segs, "ulysses": i.n_items}
         names = [n for n, (g, _) in _ARRAYS.items() if g == group]
         if group == "schedules":
             arrs = [_lib.new(i.n_ranks + 1, np.int32), _lib.new(i.n_refs, np.int32), _lib.new(i.n_ranks, np.float64)]
@@ -135,20 +139,21 @@ class Plan:
 
     @property
     def items(self) -> List[Item]:
-        """[Item(ranks, segments, offload, tokens, est_time, a2a, owners)] in the global order; ranks in
-        ring order, segments as Segment(seq, start, len), a2a True for a Ulysses all-to-all group (flexsp),
-        owners None or, for a block item (blocks), each segment's owner (an index into ranks)."""
+        """[Item(ranks, segments, offload, tokens, est_time, a2a, owners, ulysses)] in the global order;
+        ranks in ring order, segments as Segment(seq, start, len), a2a True for a Ulysses all-to-all group
+        (flexsp), owners None or, for a block item (blocks), each segment's owner (an index into ranks),
+        ulysses u >= 2 for a hybrid item (a ring of len(ranks) / u groups of u consecutive ranks), else 0."""
         members, seq, start, length = (self.members.tolist(), self.seg_seq.tolist(), self.seg_start.tolist(),
                                        self.seg_len.tolist())
         owner = self.seg_owner.tolist()
         out = []
-        for sb, ns, rb, nr, off, tok, est, a2a in zip(self.item_seg_begin.tolist(), self.item_n_segs.tolist(),
-                                                      self.item_rank_begin.tolist(), self.item_n_ranks.tolist(),
-                                                      self.item_offload.tolist(), self.item_tokens.tolist(),
-                                                      self.item_est_time.tolist(), self.item_a2a.tolist()):
+        for sb, ns, rb, nr, off, tok, est, a2a, uly in zip(
+                self.item_seg_begin.tolist(), self.item_n_segs.tolist(), self.item_rank_begin.tolist(),
+                self.item_n_ranks.tolist(), self.item_offload.tolist(), self.item_tokens.tolist(),
+                self.item_est_time.tolist(), self.item_a2a.tolist(), self.item_ulysses.tolist()):
             segs = tuple(Segment(seq[j], start[j], length[j]) for j in range(sb, sb + ns))
             own = tuple(owner[sb:sb + ns]) if ns and owner[sb] >= 0 else None
-            out.append(Item(tuple(members[rb:rb + nr]), segs, off, tok, est, bool(a2a), own))
+            out.append(Item(tuple(members[rb:rb + nr]), segs, off, tok, est, bool(a2a), own, uly))
         return out
 
     def schedule(self, rank: int) -> List[int]:
@@ -198,8 +203,8 @@ class Plan:
 
     def to_dict(self) -> Dict[str, Any]:
         """The plan in the plan file's JSON form (docs/plan-format.md), as Python objects: the peers'
-        "a2a" and "owners" (per item), "barriers" and "delayed" only where the file has them (set,
-        non-empty)."""
+        "a2a", "owners" and "ulysses" (per item), "barriers" and "delayed" only where the file has them
+        (set, non-empty)."""
         out = {
             "format": "bytescale-plan", "version": 1, "policy": self.policy, "n_ranks": self.n_ranks, "pp": self.pp,
             "capacity": self.capacity, "makespan": self.makespan, "lower_bound": self.lower_bound,
@@ -207,7 +212,8 @@ class Plan:
             "items": [dict({"ranks": list(it.ranks), "offload": it.offload,
                             "segments": [list(s) for s in it.segments], "est_time": it.est_time},
                            **({"a2a": 1} if it.a2a else {}),
-                           **({"owners": list(it.owners)} if it.owners is not None else {})) for it in self.items],
+                           **({"owners": list(it.owners)} if it.owners is not None else {}),
+                           **({"ulysses": it.ulysses} if it.ulysses else {})) for it in self.items],
         }
         for name in ("barriers", "delayed"):
             if getattr(self, name).size:

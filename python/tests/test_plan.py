@@ -26,7 +26,7 @@ PEERS = {"megatron-hcp", "wlb", "flexsp", "blocks", "blocks-all"}
 WHOLE = [p for p in POLICIES if p != "wlb"]  # plans that train every token (wlb's leaves its delayed ones out)
 ARRAYS = ["seq_id", "seq_len", "seq_src", "item_seg_begin", "item_n_segs", "item_rank_begin", "item_n_ranks",
           "item_offload", "item_tokens", "item_est_time", "seg_seq", "seg_start", "seg_len", "members", "rank_begin",
-          "rank_items", "rank_busy", "barriers", "delayed", "item_a2a", "seg_owner"]
+          "rank_items", "rank_busy", "barriers", "delayed", "item_a2a", "seg_owner", "item_ulysses"]
 
 
 def cli_args(cfg, policy, lengths_path):
@@ -217,6 +217,42 @@ def test_peers_plan(policy):
             assert sorted((c.seq, c.start, c.len) for c in p.chunks(r)) == owned
     if policy == "flexsp":  # an all-to-all group has at least 2 ranks, at most the heads of a TP shard (16)
         assert all(2 <= len(it.ranks) <= 16 for it in p.items if it.a2a)
+
+
+def test_hybrid_items(tmp_path):
+    """A hybrid item (a ring of 2 Ulysses groups of 2, docs/plan-format.md "ulysses") reads into
+    item_ulysses and Item.ulysses, to_dict gives the file's JSON, the library's writer the same bytes,
+    and the validator names a bad u."""
+    plan = {"format": "bytescale-plan", "version": 1, "policy": "hand", "n_ranks": 6, "pp": 1, "capacity": 300,
+            "makespan": 0, "lower_bound": 0,
+            "sequences": [{"id": 7, "len": 1200, "src": -1}, {"id": 8, "len": 100, "src": -1}],
+            "items": [{"ranks": [0, 1, 2, 3], "offload": 0, "segments": [[0, 0, 1200]], "est_time": 1.5, "ulysses": 2},
+                      {"ranks": [4], "offload": 0, "segments": [[1, 0, 100]], "est_time": 0.25}]}
+    path = tmp_path / "hybrid.json"
+    path.write_text(json.dumps(plan))
+    p = bytescale.read_plan(path)
+    assert p.item_ulysses.tolist() == [2, 0] and p.item_a2a.tolist() == [0, 0]
+    assert [it.ulysses for it in p.items] == [2, 0]
+    d = p.to_dict()
+    assert d["items"][0]["ulysses"] == 2 and "ulysses" not in d["items"][1]
+    out = tmp_path / "out.json"
+    p.write(out)
+    assert json.loads(out.read_text()) == d
+    q = bytescale.read_plan(out)
+    q.write(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == out.read_bytes()
+    # with a derived cost model the estimate is cost_hybrid_item_time's, not the ring's of 4
+    cm = bytescale.CostModel("llama-7b", "h100-sxm", tp=2, ranks=6, capacity=300)
+    r = bytescale.read_plan(out, cost=cm)
+    del plan["items"][0]["ulysses"]
+    path.write_text(json.dumps(plan))
+    ring = bytescale.read_plan(path, cost=cm)
+    assert r.item_ulysses[0] == 2 and 0 < r.item_est_time[0] != ring.item_est_time[0]
+    assert r.item_est_time[1] == ring.item_est_time[1]
+    plan["items"][0]["ulysses"] = 3
+    path.write_text(json.dumps(plan))
+    with pytest.raises(bytescale.Error, match="ulysses 3"):
+        bytescale.read_plan(path)
 
 
 def test_catalogues():

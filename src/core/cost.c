@@ -463,6 +463,57 @@ double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, 
     return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
 }
 
+double cost_hybrid_kv_share(const CostModel *cm, int u) {
+    if (u <= 1) return 1.0;
+    int kv = cm->a2a_kv_heads;
+    if (kv <= 0) return 1.0 / u;
+    return (double)((kv + u - 1) / u) / kv;  // u > kv: one (replicated) K/V head, 1 / kv
+}
+
+// One layer of a hybrid item (a ring of r Ulysses groups of u) on one of its D = u r members,
+// forward and backward, without TP and offloading. tokens and area: the item's. Per direction the
+// group's all-to-all comes first (forward: Q, K, V scattered by heads, gathered by sequence; backward:
+// the output's gradient, then dQ, dK, dV back), exposed: attention needs all of it. Then a ring of r
+// steps over the groups as item_layer_compute's ring, with the member's heads only: each block is the
+// group's queries against one group's keys (1/r^2 of the area) on the member's head share, each
+// transfer one group block's K/V on the member's K/V heads. u = 1 is the ring of r, r = 1 the group.
+static void hybrid_layer_compute(const CostModel *cm, double tokens, double area, int u, int r, double *fwd,
+                                 double *bwd) {
+    int D = u * r;
+    double bw, lat, lin = cm->lin_token * tokens / D + cm->layer_const;
+    double x_a2a = 0;
+    if (u >= 2) {  // the group: u consecutive ranks
+        ring_link(cm, u, &bw, &lat);
+        x_a2a = transfer_time(cost_a2a_bytes(cm, u) * tokens / D * (u - 1) / u, bw, lat);
+    }
+    double blk = cm->attn_pair * area * cost_a2a_head_share(cm, u) / ((double)r * r) + cm->attn_step;
+    double blk_fwd = blk / 3.0, blk_bwd = 2.0 * blk / 3.0;
+    *fwd = lin / 3.0 + x_a2a + blk_fwd;
+    *bwd = 2.0 * lin / 3.0 + x_a2a + blk_bwd;
+    if (r < 2) return;
+    // the ring: member j of group g passes to member j of group g+1; the r groups span D ranks
+    ring_link(cm, D, &bw, &lat);
+    double kv_bytes = cm->kv_token * cost_hybrid_kv_share(cm, u) * tokens / r;  // one group block, its heads
+    double x_fwd = transfer_time(kv_bytes, bw, lat);
+    double x_bwd = transfer_time(2.0 * kv_bytes, bw, lat);
+    *fwd += (r - 1) * fmax(blk_fwd, x_fwd);
+    *bwd += (r - 1) * fmax(blk_bwd, x_bwd) + x_fwd;  // the summed dK/dV travel home once more
+}
+
+double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int u, int r) {
+    if (u < 1) u = 1;
+    if (r < 1) r = 1;
+    double tokens, area;
+    pack_size(segs, n_segs, &tokens, &area);
+    if (tokens <= 0) return 0.0;
+    int D = u * r;
+    double fwd, bwd, tp_fwd, tp_bwd, head_fwd, head_bwd;
+    hybrid_layer_compute(cm, tokens, area, u, r, &fwd, &bwd);
+    cost_tp_layer_times(cm, tokens / D, &tp_fwd, &tp_bwd);
+    cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
+    return cm->n_layers * (fwd + bwd + tp_fwd + tp_bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
+}
+
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------
 
 // The least offload ratio whose memory fits, unclamped (> 1: not even offloading every layer; < 0: no

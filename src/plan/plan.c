@@ -102,6 +102,7 @@ int32_t plan_add_blocks_item(Plan *p, const Segment *segs, int n_segs, const int
 ItemKind plan_item_kind(const Plan *p, int32_t item) {
     const Item *it = &p->items[item];
     if (p->seg_owner && it->n_segs > 0 && p->seg_owner[it->seg_begin] >= 0) return ITEM_BLOCKS;
+    if (it->ulysses > 0) return ITEM_HYBRID;
     return it->a2a ? ITEM_A2A : ITEM_RING;
 }
 
@@ -158,8 +159,11 @@ static int finalize_times(Plan *p, const CostModel *cm) {
             }
             continue;
         }
-        it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks)
-                               : cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
+        if (it->ulysses > 0)  // a ring of n_ranks / ulysses groups (plan_validate: ulysses divides n_ranks)
+            it->est_time = cost_hybrid_item_time(cm, lens, it->n_segs, it->ulysses, it->n_ranks / it->ulysses);
+        else
+            it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks)
+                                   : cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
     }
     free(lens);
     return 0;
@@ -429,6 +433,24 @@ static double slot_const(const CostModel *cm) {
     return cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const;
 }
 
+// One sequence alone on D ranks at its fastest kind, without offload copies: a ring, or, where the
+// head count of a TP shard is known, an all-to-all (Ulysses) group of D within it (cost_a2a_max) or
+// a hybrid of D / u groups of u, u dividing D and the heads: the kinds bytescale's policies choose
+// from (policy_item_choice). hdp_bound times every long sequence by it. lower_bound keeps timing the
+// longest on rings, as it did before these kinds (every plan file carries it, and the peers' files
+// stay as they were): it bounds plans of packs and rings, and an all-to-all or hybrid item may beat
+// it (docs/planner.md, "The bounds"). A hand-made cost model without heads (a2a_heads = 0) keeps
+// the ring-only hdp_bound; a plan of all-to-all groups on it, which only flexsp makes, is not bounded.
+double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
+    double t = cost_item_time(cm, &s, 1, D, 0.0);
+    int heads = cm->a2a_heads;
+    if (D < 2 || heads <= 0) return t;
+    if (D <= heads) t = fmin(t, cost_a2a_item_time(cm, &s, 1, D));
+    for (int u = 2; u <= heads && u < D; u++)
+        if (D % u == 0 && heads % u == 0) t = fmin(t, cost_hybrid_item_time(cm, &s, 1, u, D / u));
+    return t;
+}
+
 // The two parts of the policy-independent bound for one stage: *avg, the average work per rank,
 // and *single, the longest sequence's fastest time on any ring it fits (docs/planner.md).
 static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, double *avg,
@@ -456,7 +478,7 @@ static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
         *single = INFINITY;
         int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks;
         for (int D = d_lo; D <= d_hi; D++) {
-            double t = cost_item_time(cm, &longest, 1, D, 0.0);
+            double t = cost_item_time(cm, &longest, 1, D, 0.0);  // rings only: see plan_fastest_item
             if (t < *single) *single = t;
         }
         double share = seq_work(cm, longest) / n_ranks + slot_const(cm);
@@ -522,7 +544,7 @@ double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm_in, int32_t n_ra
         // at the cheapest D; its indivisible time: the fastest D
         double w = INFINITY, t = INFINITY;
         for (int D = d_lo; D <= d_hi; D++) {
-            double td = cost_item_time(cm, &s, 1, D, 0.0);
+            double td = plan_fastest_item(cm, s, D);
             if (td < t) t = td;
             if (D * td < w) w = D * td;
         }

@@ -310,6 +310,12 @@ int bs_plan_peers(const Plan *p, int32_t *barriers, int32_t *delayed, int32_t *a
     return 0;
 }
 
+int bs_plan_ulysses(const Plan *p, int32_t *ulysses) {
+    if (check_plan(p, "bs_plan_ulysses")) return -1;
+    for (int32_t k = 0; ulysses && k < p->n_items; k++) ulysses[k] = p->items[k].ulysses;
+    return 0;
+}
+
 // ---- chunk ranges -----------------------------------------------------------------------------------------
 
 typedef struct {

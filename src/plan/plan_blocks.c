@@ -165,9 +165,10 @@ int plan_blocks_loads(const Plan *p, int32_t item, int64_t (*node_of)(int32_t ra
 int plan_blocks_check(const Plan *p, int32_t k) {
     const Item *it = &p->items[k];
     const int32_t *own = p->seg_owner + it->seg_begin;
-    if (it->offload != 0 || it->a2a)
-        return bs_fail("item %d: a block item cannot offload or be an all-to-all group (offload %g, a2a %d)", k,
-                       it->offload, it->a2a);
+    if (it->offload != 0 || it->a2a || it->ulysses)
+        return bs_fail("item %d: a block item cannot offload or be an all-to-all group or a hybrid (offload %g, "
+                       "a2a %d, ulysses %d)",
+                       k, it->offload, it->a2a, it->ulysses);
     int64_t *held = bs_calloc((size_t)it->n_ranks, sizeof(int64_t));
     Blk *bl = bs_malloc((size_t)it->n_segs * sizeof *bl);
     if (!held || !bl) return free(held), free(bl), bs_fail_ctx("plan_validate");

@@ -85,6 +85,35 @@ static int check_owners(const Plan *p, int32_t k) {
     return 0;
 }
 
+// The rules of the Ulysses kinds (docs/plan-format.md): an all-to-all group (a2a) and a hybrid (a ring
+// of n_ranks / ulysses groups of ulysses consecutive members) split the query heads of a TP shard over
+// a group, so a group has at most a2a_heads members (when the cost model knows them); neither
+// offloads; an item is one kind. Their members hold the 2D-chunk layout's tokens, as a ring's: the
+// capacity rules that follow are the ring's.
+static int check_heads_kind(const Item *it, int32_t k, const CostModel *cm) {
+    float off = it->offload;
+    if (it->a2a != 0 && (it->a2a != 1 || off != 0))
+        return bs_fail("item %d: an all-to-all group (a2a %d) must be 1 and cannot offload (offload %g)", k, it->a2a,
+                       off);
+    if (it->a2a && cm && cm->a2a_heads > 0 && it->n_ranks > cm->a2a_heads)
+        return bs_fail("item %d: an all-to-all group of %d ranks exceeds the %d attention heads of a TP shard (Ulysses "
+                       "splits the heads over the group)",
+                       k, it->n_ranks, cm->a2a_heads);
+    int u = it->ulysses;
+    if (u == 0) return 0;
+    if (it->a2a) return bs_fail("item %d: a hybrid item (ulysses %d) cannot also be an all-to-all group (a2a 1)", k, u);
+    if (u < 2 || u >= it->n_ranks || it->n_ranks % u != 0)
+        return bs_fail("item %d: a hybrid item's Ulysses group size (ulysses %d) must be in [2, %d) and divide its %d "
+                       "ranks (a ring of n_ranks / ulysses groups)",
+                       k, u, it->n_ranks, it->n_ranks);
+    if (off != 0) return bs_fail("item %d: a hybrid item (ulysses %d) cannot offload (offload %g)", k, u, off);
+    if (cm && cm->a2a_heads > 0 && u > cm->a2a_heads)
+        return bs_fail("item %d: a hybrid item's Ulysses group of %d ranks exceeds the %d attention heads of a TP "
+                       "shard (Ulysses splits the heads over the group)",
+                       k, u, cm->a2a_heads);
+    return 0;
+}
+
 static int check_items(const Plan *p, const CostModel *cm) {
     int32_t *stamp = bs_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
     int64_t *diff = bs_malloc(((size_t)p->n_ranks + 1) * sizeof(int64_t));  // fullest_member's, any ring fits
@@ -166,17 +195,7 @@ static int check_items(const Plan *p, const CostModel *cm) {
             bs_fail("item %d: offload ratio %g outside [0, 1]", k, off);
             goto out;
         }
-        if (it->a2a != 0 && (it->a2a != 1 || off != 0)) {
-            bs_fail("item %d: an all-to-all group (a2a %d) must be 1 and cannot offload (offload %g)", k, it->a2a,
-                    off);
-            goto out;
-        }
-        if (it->a2a && cm && cm->a2a_heads > 0 && it->n_ranks > cm->a2a_heads) {
-            bs_fail("item %d: an all-to-all group of %d ranks exceeds the %d attention heads of a TP shard (Ulysses "
-                    "splits the heads over the group)",
-                    k, it->n_ranks, cm->a2a_heads);
-            goto out;
-        }
+        if (check_heads_kind(it, k, cm) != 0) goto out;
         // D * C can exceed int64 (a file may give any capacity): compare tokens / D with C instead.
         // For a ring this is the coarse check, kept for its plainer message; the per-member one follows.
         if (off == 0 && tokens / it->n_ranks + (tokens % it->n_ranks != 0) > p->capacity) {

@@ -77,6 +77,7 @@ static int write_body(FILE *f, const Plan *p, const char *path) {
         snprintf(what, sizeof what, "items[%d].est_time", k);
         if (put_number(f, it->est_time, path, what) != 0) return -1;
         if (it->a2a) fputs(", \"a2a\": 1", f);  // only where set: other plans read as before
+        if (it->ulysses > 0) fprintf(f, ", \"ulysses\": %d", it->ulysses);  // hybrid items only, likewise
         if (plan_item_kind(p, k) == ITEM_BLOCKS) {  // the block peer's owners, only in its items
             fputs(", \"owners\": [", f);
             for (int32_t j = 0; j < it->n_segs; j++) fprintf(f, "%s%d", j ? ", " : "", p->seg_owner[it->seg_begin + j]);
@@ -123,19 +124,19 @@ typedef enum {
     K_VERSION, K_POLICY, K_N_RANKS, K_PP, K_CAPACITY, K_MAKESPAN, K_LOWER_BOUND, K_SEQUENCES, K_ITEMS,  // root
     K_BARRIERS, K_DELAYED,                                                                // root, optional
     K_ID, K_LEN, K_SRC,                                                                                 // sequence
-    K_RANKS, K_OFFLOAD, K_SEGMENTS, K_EST_TIME, K_A2A, K_OWNERS,                                             // item
+    K_RANKS, K_OFFLOAD, K_SEGMENTS, K_EST_TIME, K_A2A, K_OWNERS, K_ULYSSES,                                  // item
     K_COUNT
 } Key;
 
 static const char *KEY_NAMES[K_COUNT] = {"", "version", "policy", "n_ranks", "pp", "capacity", "makespan",
                                          "lower_bound", "sequences", "items", "barriers", "delayed", "id", "len",
                                          "src", "ranks", "offload", "segments", "est_time", "a2a",
-                                         "owners"};
+                                         "owners", "ulysses"};
 static const char *KEY_TYPES[K_COUNT] = {"", "an integer", "a string", "an integer", "an integer", "an integer",
                                          "a number", "a number", "an array", "an array", "an array of integers",
                                          "an array of integers", "an integer", "an integer", "an integer",
                                          "an array", "a number", "an array", "a number", "0 or 1",
-                                         "an array of integers"};
+                                         "an array of integers", "an integer"};
 
 typedef struct {
     const char *path;
@@ -160,6 +161,7 @@ typedef struct {
     int n_ranks_item, cap_ranks, n_segs_item, cap_segs;
     double offload, est_time;
     int64_t a2a;
+    int64_t ulysses;     // the current item's Ulysses group size (hybrid items; 0: none)
     int32_t *owners;     // the current item's block owners, (n_owners_item,) (block items only)
     int n_owners_item, cap_owners;
     int64_t seg[3];      // [seq, start, len] being read
@@ -327,6 +329,7 @@ static int on_number(void *ctx, const char *text, size_t n) {
     case K_OFFLOAD: return double_in(r, text, n, &r->offload);
     case K_EST_TIME: return double_in(r, text, n, &r->est_time);
     case K_A2A: return int_in(r, text, n, 0, 1, &r->a2a);
+    case K_ULYSSES: return int_in(r, text, n, 0, 1 << 20, &r->ulysses);  // plan_validate: its rules
     default: return wrong_type(r);
     }
 }
@@ -360,7 +363,7 @@ static int on_map_key(void *ctx, const unsigned char *s, size_t n) {
     if (r->skip) return 1;
     // the members this object may have: the root's, a sequence's or an item's
     Key lo = r->where == IN_ROOT ? K_VERSION : r->where == IN_SEQ ? K_ID : K_RANKS;
-    Key hi = r->where == IN_ROOT ? K_DELAYED : r->where == IN_SEQ ? K_SRC : K_OWNERS;
+    Key hi = r->where == IN_ROOT ? K_DELAYED : r->where == IN_SEQ ? K_SRC : K_ULYSSES;
     r->key = K_OTHER;
     for (Key k = lo; k <= hi; k++)
         if (strlen(KEY_NAMES[k]) == n && !memcmp(KEY_NAMES[k], s, n)) r->key = k;
@@ -390,7 +393,7 @@ static int on_start_map(void *ctx) {
         r->seen = 0;
         r->n_ranks_item = r->n_segs_item = r->n_owners_item = 0;
         r->offload = r->est_time = 0;
-        r->a2a = 0;
+        r->a2a = r->ulysses = 0;
         return 1;
     default:
         if (!in_object(r) || r->key != K_OTHER) return wrong_type(r);
@@ -455,6 +458,7 @@ static int end_item(Reader *r) {
     if (idx < 0) return bs_fail_ctx("%s", here(r)), 0;
     r->p->items[idx].est_time = r->est_time;  // stands unless plan_finalize has a cost model
     r->p->items[idx].a2a = (int32_t)r->a2a;
+    r->p->items[idx].ulysses = (int32_t)r->ulysses;
     r->where = IN_ITEMS;
     return 1;
 }

@@ -31,6 +31,19 @@ static double a2a_layer_bytes(const CostModel *cm, int64_t tokens, int32_t d) {
     return 2.0 * cost_a2a_bytes(cm, d) * (double)tokens * (double)(d - 1) / (double)d;
 }
 
+// The bytes a hybrid item (Item.ulysses: a ring of r groups of u) moves per layer for T tokens, as the
+// simulator counts them (sim.c): every group's all-to-alls (a2a_layer_bytes of a group of u: the r
+// groups together move (u-1)/u of all T tokens' bytes), then a ring of r over the groups in which each
+// of the D = u r members passes group blocks of T / r tokens on its K/V heads (kv_token x
+// cost_hybrid_kv_share(u) a token): forward r - 1 blocks, backward r - 1 with their dK/dV and one hop
+// home (3r - 2 in all).
+static double hybrid_layer_bytes(const CostModel *cm, int64_t tokens, int32_t d, int32_t u) {
+    int32_t r = d / u;
+    double a2a = a2a_layer_bytes(cm, tokens, u);  // the r groups' all-to-alls: (u-1)/u of every token's bytes
+    double block = cm->kv_token * cost_hybrid_kv_share(cm, u) * (double)tokens / r;
+    return a2a + (double)d * block * (double)(3 * r - 2);
+}
+
 // The K/V bytes a block item moves per layer, as the simulator counts them (sim.c): forward, every
 // member receives the remote K/V blocks its queries see; backward, those again and the partial dK/dV
 // of every block reduced to its owner.
@@ -65,8 +78,9 @@ int plan_stats(const Plan *p, const CostModel *cm, PlanStats *out) {
                 out->ring_bytes += (double)p->pp * cm->n_layers * x;
             } else if (cm)
                 out->ring_bytes += (double)p->pp * cm->n_layers *
-                                   (it->a2a ? a2a_layer_bytes(cm, it->tokens, it->n_ranks)
-                                            : ring_layer_bytes(cm->kv_token, it->tokens, it->n_ranks));
+                                   (it->ulysses > 0 ? hybrid_layer_bytes(cm, it->tokens, it->n_ranks, it->ulysses)
+                                    : it->a2a       ? a2a_layer_bytes(cm, it->tokens, it->n_ranks)
+                                                    : ring_layer_bytes(cm->kv_token, it->tokens, it->n_ranks));
         }
         out->n_long++;
         if (it->offload > 0) out->n_offload++;

@@ -11,6 +11,8 @@
 // after the ranks come the barriers and the delayed sequences (int32 each) and one a2a byte per item.
 // Version 3 (only for plans with block items, the block peer): version 2, then the owner of every
 // segment (Plan.seg_owner, int32 each).
+// Versions 4 and 5 (only for plans with hybrid items, Item.ulysses): version 2 and 3 respectively,
+// then the Ulysses group size of every item (int32 each, 0 for every other kind).
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +23,14 @@
 #define WIRE_VERSION 1u
 #define WIRE_VERSION_PEERS 2u
 #define WIRE_VERSION_BLOCKS 3u
+#define WIRE_VERSION_HYBRID 4u         // version 2 + ulysses
+#define WIRE_VERSION_BLOCKS_HYBRID 5u  // version 3 + ulysses
+
+static int has_hybrid(const Plan *p) {
+    for (int32_t k = 0; k < p->n_items; k++)
+        if (p->items[k].ulysses) return 1;
+    return 0;
+}
 
 static int has_peer_fields(const Plan *p) {
     if (p->n_barriers > 0 || p->n_delayed > 0) return 1;
@@ -57,8 +67,9 @@ static void get(In *in, void *v, size_t n) {
 
 // Write p into o (o->p NULL: only count the bytes).
 static void emit(const Plan *p, Out *o) {
-    int blocks = p->seg_owner != NULL, peers = blocks || has_peer_fields(p);
+    int blocks = p->seg_owner != NULL, hybrid = has_hybrid(p), peers = blocks || hybrid || has_peer_fields(p);
     uint32_t magic = WIRE_MAGIC, version = blocks ? WIRE_VERSION_BLOCKS : peers ? WIRE_VERSION_PEERS : WIRE_VERSION;
+    if (hybrid) version = blocks ? WIRE_VERSION_BLOCKS_HYBRID : WIRE_VERSION_HYBRID;
     put(o, &magic, 4);
     put(o, &version, 4);
     put(o, &p->n_ranks, 4);
@@ -103,6 +114,7 @@ static void emit(const Plan *p, Out *o) {
         put(o, &a, 1);
     }
     if (blocks) put(o, p->seg_owner, (size_t)p->n_segs * 4);
+    for (int32_t k = 0; hybrid && k < p->n_items; k++) put(o, &p->items[k].ulysses, 4);
 }
 
 int plan_pack(const Plan *p, uint8_t **buf, size_t *size) {
@@ -149,10 +161,11 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
     get(&in, &n_refs, 4);
     get(&in, &lower_bound, 8);
     if (in.bad || magic != WIRE_MAGIC) return bs_fail("plan message: %zu bytes, not a packed plan", size);
-    if (version != WIRE_VERSION && version != WIRE_VERSION_PEERS && version != WIRE_VERSION_BLOCKS)
+    if (version < WIRE_VERSION || version > WIRE_VERSION_BLOCKS_HYBRID)
         return bs_fail("plan message: version %u, this build reads %u to %u", version, WIRE_VERSION,
-                       WIRE_VERSION_BLOCKS);
-    int blocks = version == WIRE_VERSION_BLOCKS, peers = blocks || version == WIRE_VERSION_PEERS;
+                       WIRE_VERSION_BLOCKS_HYBRID);
+    int blocks = version == WIRE_VERSION_BLOCKS || version == WIRE_VERSION_BLOCKS_HYBRID;
+    int hybrid = version >= WIRE_VERSION_HYBRID, peers = version >= WIRE_VERSION_PEERS;
     if (peers) {
         get(&in, &n_barriers, 4);
         get(&in, &n_delayed, 4);
@@ -163,6 +176,7 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
     size_t rest = size - in.at;
     uint64_t peer_bytes = peers ? (uint64_t)n_barriers * 4 + (uint64_t)n_delayed * 4 + (uint64_t)n_items : 0;
     if (blocks) peer_bytes += (uint64_t)n_segs * 4;
+    if (hybrid) peer_bytes += (uint64_t)n_items * 4;
     if (n_seqs < 0 || n_items < 0 || n_segs < 0 || n_refs < 0 || n_barriers < 0 || n_delayed < 0 ||
         (uint64_t)n_seqs * 24 + (uint64_t)n_items * 28 + (uint64_t)n_segs * 20 + (uint64_t)n_refs * 4 + peer_bytes !=
             rest)
@@ -224,6 +238,7 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
         }
     }
     if (blocks && get_owners(p, &in, n_segs) != 0) return -1;
+    for (int32_t k = 0; hybrid && k < n_items; k++) get(&in, &p->items[k].ulysses, 4);
     // item token counts are derived, as plan_add_item does, from segments checked to be in range
     for (int32_t k = 0; k < n_items && !in.bad; k++) {
         Item *it = &p->items[k];

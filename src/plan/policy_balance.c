@@ -51,6 +51,7 @@ typedef struct {
     int32_t seg_begin, n_segs;
     int32_t rank_begin, n_ranks;
     float offload;
+    int32_t a2a, ulysses;  // the kind policy_item_choice chose for a ring (Item.a2a, Item.ulysses)
 } Made;
 
 typedef struct {
@@ -92,7 +93,7 @@ static int record(Balance *bl, const Segment *segs, int n_segs, const int32_t *r
         bl->made_ranks = r;
         bl->cap_made_ranks = c;
     }
-    bl->made[bl->n_made] = (Made){bl->n_made_segs, n_segs, (int32_t)bl->n_made_ranks, n_ranks, (float)offload};
+    bl->made[bl->n_made] = (Made){bl->n_made_segs, n_segs, (int32_t)bl->n_made_ranks, n_ranks, (float)offload, 0, 0};
     bl->start[bl->n_made++] = start;
     memcpy(bl->made_segs + bl->n_made_segs, segs, (size_t)n_segs * sizeof(Segment));
     memcpy(bl->made_ranks + bl->n_made_ranks, ranks, (size_t)n_ranks * sizeof(int32_t));
@@ -245,7 +246,7 @@ static int assign_rest(Balance *bl, RankHeap *heap) {
     for (int32_t r = 0; r < R; r++) open[r].first = open[r].last = -1;
     for (int32_t i = next_unused(bl, 0); i < bl->n_short; i = next_unused(bl, i)) {
         take(bl, i);
-        int32_t r = rankheap_pop(heap);
+        int32_t r = rankheap_top(heap);
         OpenPack *op = &open[r];
         int fits = op->first >= 0 && op->tokens + bl->slen[i] <= bl->cfg->capacity &&
                    (!pp_balance || op->bucket == bl->sbucket[i]);
@@ -262,7 +263,7 @@ static int assign_rest(Balance *bl, RankHeap *heap) {
         op->end += bl->scost[i];
         // the open micro-batch grows, and with it its wait behind the rank's previous one and its drain
         double t = op->end - op->start;
-        rankheap_push(heap, r, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
+        rankheap_replace_top(heap, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
     }
     for (int32_t r = 0; r < R; r++)
         if (close_pack(bl, &open[r], next, r) != 0) goto out;
@@ -288,7 +289,7 @@ out:
 // Pops d_hi ranks into members (least-loaded first); the caller takes the first *d and pushes the
 // rest back.
 static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
-                      int *d_hi, double *t, double *r) {
+                      int *d_hi, ItemChoice *t, double *r) {
     const CostModel *cm = bl->cm;
     int64_t C = bl->cfg->capacity;
     int64_t plain = len / C + (len % C != 0), top = plain > d_max ? plain : d_max;
@@ -316,13 +317,15 @@ static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, 
         }
         double rd;
         if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
-        double td = cost_item_time(dd > plain ? bl->wide : cm, &len, 1, dd, rd);
+        // the kind by the plan's cost model; a widened ring (elastic) timed as crossing nodes
+        ItemChoice c = policy_item_choice(cm, &len, 1, dd, rd);
+        double td = dd > plain ? policy_kind_time(bl->wide, &len, 1, dd, rd, c.a2a, c.ulysses) : c.t;
         double wait = fmax(pipeline_wait(bl, td, low), pipeline_wait(bl, td, high));
         double end = latest + wait + td + pipeline_drain(bl, td);
         if (end < best) {
             best = end;
             *d = dd;
-            *t = td;
+            *t = c;
             *r = rd;
         }
     }
@@ -418,11 +421,11 @@ static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i) 
     int32_t R = bb->cfg->n_ranks, dm = w && w->d_max ? w->d_max[i] : 0;
     if (dm > R) dm = R;
     if (dm > plain) {
-        double t = cost_item_time(w->wide ? w->wide : bb->cm, &s, 1, dm, 0.0);
+        double t = policy_item_choice(w->wide ? w->wide : bb->cm, &s, 1, dm, 0.0).t;
         return (Ring){t, t * dm, i, dm};
     }
     int d = plain < R ? (int)plain : bb->d_min[i];
-    double t = cost_item_time(bb->cm, &s, 1, d, d == bb->d_min[i] ? bb->r_min[i] : 0.0);
+    double t = policy_item_choice(bb->cm, &s, 1, d, d == bb->d_min[i] ? bb->r_min[i] : 0.0).t;
     return (Ring){t, t * d, i, (int32_t)(plain < R ? plain : R)};
 }
 
@@ -505,8 +508,10 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
         int32_t s = rings[k].seq;
         int64_t len = b->seqs[s].len;
         int d, d_hi;
-        double t = 0, rr = 0;
-        if (place_ring(&bl, &heap, len, bb->d_min[s], rings[k].d_max, members, &d, &d_hi, &t, &rr) != 0) goto out;
+        double rr = 0;
+        ItemChoice kind = {0, 0, 0};
+        if (place_ring(&bl, &heap, len, bb->d_min[s], rings[k].d_max, members, &d, &d_hi, &kind, &rr) != 0) goto out;
+        double t = kind.t;
         // in step on every member: it starts when the last of their last stages is ready for it
         // (pp = 1: the last member's free time; members come out least-loaded first)
         double start = 0;
@@ -532,6 +537,8 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
         policy_sort_ranks(members, d);
         Segment seg = {s, 0, len};
         if (record(&bl, &seg, 1, members, d, rr, start) != 0) goto out;
+        bl.made[bl.n_made - 1].a2a = kind.a2a;
+        bl.made[bl.n_made - 1].ulysses = kind.ulysses;
     }
     // 2. DP-Balance: the lagging members of rings get short work before the ring starts
     if (n_holes > 0) qsort(holes, (size_t)n_holes, sizeof(Hole), by_hole_len_desc);
@@ -551,9 +558,11 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
         goto out;
     for (int32_t k = 0; k < m; k++) {
         const Made *it = &bl.made[sorted[k]];
-        if (plan_add_item(out, bl.made_segs + it->seg_begin, it->n_segs, bl.made_ranks + it->rank_begin, it->n_ranks,
-                          it->offload) < 0)
-            goto out;
+        int32_t idx = plan_add_item(out, bl.made_segs + it->seg_begin, it->n_segs, bl.made_ranks + it->rank_begin,
+                                    it->n_ranks, it->offload);
+        if (idx < 0) goto out;
+        out->items[idx].a2a = it->a2a;
+        out->items[idx].ulysses = it->ulysses;
     }
     rc = 0;
     goto out;
@@ -645,7 +654,7 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
             while (upto < dd) upto += took[++g].n;
             double rd;
             if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
-            double td = cost_item_time(cm, &len, 1, dd, rd);
+            double td = policy_item_choice(cm, &len, 1, dd, rd).t;
             if (took[g].t + td < best) {
                 best = took[g].t + td;
                 d = dd;

@@ -52,6 +52,14 @@
 #define ELASTIC_FILL 8         // rings shorter than step / 8 are left to fill gaps, like short sequences
 #define ELASTIC_MISS 0.02      // a schedule this much longer than predicted missed it: try the targets next to it
 #define ELASTIC_ROUNDS 4       // at most this many rounds of that
+#define ELASTIC_FAMILIES 16    // rings, all-to-all groups, and hybrids of each group size dividing the heads
+
+// A family of items whose time falls and then rises in k (one link level): rings of k ranks (u = 0),
+// all-to-all groups of k ranks (a2a, k <= the heads), hybrids of k groups of u (u divides the heads).
+typedef struct {
+    int u;
+    int a2a;
+} Family;
 
 // A sequence as the width model sees it.
 typedef struct {
@@ -63,6 +71,8 @@ typedef struct {
     double w0;       // the work it adds there: d0 x t0 (a short one: its time in a pack + its share of the pack's constant)
     int32_t d_fast;  // the fastest width in [d0, d_top] (0: not yet known)
     double t_fast;   // the time there
+    int32_t fk[ELASTIC_FAMILIES];  // each family's fastest k past d0 (0: none in range), Model.fam
+    double ft[ELASTIC_FAMILIES];   // its time there
 } Seq;
 
 // A ring as predict places it.
@@ -85,41 +95,72 @@ typedef struct {
     double floor_t;   // no target below this: the slowest sequence at its fastest width
     double hi;        // the slowest sequence's time under HDP's rule: no target above this
     double lift;      // pp - 1: the stages an item's forward fills and its backward drains
+    Family fam[ELASTIC_FAMILIES];  // the kinds policy_item_choice chooses from, as families
+    int n_fam;
     Rigid *rigid;     // (n_lng + n_sht,) predict's rings
     RankGroup *groups;    // (n_lng + n_sht + 1,) predict's heap of rank groups
 } Model;
 
-static double ring_time(const CostModel *cm, int64_t s, int D) { return cost_item_time(cm, &s, 1, D, 0.0); }
+// A sequence alone on D ranks, no offloading: a ring or, where faster and the heads allow, an
+// all-to-all group or a hybrid (policy_item_choice; the scheduler makes the same choice).
+static double ring_time(const CostModel *cm, int64_t s, int D) { return policy_item_choice(cm, &s, 1, D, 0.0).t; }
+static double plain_ring_time(const CostModel *cm, int64_t s, int D) { return cost_item_time(cm, &s, 1, D, 0.0); }
 
 // ---- widths ----------------------------------------------------------------------------------------------
 
-// The fastest width in [lo, hi] of a time that falls and then rises, as a ring's does on one link
-// (ternary search on the integers, then the last few by hand; ties: the fewer ranks).
-static int fastest_in(const CostModel *cm, int64_t s, int lo, int hi, double *t_out) {
+static int family_width(const Family *f, int k) { return f->u ? f->u * k : k; }
+
+static double family_time(const CostModel *cm, const Family *f, int64_t s, int k) {
+    if (f->a2a) return cost_a2a_item_time(cm, &s, 1, k);
+    return f->u ? cost_hybrid_item_time(cm, &s, 1, f->u, k) : plain_ring_time(cm, s, k);
+}
+
+// The range of k whose widths lie in [lo, hi] (empty: *k_lo > *k_hi).
+static void family_range(const Model *m, const Family *f, int lo, int hi, int *k_lo, int *k_hi) {
+    if (f->a2a) {
+        *k_lo = lo > 2 ? lo : 2;
+        *k_hi = hi < m->cm->a2a_heads ? hi : m->cm->a2a_heads;
+    } else if (f->u) {
+        *k_lo = (lo + f->u - 1) / f->u > 2 ? (lo + f->u - 1) / f->u : 2;
+        *k_hi = hi / f->u;
+    } else {
+        *k_lo = lo, *k_hi = hi;
+    }
+}
+
+// The k in [lo, hi] with the least time (ternary search on the integers, then the last few by hand;
+// ties: the fewer).
+static int family_fastest(const CostModel *cm, const Family *f, int64_t s, int lo, int hi, double *t_out) {
     while (hi - lo > 2) {
         int m1 = lo + (hi - lo) / 3, m2 = hi - (hi - lo) / 3;
-        if (ring_time(cm, s, m1) <= ring_time(cm, s, m2)) hi = m2;
+        if (family_time(cm, f, s, m1) <= family_time(cm, f, s, m2)) hi = m2;
         else lo = m1;
     }
     int best = lo;
-    double tb = ring_time(cm, s, lo);
-    for (int d = lo + 1; d <= hi; d++) {
-        double t = ring_time(cm, s, d);
-        if (t < tb) tb = t, best = d;
+    double tb = family_time(cm, f, s, lo);
+    for (int k = lo + 1; k <= hi; k++) {
+        double t = family_time(cm, f, s, k);
+        if (t < tb) tb = t, best = k;
     }
     *t_out = tb;
     return best;
 }
 
-// The fastest width of a sequence past its own, found once (crossing nodes: one link level).
+// The fastest width of a sequence past its own, found once (crossing nodes: one link level), in every
+// family: rings, then where the heads are known all-to-all groups and hybrids (policy_item_choice's
+// kinds; the scheduler chooses among them at the width it gets).
 static void find_fastest(const Model *m, Seq *q) {
     if (q->d_fast > 0) return;
     q->d_fast = q->d0;
     q->t_fast = q->t0;
-    if (q->d0 >= q->d_top) return;
-    double t;
-    int d = fastest_in(&m->wide, q->len, q->d0 + 1, q->d_top, &t);
-    if (t < q->t_fast) q->d_fast = d, q->t_fast = t;
+    for (int f = 0; f < m->n_fam; f++) {
+        int k_lo, k_hi;
+        q->fk[f] = 0;
+        family_range(m, &m->fam[f], q->d0 + 1, q->d_top, &k_lo, &k_hi);
+        if (k_lo > k_hi) continue;
+        q->fk[f] = family_fastest(&m->wide, &m->fam[f], q->len, k_lo, k_hi, &q->ft[f]);
+        if (q->ft[f] < q->t_fast) q->d_fast = family_width(&m->fam[f], q->fk[f]), q->t_fast = q->ft[f];
+    }
 }
 
 // A width that keeps node boundaries: a divisor of ranks_per_node below it, a multiple above. The
@@ -142,12 +183,21 @@ static int node_width(const CostModel *cm, int d) {
 // is still within reach and within T.
 static int width_for(const Model *m, const Seq *q, double T) {
     if (q->t0 <= T) return q->d0;
-    int lo = q->d0, hi = q->d_fast;  // t(lo) > T >= t(hi)
-    while (hi - lo > 1) {
-        int mid = lo + (hi - lo) / 2;
-        if (ring_time(&m->wide, q->len, mid) <= T) hi = mid;
-        else lo = mid;
+    int best = q->d_fast;  // t_fast <= T
+    for (int f = 0; f < m->n_fam; f++) {  // each family's fewest k within T: its time falls up to fk
+        const Family *fa = &m->fam[f];
+        if (q->fk[f] == 0 || q->ft[f] > T) continue;
+        int k_lo, k_hi;
+        family_range(m, fa, q->d0 + 1, q->d_top, &k_lo, &k_hi);
+        int lo = k_lo - 1, hi = q->fk[f];  // t(lo) > T (or out of range) >= t(hi)
+        while (hi - lo > 1) {
+            int mid = lo + (hi - lo) / 2;
+            if (family_time(&m->wide, fa, q->len, mid) <= T) hi = mid;
+            else lo = mid;
+        }
+        if (family_width(fa, hi) < best) best = family_width(fa, hi);
     }
+    int hi = best;
     int d = node_width(m->cm, hi);
     return d <= q->d_top && ring_time(&m->wide, q->len, d) <= T ? d : hi;
 }
@@ -211,6 +261,12 @@ static int model_init(Model *m, const BalanceBatch *bb) {
     m->wide.ranks_per_node = 0;
     m->R = bb->cfg->n_ranks;
     m->lift = bb->cfg->pp - 1;
+    m->fam[m->n_fam++] = (Family){0, 0};
+    if (cm->a2a_heads > 0) {
+        m->fam[m->n_fam++] = (Family){0, 1};
+        for (int u = 2; u <= cm->a2a_heads && m->n_fam < ELASTIC_FAMILIES; u++)
+            if (cm->a2a_heads % u == 0) m->fam[m->n_fam++] = (Family){u, 0};
+    }
     m->lng = bs_malloc((size_t)(bb->n_long > 0 ? bb->n_long : 1) * sizeof(Seq));
     if (!m->lng) return bs_fail_ctx("elastic: %d long sequences", bb->n_long);
     for (int32_t k = 0; k < bb->n_long; k++) {
@@ -220,8 +276,8 @@ static int model_init(Model *m, const BalanceBatch *bb) {
         int d = plain < m->R ? (int)plain : m->R;
         double r = 0;
         if (d < plain && !policy_offload_for(cm, s, C, d, &r)) d = bb->d_min[i], r = bb->r_min[i];
-        double t = cost_item_time(cm, &s, 1, d, r);
-        m->lng[m->n_lng++] = (Seq){i, s, d, (int32_t)(top > d ? top : d), t, t * d, 0, 0};
+        double t = policy_item_choice(cm, &s, 1, d, r).t;
+        m->lng[m->n_lng++] = (Seq){i, s, d, (int32_t)(top > d ? top : d), t, t * d, 0, 0, {0}, {0}};
         m->work += t * d;
     }
     qsort(m->lng, (size_t)m->n_lng, sizeof(Seq), by_t0_desc);
@@ -247,12 +303,13 @@ static int model_init(Model *m, const BalanceBatch *bb) {
         int64_t s = bb->slen[k], top = s / 2 < m->R ? s / 2 : m->R;
         double t = bb->scost[k] + bb->open_cost;
         double w = bb->scost[k] + bb->open_cost * (double)s / (double)C;
-        m->sht[m->n_sht++] = (Seq){bb->sidx[k], s, 1, (int32_t)(top > 1 ? top : 1), t, w, 0, 0};
+        m->sht[m->n_sht++] = (Seq){bb->sidx[k], s, 1, (int32_t)(top > 1 ? top : 1), t, w, 0, 0, {0}, {0}};
     }
     for (int32_t i = 0; i < m->n_sht && m->sht[i].t0 > m->floor_t; i++) {
         if (i > 0 && m->sht[i].len == m->sht[i - 1].len) {
-            m->sht[i].d_fast = m->sht[i - 1].d_fast;
-            m->sht[i].t_fast = m->sht[i - 1].t_fast;
+            Seq q = m->sht[i - 1];
+            q.seq = m->sht[i].seq;
+            m->sht[i] = q;
             continue;
         }
         find_fastest(m, &m->sht[i]);
@@ -391,7 +448,7 @@ static int makespan_across_nodes(Plan *p, const Model *m, double *out) {
         double t = it->est_time, start = 0;
         if (it->n_ranks > 1) {
             for (int32_t j = 0; j < it->n_segs; j++) lens[j] = p->segs[it->seg_begin + j].len;
-            t = cost_item_time(&m->wide, lens, it->n_segs, it->n_ranks, it->offload);
+            t = policy_kind_time(&m->wide, lens, it->n_segs, it->n_ranks, it->offload, it->a2a, it->ulysses);
         }
         for (int32_t j = 0; j < it->n_ranks; j++) start = fmax(start, free_at[rk[j]]);
         for (int32_t j = 0; j < it->n_ranks; j++) free_at[rk[j]] = start + t;

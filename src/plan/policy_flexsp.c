@@ -591,7 +591,12 @@ static int plan_waves(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, co
     for (int32_t i = 0; i < n; i++) longest = b->seqs[i].len > longest ? b->seqs[i].len : longest;
     for (int32_t i = 0; i < n; i++) key[i] = (double)(longest - b->seqs[i].len);  // longest first
     if (policy_order_by_time(key, n, order) != 0) goto out;
+    // as few waves as R x C tokens (with room) allow, but never more waves than sequences: a wave of
+    // one sequence always fits (it is no longer than the largest group holds, checked above), so
+    // with few long sequences (4 of 2,048 tokens on 2 ranks of C = 1,100 ask for 5 waves) the
+    // blaster gives each its own wave rather than finding no plan
     int64_t m = (int64_t)ceil((double)tokens / (FLEXSP_WAVE_FILL * (double)R * (double)C));
+    if (m > n) m = n;
     if (m < 1) m = 1;
     for (int tries = 0;; tries++, m++) {
         if (tries == 64 || m > n) {

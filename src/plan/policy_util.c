@@ -40,6 +40,32 @@ int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double 
     return 1;
 }
 
+// A hybrid's Ulysses group size u: 2 <= u < D, u divides D (r = D / u groups) and the query heads of
+// a TP shard (every member of a group gets the same heads), so u runs over the divisors of the heads.
+static int hybrid_u_ok(int u, int D, int heads) { return u < D && D % u == 0 && heads % u == 0; }
+
+ItemChoice policy_item_choice(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
+    ItemChoice c = {cost_item_time(cm, segs, n_segs, D, r), 0, 0};
+    if (D <= 1 || r > 0 || cm->a2a_heads <= 0) return c;
+    int heads = cost_a2a_max(cm, INT32_MAX);  // a group splits the query heads of a TP shard: at most that many
+    if (D <= heads) {
+        double t = cost_a2a_item_time(cm, segs, n_segs, D);
+        if (t < c.t) c = (ItemChoice){t, 1, 0};
+    }
+    for (int u = 2; u <= heads && u < D; u++) {
+        if (!hybrid_u_ok(u, D, heads)) continue;
+        double t = cost_hybrid_item_time(cm, segs, n_segs, u, D / u);
+        if (t < c.t) c = (ItemChoice){t, 0, u};
+    }
+    return c;
+}
+
+double policy_kind_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r, int a2a, int ulysses) {
+    if (a2a) return cost_a2a_item_time(cm, segs, n_segs, D);
+    if (ulysses > 1) return cost_hybrid_item_time(cm, segs, n_segs, ulysses, D / ulysses);
+    return cost_item_time(cm, segs, n_segs, D, r);
+}
+
 double policy_offload_ratio(double r) {
     if (!(r > 0)) return 0;
     if (r >= 1) return 1;
@@ -158,15 +184,17 @@ void bestfit_free(BestFit *bf) {
 }
 
 // ---- rank heap -------------------------------------------------------------------------------------
+//
+// A 4-ary heap of (key, rank) entries: half the levels of a binary heap, and the keys sit beside the
+// ranks so a comparison touches no other array. Its pops are the same as any heap's: (key, rank) is a
+// total order.
 
-static int before(const RankHeap *h, int32_t a, int32_t b) {
-    return h->key[a] < h->key[b] || (h->key[a] == h->key[b] && a < b);
-}
+static int before(RankEntry a, RankEntry b) { return a.key < b.key || (a.key == b.key && a.rank < b.rank); }
 
 int rankheap_init(RankHeap *h, int32_t n_ranks) {
     memset(h, 0, sizeof *h);
     h->key = bs_calloc((size_t)n_ranks, sizeof(double));
-    h->heap = bs_malloc((size_t)n_ranks * sizeof(int32_t));
+    h->heap = bs_malloc((size_t)n_ranks * sizeof(RankEntry));
     if (!h->key || !h->heap) {
         rankheap_free(h);
         return bs_fail_ctx("rank heap of %d ranks", n_ranks);
@@ -175,35 +203,61 @@ int rankheap_init(RankHeap *h, int32_t n_ranks) {
     return 0;
 }
 
+// Put e at position i and move it down to its place.
+static void sift_down(RankHeap *h, int32_t i, RankEntry e) {
+    for (;;) {
+        int32_t c = 4 * i + 1;
+        if (c >= h->n_heap) break;
+        int32_t end = c + 4 < h->n_heap ? c + 4 : h->n_heap, best = c;
+        for (int32_t j = c + 1; j < end; j++)
+            if (before(h->heap[j], h->heap[best])) best = j;
+        if (!before(h->heap[best], e)) break;
+        h->heap[i] = h->heap[best];
+        i = best;
+    }
+    h->heap[i] = e;
+}
+
+// Is the least rank an idle one (never popped: key 0, served in rank order)?
+static int idle_first(const RankHeap *h) {
+    return h->next_idle < h->n_ranks && (h->n_heap == 0 || !before(h->heap[0], (RankEntry){0.0, h->next_idle}));
+}
+
 int32_t rankheap_pop(RankHeap *h) {
     h->n--;
-    // an idle rank (key 0) comes first unless the heap's top is before it
-    if (h->next_idle < h->n_ranks && (h->n_heap == 0 || !before(h, h->heap[0], h->next_idle))) return h->next_idle++;
-    int32_t top = h->heap[0], last = h->heap[--h->n_heap];
-    int32_t i = 0;
-    for (;;) {  // sift `last` down from the root
-        int32_t c = 2 * i + 1;
-        if (c >= h->n_heap) break;
-        if (c + 1 < h->n_heap && before(h, h->heap[c + 1], h->heap[c])) c++;
-        if (!before(h, h->heap[c], last)) break;
-        h->heap[i] = h->heap[c];
-        i = c;
-    }
-    if (h->n_heap > 0) h->heap[i] = last;
+    if (idle_first(h)) return h->next_idle++;
+    int32_t top = h->heap[0].rank;
+    RankEntry last = h->heap[--h->n_heap];
+    if (h->n_heap > 0) sift_down(h, 0, last);
     return top;
 }
 
 void rankheap_push(RankHeap *h, int32_t rank, double key) {
     h->key[rank] = key;
     h->n++;
+    RankEntry e = {key, rank};
     int32_t i = h->n_heap++;
     while (i > 0) {  // sift up
-        int32_t parent = (i - 1) / 2;
-        if (!before(h, rank, h->heap[parent])) break;
+        int32_t parent = (i - 1) / 4;
+        if (!before(e, h->heap[parent])) break;
         h->heap[i] = h->heap[parent];
         i = parent;
     }
-    h->heap[i] = rank;
+    h->heap[i] = e;
+}
+
+int32_t rankheap_top(const RankHeap *h) { return idle_first(h) ? h->next_idle : h->heap[0].rank; }
+
+void rankheap_replace_top(RankHeap *h, double key) {
+    if (idle_first(h)) {
+        int32_t r = h->next_idle++;
+        h->n--;
+        rankheap_push(h, r, key);
+        return;
+    }
+    int32_t r = h->heap[0].rank;  // the top gets its new key and sinks: one pass instead of two
+    h->key[r] = key;
+    sift_down(h, 0, (RankEntry){key, r});
 }
 
 void rankheap_free(RankHeap *h) {

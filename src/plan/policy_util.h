@@ -35,6 +35,27 @@ int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *c
 // rounded as the plan stores it (policy_offload_ratio). 1 and *r when it can, else 0.
 int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double *r);
 
+// What an item of whole sequences on D ranks runs as, chosen by the cost model (balance, elastic):
+// a ring, or, where the heads allow it and nothing is offloaded, a Ulysses all-to-all group (a2a) or
+// a ring of Ulysses groups (hybrid). t is its cost_item_time / cost_a2a_item_time on each member.
+typedef struct {
+    double t;
+    int32_t a2a;      // 1: an all-to-all group of D (Item.a2a)
+    int32_t ulysses;  // u >= 2: a hybrid of D / u groups of u (Item.ulysses); 0: not a hybrid
+} ItemChoice;
+
+// The fastest kind for segs on D ranks with offload ratio r. A ring when D <= 1 (a pack) or r > 0
+// (all-to-all and hybrid items do not offload), or when the head count of a TP shard is not known
+// (cm->a2a_heads = 0, a loaded profile: a group's head split could not be checked); otherwise an
+// all-to-all group when D <= cost_a2a_max and it is faster, or a hybrid of D / u groups of u where u
+// divides both D and the query heads (an even head split; 2 <= u < D) and it is faster still. Ties
+// go to the ring, then to the all-to-all group, then to the smaller u.
+ItemChoice policy_item_choice(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
+
+// The time of an item of a given kind (as policy_item_choice reports it): the cost model's
+// function for that kind.
+double policy_kind_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r, int a2a, int ulysses);
+
 // An offload ratio as the plan stores it (a float), never rounded below what Eq. 3 asked for.
 double policy_offload_ratio(double r);
 
@@ -57,13 +78,18 @@ int32_t bestfit_add(BestFit *bf, int64_t len);  // the bin it went into, -1 + er
 void bestfit_free(BestFit *bf);
 
 // A min-heap of ranks keyed by a double (time or tokens); ties go to the lower rank. Every rank
-// starts with key 0, and the ranks never popped yet are not in the binary heap: they are the range
+// starts with key 0, and the ranks never popped yet are not in the heap: they are the range
 // next_idle .. n_ranks - 1, served in rank order (their key 0 is the least there is, their order the
 // tie order). With many more ranks than work most pops are then O(1), and the heap holds only the
-// ranks in use.
+// ranks in use. The heap is 4-ary with each key beside its rank (policy_util.c).
+typedef struct {
+    double key;
+    int32_t rank;
+} RankEntry;
+
 typedef struct {
     double *key;        // (n_ranks,) key of each rank
-    int32_t *heap;      // (n_ranks,) the ranks pushed back, in heap order
+    RankEntry *heap;    // (n_ranks,) the ranks pushed back, in heap order
     int32_t n_heap;
     int32_t next_idle;  // ranks next_idle .. n_ranks - 1 have never been popped
     int32_t n_ranks;
@@ -73,6 +99,11 @@ typedef struct {
 int rankheap_init(RankHeap *h, int32_t n_ranks);  // every key 0
 int32_t rankheap_pop(RankHeap *h);                // the rank with the least key
 void rankheap_push(RankHeap *h, int32_t rank, double key);
+// The least rank without taking it out, and then the same as rankheap_pop followed by
+// rankheap_push of that rank with a new key, in one pass (its key changes in place): what a list
+// scheduler does for every piece of work it hands out. No other heap operation in between.
+int32_t rankheap_top(const RankHeap *h);
+void rankheap_replace_top(RankHeap *h, double key);
 void rankheap_free(RankHeap *h);
 
 // Make room in a plan for what a policy knows it will add, so that plan_add_item (which grows the

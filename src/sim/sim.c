@@ -85,6 +85,45 @@ static SimOpCost blocks_op_cost(const SimConfig *cfg, const Plan *p, int32_t ite
     return oc;
 }
 
+// The hop of the rings across a hybrid item's r groups of u (member j of group g sends to member j of
+// group g + 1 mod r): the inter-node link when any of those hops leaves a node, as cluster_ring_hop_time.
+static double hybrid_ring_hop(const Cluster *c, const int32_t *ranks, int u, int r, int stage, double bytes) {
+    if (r < 2) return 0;
+    int from = 0, to = u;  // a hop that crosses nodes, if any; else the first one
+    for (int m = 0; m < u * r; m++) {
+        int next = (m + u) % (u * r);
+        if (cluster_node(c, ranks[m], stage) != cluster_node(c, ranks[next], stage)) {
+            from = m, to = next;
+            break;
+        }
+    }
+    return cluster_msg_time(c, ranks[from], stage, ranks[to], stage, bytes);
+}
+
+// A hybrid item (Item.ulysses: a ring of r Ulysses groups of u consecutive members, docs/simulator.md):
+// per layer the group's all-to-all, exposed as an a2a item's (the slowest group's link), then a ring
+// of r steps across the groups on the member's head share, pipelined as a ring's: each block is the
+// group's queries against one group's keys, each transfer a group block of K/V on the member's K/V
+// heads. Returns the attention's elapsed time per layer; *attn its compute, *bytes what a member sends.
+static double hybrid_attention(const SimConfig *cfg, const Plan *p, const Item *it, int stage, int bwd, double phi,
+                               double *attn, double *bytes) {
+    const CostModel *cm = cfg->cm;
+    const int32_t *ranks = p->ranks + it->rank_begin;
+    int D = it->n_ranks, u = it->ulysses, r = D / u;
+    double n = (double)it->tokens / D;  // tokens on each member
+    double pairs = cm->attn_pair * item_area(p, it) * cost_a2a_head_share(cm, u) / ((double)r * r);
+    double blk = phi * (pairs + cm->attn_step);  // the group's queries against one group's keys, its heads
+    double a2a = cost_a2a_bytes(cm, u) * n * (u - 1) / u, x_a2a = 0;
+    for (int g = 0; g < r; g++) x_a2a = fmax(x_a2a, cluster_ring_hop_time(cfg->cluster, ranks + g * u, u, stage, a2a));
+    double kv = cm->kv_token * cost_hybrid_kv_share(cm, u) * n * u;  // one group block (u n tokens), its heads
+    double x = hybrid_ring_hop(cfg->cluster, ranks, u, r, stage, bwd ? 2 * kv : kv);
+    *attn = r * blk;
+    *bytes = a2a + (bwd ? (2.0 * (r - 1) + 1.0) * kv : (r - 1.0) * kv);
+    double elapsed = x_a2a + blk + (r - 1) * fmax(blk, x);
+    if (bwd) elapsed += hybrid_ring_hop(cfg->cluster, ranks, u, r, stage, kv);  // the summed dK/dV home
+    return elapsed;
+}
+
 SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int stage, int bwd) {
     if (plan_item_kind(p, item) == ITEM_BLOCKS) return blocks_op_cost(cfg, p, item, stage, bwd);
     const CostModel *cm = cfg->cm;
@@ -99,7 +138,11 @@ SimOpCost sim_op_cost(const SimConfig *cfg, const Plan *p, int32_t item, int sta
     double blk = phi * (cm->attn_pair * item_area(p, it) / ((double)D * D) + cm->attn_step);
     double attn = D * blk;                                           // attention compute per layer
     double attn_elapsed = attn;
-    if (D >= 2 && it->a2a) {
+    if (plan_item_kind(p, item) == ITEM_HYBRID) {
+        double bytes;
+        attn_elapsed = hybrid_attention(cfg, p, it, stage, bwd, phi, &attn, &bytes);
+        oc.ring_bytes = l * bytes;
+    } else if (D >= 2 && it->a2a) {
         // a Ulysses group (flexsp): every member computes 1/D of the heads over whole segments, after
         // and before the all-to-alls of Q, K, V and the output (the gradients of them backward), which
         // nothing hides; an all-to-all costs (D-1)/D of the member's bytes over the group's slowest link

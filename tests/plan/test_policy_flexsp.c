@@ -11,7 +11,8 @@
 //     than the simple greedy, and every program's solution within the gap GLPK reports (its
 //     objective between GLPK's bound and the bound x (1 + gap));
 //   - the optimum: on random small waves flexsp's makespan equals an exhaustive search's over every
-//     assignment of sequences to power-of-two groups.
+//     assignment of sequences to power-of-two groups;
+//   - feasibility: a few sequences longer than a wave of R x C tokens each get a wave of their own.
 #include "plan/plan_fixtures.h"
 
 #include <math.h>
@@ -319,12 +320,42 @@ static void test_exhaustive_optimum(void **state) {
     assert_true(skipped < trials / 10);
 }
 
+// Feasibility: 4 sequences of 2,048 tokens (LLaMA-7B, TP 2: 16 heads per shard) on 2 ranks of C =
+// 1,100 and on 4 ranks of C = 512 hold R x C tokens less than the batch in any wave of 90% fill, so
+// the blaster asked for 5 waves of 4 sequences and found no plan. A sequence alone is a wave that
+// always fits: 2,048 tokens on a group of 2 hold 1,024 per member (<= 1,100), on a group of 4 512
+// (<= 512). So flexsp plans both, as balance does: every sequence one all-to-all group of all ranks.
+static void test_few_long_sequences_plan(void **state) {
+    (void)state;
+    const int64_t lens[] = {2048, 2048, 2048, 2048};
+    GlobalBatch b = make_batch(lens, 4);
+    CostModel cm;
+    const struct { int32_t R; int64_t C; } cases[] = {{2, 1100}, {2, 1024}, {4, 512}};
+    for (int c = 0; c < 3; c++) {
+        assert_int_equal(cost_derive(&cm, model_find("llama-7b"), hw_find("h800-sxm"), 2, 1, cases[c].R, cases[c].C), 0);
+        PlanConfig cfg = {.n_ranks = cases[c].R, .capacity = cases[c].C, .pp = 1};
+        Plan p, q;
+        plan_ok(&p, "flexsp", &b, &cfg, &cm);
+        plan_ok(&q, "balance", &b, &cfg, &cm);
+        assert_int_equal(p.n_items, 4);
+        for (int32_t k = 0; k < p.n_items; k++) {
+            assert_int_equal(p.items[k].n_ranks, cases[c].R);
+            assert_int_equal(p.items[k].a2a, 1);
+            assert_int_equal(p.items[k].n_segs, 1);
+        }
+        plan_free(&p);
+        plan_free(&q);
+    }
+    batch_free(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_example),
         cmocka_unit_test(test_head_limit),
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_exhaustive_optimum),
+        cmocka_unit_test(test_few_long_sequences_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
