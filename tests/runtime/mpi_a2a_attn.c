@@ -1,6 +1,7 @@
 // mpi_a2a_attn.c: all-to-all (Ulysses) and hybrid attention over D = 2 .. ranks members equal
 // one-process attention.
 // ranks: 2 3 4
+// sanitizer ranks: 4
 //
 // Every trial builds the same plan on every rank from one seed: a batch of random sequences and, for
 // each D, items of every kind that runs on D members, on one A2aAttn (buffers grow and are reused):

@@ -1,5 +1,6 @@
 // mpi_a2a_train.c: training with all-to-all (Ulysses) and hybrid items equals one process.
 // ranks: 2 3 4
+// sanitizer ranks: 4
 //
 // Plans built by hand (plan_add_item with Item.a2a / Item.ulysses set), the same on every rank, for
 // random batches of the tiny model (4 query heads, 2 K/V heads): the longest sequence as one item
