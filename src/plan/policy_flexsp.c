@@ -593,6 +593,9 @@ static int plan_waves(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, co
     if (policy_order_by_time(key, n, order) != 0) goto out;
     int64_t m = (int64_t)ceil((double)tokens / (FLEXSP_WAVE_FILL * (double)R * (double)C));
     if (m < 1) m = 1;
+    // a batch that fills the ranks past the wave share (4 sequences of 2,048 tokens on 2 ranks of
+    // 1,024) still has a plan: a wave per sequence, each on a group that holds it
+    if (m > n) m = n;
     for (int tries = 0;; tries++, m++) {
         if (tries == 64 || m > n) {
             bs_fail("%s: no plan found for %d sequences on %d ranks", name, n, R);
