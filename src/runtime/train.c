@@ -656,9 +656,11 @@ int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st) {
 
 int trainer_grad_plan(Trainer *t, Plan *p, StepStats *st) {
     train_prefetch_stop(t);
-    if (p->n_ranks != t->hdp || p->pp != t->par.pp) {
+    if (p->n_ranks != t->hdp || p->pp != t->par.pp || t->roles) {
         int32_t n = p->n_ranks, pp = p->pp;
         plan_free(p);
+        if (t->roles)  // the servers' loading plan comes with a broadcast plan only
+            return bs_fail("a plan made elsewhere runs on local shards, not with data servers");
         return bs_fail("a plan for %d HDP ranks with pp %d, the job has %d with pp %d", n, pp, t->hdp, t->par.pp);
     }
     if (t->plan_of[0]) plan_free(&t->plans[0]);
