@@ -133,14 +133,16 @@ int main(int argc, char **argv) {
         if (t->data.index.docs[d].len > t->data.index.docs[doc].len) doc = d;
     int lead = c->rank == 0;
     if (lead) {
-        printf("bench_a2a: model %s, C = %lld, cost model %s, one sequence on 2 ranks (one core each), median of %d\n\n",
+        printf("bench_a2a: model %s, C = %lld, cost model %s, one sequence on 2 ranks (one core each), median of "
+               "%d\n\n",
                o.model, (long long)o.capacity, o.cost[0] ? o.cost : "cpu (derived)", o.reps);
         printf("| tokens | ring of 2 (s) | cost model (s) | all-to-all of 2 (s) | cost model (s) | measured a2a / ring "
                "| predicted a2a / ring | core share |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     }
     for (int f = 2; f <= (o.quick ? 2 : 8); f *= 2) {
         int64_t S = f * o.capacity;
-        if (S > t->data.index.docs[doc].len) rank_check(c, bs_fail("the longest document has fewer than %lld tokens", (long long)S));
+        if (S > t->data.index.docs[doc].len)
+            rank_check(c, bs_fail("the longest document has fewer than %lld tokens", (long long)S));
         double times[2][MAX_REPS], shares[2 * MAX_REPS];
         for (int r = -1; r < o.reps; r++)
             for (int i = 0; i < 2; i++) {

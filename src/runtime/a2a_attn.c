@@ -252,7 +252,8 @@ static int gather(A2aAttn *a, const Field *f, int nf, int tag, int add) {
 
 static int check_rows(const A2aAttn *a, AttnRows rows) {
     int64_t mine = member_rows(a, a->me);
-    if (rows.n != mine) return bs_fail("all-to-all attention: %d local rows, the plan gives this rank %lld", rows.n, (long long)mine);
+    if (rows.n != mine)
+        return bs_fail("all-to-all attention: %d local rows, the plan gives this rank %lld", rows.n, (long long)mine);
     return 0;
 }
 

@@ -47,7 +47,8 @@ static void make_plan(Plan *p, const GlobalBatch *b, int hdp, int pp, int u) {
         int32_t k1 = in_packed > 0 ? plan_add_item(p, segs + 1, in_packed, ranks, hdp, 0) : k0;
         CHECK(k0 >= 0 && k1 >= 0, "%s", bs_errmsg());
         for (int32_t k = k0; k <= k1; k++) p->items[k].a2a = u == 0, p->items[k].ulysses = u;
-        for (int i = 1 + in_packed; i < n; i++) CHECK(plan_add_item(p, segs + i, 1, &ranks[i % hdp], 1, 0) >= 0, "%s", bs_errmsg());
+        for (int i = 1 + in_packed; i < n; i++)
+            CHECK(plan_add_item(p, segs + i, 1, &ranks[i % hdp], 1, 0) >= 0, "%s", bs_errmsg());
     }
     CHECK_OK(plan_finalize(p, NULL));
     free(idx);

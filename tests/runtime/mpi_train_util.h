@@ -36,8 +36,8 @@ static inline TrainConfig mpi_train_config(const char *data, const char *policy,
 }
 
 // The shared settings (mpi_train_util.h) with a model and a 3D layout.
-static inline TrainConfig mpi_config_3d(const char *data, const char *model, const char *policy, int64_t tokens, int64_t context,
-                          int64_t C, int tp, int pp) {
+static inline TrainConfig mpi_config_3d(const char *data, const char *model, const char *policy, int64_t tokens,
+                                        int64_t context, int64_t C, int tp, int pp) {
     TrainConfig c = mpi_train_config(data, policy, tokens, context, C);
     snprintf(c.model, sizeof c.model, "%s", model);
     c.tp = tp;
