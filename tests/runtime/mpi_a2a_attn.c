@@ -12,7 +12,8 @@
 //   item 3  a hybrid (a ring of D / u groups of u) for every u with 2 <= u < D dividing D;
 // with head shapes that split every way: H = 4 with 4, 2, 1 K/V heads (u above the K/V heads:
 // replicated K/V whose gradients sum back), and H = 6 with 3 K/V heads, where u = 2 gives member 0
-// heads 0-2 reading K/V 0, 0, 1 (no whole GQA groups: one K/V head per query head is sent).
+// heads 0-2 reading K/V 0, 0, 1 (no whole GQA groups: one K/V head per query head is sent); and a
+// group wider than the query heads is refused.
 #include "runtime/mpi_attn_check.h"
 
 #include "bytescale/a2a_attn.h"
@@ -115,6 +116,30 @@ static void run_trial(int D, int trial, int *hybrids) {
     batch_free(&b);
 }
 
+// A group with more members than the shard has query heads is refused with the numbers, before any
+// message (every member refuses it on its own).
+static void check_head_limit(void) {
+    Comm *c = mpi_comm;
+    GlobalBatch b;
+    CHECK_OK(batch_init(&b, 1));
+    CHECK_OK(batch_push(&b, 0, 100, -1));
+    Plan p;
+    CHECK_OK(plan_init(&p, &b, c->size, 1 << 20, 1, "test"));
+    int32_t ranks[256];
+    for (int i = 0; i < c->size; i++) ranks[i] = i;
+    Segment seg = {.seq = 0, .start = 0, .len = 100};
+    add_item(&p, &seg, 1, ranks, c->size, 1, 0);
+    CHECK_OK(plan_finalize(&p, NULL));
+    A2aAttn a;
+    a2a_attn_init(&a, c, (AttnShape){.n_heads = c->size - 1, .n_kv_heads = 1, .head_dim = 8});
+    CHECK(a2a_attn_prepare(&a, &p, 0) == -1 && strstr(bs_errmsg(), "query heads") != NULL,
+          "a group of %d on %d query heads: %s", c->size, c->size - 1, bs_errmsg());
+    n_checks++;
+    a2a_attn_free(&a);
+    plan_free(&p);
+    batch_free(&b);
+}
+
 int main(int argc, char **argv) {
     mpi_test_init(&argc, &argv);
     Comm *c = mpi_comm;
@@ -127,5 +152,6 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     CHECK(c->size < 4 || hybrids > 0, "no hybrid item ran on %d ranks", c->size);
+    check_head_limit();
     return mpi_test_done("all-to-all attention", n_checks);
 }
