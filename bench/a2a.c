@@ -113,6 +113,10 @@ static double run_once(Trainer *t, Comm *c, int64_t doc, int64_t S, int a2a, dou
 int main(int argc, char **argv) {
     blas_core_reexec("bench_a2a", argv);
     Opts o = parse_args(argc, argv);
+    if (bench_find_data(o.data, sizeof o.data) != 0) {  // before starting ranks: one clear line
+        fprintf(stderr, "bench_a2a: %s\n", bs_errmsg());
+        return 1;
+    }
     if (!comm_launched_by_mpi()) bench_relaunch_under_mpirun("bench_a2a", "2", argc, argv);
     Comm *c;
     if (comm_mpi_init(&c, &argc, &argv) != 0) bs_die_errmsg();
