@@ -74,7 +74,8 @@ typedef struct {
 void a2a_attn_init(A2aAttn *a, Comm *comm, AttnShape shape);
 void a2a_attn_free(A2aAttn *a);
 // Set up for item k of plan p (ITEM_A2A or ITEM_HYBRID), of which comm->rank is a member. Grows
-// buffers if needed. -1 + error when the group has more members than the shard has query heads.
+// buffers if needed. -1 + error (the caller names the item) when the group has more members than
+// the shard has query heads.
 int a2a_attn_prepare(A2aAttn *a, const Plan *p, int32_t k);
 // The AttnOps a model uses for this item (collective: it runs even with no local rows).
 AttnOps a2a_attn_ops(A2aAttn *a);

@@ -99,7 +99,7 @@ static int take_layout(A2aAttn *a, const Plan *p, int32_t k, int g) {
     a->off[0] = 0;
     for (int d = 0; d < a->u; d++) a->off[d + 1] = a->off[d] + mb_member_rows(p, k, g * a->u + d);
     int64_t rows = a->off[a->u];
-    if (rows > (1 << 30)) return bs_fail("plan item %d: an all-to-all group holds %lld rows", k, (long long)rows);
+    if (rows > (1 << 30)) return bs_fail("an all-to-all group of %lld rows", (long long)rows);
     if (rows > a->cap_rows) {
         int32_t *pos = bs_realloc(a->pos, (size_t)rows * sizeof *pos);
         if (pos) a->pos = pos;
@@ -118,13 +118,11 @@ int a2a_attn_prepare(A2aAttn *a, const Plan *p, int32_t k) {
     int D = it->n_ranks, m = mb_member_index(p, k, a->comm->rank), H = a->shape.n_heads;
     int u = kind == ITEM_HYBRID ? it->ulysses : D;
     if ((kind != ITEM_A2A && kind != ITEM_HYBRID) || m < 0 || u < 2 || D % u != 0)
-        return bs_fail("plan item %d: rank %d is not a member of an all-to-all group (%d ranks, groups of %d)", k,
-                       a->comm->rank, D, u);
+        return bs_fail("rank %d is not a member of an all-to-all group (%d ranks, groups of %d)", a->comm->rank, D, u);
     if (u > H)
-        return bs_fail("plan item %d: an all-to-all group of %d members, but a TP shard has %d query heads (every "
-                       "member needs one)",
-                       k, u, H);
-    if (grow_group(a, u) != 0) return bs_fail_ctx("plan item %d", k);
+        return bs_fail("an all-to-all group of %d members, but a TP shard has %d query heads (every member needs one)",
+                       u, H);
+    if (grow_group(a, u) != 0) return -1;
     int g = m / u;
     a->u = u;
     a->me = m % u;

@@ -159,7 +159,8 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
         Llama *m = view_for(pl, v, T);
         if (!m) return bs_fail_ctx("pipeline stage %d: activations for plan item %d (%lld rows)", S, k, (long long)T);
         const char *op;
-        if (set_attention(pl, m, p, k, &s, fwd, &op) != 0) return bs_fail_ctx("pipeline stage %d, plan item %d", S, k);
+        if (set_attention(pl, m, p, k, &s, fwd, &op) != 0)
+            return bs_fail_ctx("pipeline stage %d, plan item %d", S, k);
         int rc = 0;
         if (fwd) {
             const float *x_in = NULL;
