@@ -30,6 +30,32 @@ static inline double bench_cpu_seconds(clockid_t clock) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// A prepared dataset (`bytescale prepare`) at data (cap bytes): as given, or relative to the build
+// directory's parent (the source tree, where data/go-byte lives) when data is relative; data is
+// rewritten to the one found. -1 + error saying how to make one.
+static inline int bench_find_data(char *data, size_t cap) {
+    char index[4200];
+    snprintf(index, sizeof index, "%s/index.bin", data);
+    if (access(index, R_OK) == 0) return 0;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (data[0] != '/' && n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) *slash = '\0';
+        char alt[8400];
+        snprintf(alt, sizeof alt, "%s/../%s/index.bin", self, data);
+        if (access(alt, R_OK) == 0 && strlen(alt) - strlen("/index.bin") < cap) {
+            alt[strlen(alt) - strlen("/index.bin")] = '\0';
+            memcpy(data, alt, strlen(alt) + 1);
+            return 0;
+        }
+    }
+    return bs_fail("no prepared dataset in %s (%s not found): make it with `build/bytescale prepare` (it writes "
+                   "data/go-byte), or pass --data DIR",
+                   data, index);
+}
+
 // Run this program as `mpirun -np <np> [--oversubscribe] --bind-to none|core <this program> <args>`
 // and wait for it: for a benchmark that measures several job sizes, one job each. args ends with
 // NULL. Returns the job's exit code (-1 when it could not start).

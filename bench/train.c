@@ -169,28 +169,7 @@ static Opts parse_args(int argc, char **argv) {
 
 // The dataset: as given, or, for a relative path that is not there, next to the build directory
 // (bench_train lives in build/, the data in data/): so it also runs from another directory.
-static int find_data(Opts *o) {
-    char index[TRAIN_PATH_MAX + 32];
-    snprintf(index, sizeof index, "%s/index.bin", o->data);
-    if (access(index, R_OK) == 0) return 0;
-    char self[TRAIN_PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (o->data[0] != '/' && n > 0) {
-        self[n] = '\0';
-        char *slash = strrchr(self, '/');
-        if (slash) *slash = '\0';
-        char alt[2 * TRAIN_PATH_MAX + 32];
-        snprintf(alt, sizeof alt, "%s/../%s/index.bin", self, o->data);
-        if (access(alt, R_OK) == 0 && strlen(alt) - strlen("/index.bin") < sizeof o->data) {
-            alt[strlen(alt) - strlen("/index.bin")] = '\0';
-            memcpy(o->data, alt, strlen(alt) + 1);
-            return 0;
-        }
-    }
-    return bs_fail("no prepared dataset in %s (%s not found): make it with `build/bytescale prepare` (it writes "
-                   "data/go-byte), or pass --data DIR",
-                   o->data, index);
-}
+static int find_data(Opts *o) { return bench_find_data(o->data, sizeof o->data); }
 
 // A rank that cannot go on ends the job: the others would wait for it forever.
 static _Noreturn void rank_die(Comm *comm, const char *what) {

@@ -3,8 +3,8 @@
 // Two implementations: comm_local (one rank, this process; the single-process trainer) and comm_mpi
 // (MPI_COMM_WORLD of an `mpirun` job, or its training ranks when data servers share the job). The trainer, the executor and ring attention call only
 // these functions, so the one-process run is the N = 1 case of the distributed code path, not a
-// second variant. Every ring uses the one global communicator: no communicator is created per
-// group (docs/runtime.md says why).
+// second variant. Every ring and every all-to-all group uses the one global communicator: no
+// communicator is created per group (docs/runtime.md says why).
 //
 // Errors: every function returns 0, or -1 with an error message (error.h). comm_abort ends the
 // whole job; a rank that cannot continue calls it so that no other rank waits for it forever.

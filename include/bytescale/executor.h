@@ -2,13 +2,16 @@
 // ZeRO-1 gradient sync and optimizer shard (docs/runtime.md).
 //
 // Every policy's plan runs through the same code: a pack is a micro-batch with local attention, a
-// ring is a micro-batch of this rank's chunks with ring attention over the item's ranks. Items run
+// ring is a micro-batch of this rank's chunks with ring attention over the item's ranks, an
+// all-to-all (Ulysses) group or a hybrid (a ring of such groups) the same chunks with a2a_attn.h's
+// attention. Items run
 // in the plan's global order, any number of them per rank (uneven counts are normal).
 #ifndef BYTESCALE_EXECUTOR_H
 #define BYTESCALE_EXECUTOR_H
 
 #include <stdint.h>
 
+#include "bytescale/a2a_attn.h"
 #include "bytescale/comm.h"
 #include "bytescale/llama.h"
 #include "bytescale/microbatch.h"
@@ -40,12 +43,12 @@ int step_rows_read(StepRows *r, const Plan *p, int rank, int need, const TokenSo
 // What this rank did in one executor run.
 typedef struct {
     int32_t items;        // micro-batches run
-    int32_t rings;        // of them, ring members
+    int32_t rings;        // of them, ring, all-to-all or hybrid members
     int64_t rows;         // tokens this rank held
     double seconds;       // wall time of all items
-    double ring_compute;  // ring attention block compute (part of seconds)
-    double ring_wait;     // waiting for ring messages (part of seconds)
-    double ring_bytes;    // K/V and dK/dV bytes sent
+    double ring_compute;  // ring attention block compute, and all-to-all items' attention (part of seconds)
+    double ring_wait;     // waiting for ring and all-to-all messages (part of seconds)
+    double ring_bytes;    // K/V and dK/dV bytes sent, and all-to-all bytes
     double act_peak;      // most activation bytes resident during any item (the model's accounting)
     double offload_bytes; // activation bytes copied out to the offload tier (and back)
     double offload_wait;  // seconds the items waited for the tier's copies (part of seconds)
@@ -60,6 +63,7 @@ typedef struct {
     Comm *comm;
     Llama *llama;         // not owned; its attention is set per micro-batch
     RingAttn ring;
+    A2aAttn a2a;          // all-to-all and hybrid items (its own inner ring: other heads than `ring`'s)
     struct Zero1 *zero;   // not owned; NULL = no gradient sync started during the backward
     ExecTraceFn trace;
     void *trace_ctx;
@@ -76,6 +80,14 @@ void executor_free(Executor *e);
 // for. -1 + error naming the item.
 int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum,
                  ExecStats *st);
+// The attention of item k of p for this rank: local for a pack, ring attention for a ring, the
+// all-to-all for an a2a or hybrid item (set up for k: other items may have run since). The pipeline
+// stage uses it too. *kind_name: "pack", "ring", "a2a" or "hybrid". -1 + error (a block item: the
+// engine does not run the block peer's plans).
+int executor_attention(Executor *e, const Plan *p, int32_t k, AttnOps *ops, const char **kind_name);
+// Zero the ring and all-to-all counters; add them into s (ring_compute, ring_wait, ring_bytes).
+void executor_stats_reset(Executor *e);
+void executor_stats_add(const Executor *e, ExecStats *s);
 // The GradReadyFn an executor (ctx) gives its model during the step's last backward: starts the
 // ZeRO-1 reduce-scatter of each finished range (zero1_start). The pipeline stage uses it too.
 void executor_grads_ready(void *ctx, size_t begin, size_t end);

@@ -51,7 +51,7 @@ typedef struct {
     float *out_part;      // (max_rows, n_heads, head_dim) forward: one block's result before merging
     float *lse_part;      // (max_rows, n_heads)
     int64_t cap_buf;      // floats allocated in each kv/acc/inc buffer
-    int64_t cap_q;        // rows allocated in out_part
+    int64_t cap_q;        // floats allocated in out_part
     int slice_rows;       // query rows per kernel call between progress calls
     RingStats stats;
     RingTraceFn trace;
@@ -62,6 +62,11 @@ void ring_attn_init(RingAttn *r, Comm *comm, AttnShape shape);
 void ring_attn_free(RingAttn *r);
 // Set up for item k of plan p, of which comm->rank is a member (D >= 2). Grows buffers if needed.
 int ring_attn_prepare(RingAttn *r, const Plan *p, int32_t k);
+// The ring across the Ulysses groups of a hybrid item (a2a_attn.h): the item's members in groups of
+// u consecutive ones, a ring of n_ranks / u >= 2 parts, part g holding its members' rows back to back;
+// this rank (member j of its group) rings with member j of the neighbouring groups, on the heads
+// `shape` of its head shard. u = 1 with the model's shape is ring_attn_prepare.
+int ring_attn_prepare_groups(RingAttn *r, const Plan *p, int32_t k, int u, AttnShape shape);
 // The AttnOps a model uses for this item (collective: it runs even with no local rows).
 AttnOps ring_attn_ops(RingAttn *r);
 

@@ -241,6 +241,15 @@ int trainer_step(Trainer *t, StepStats *st);
 // optimizer and sampler are untouched. Sequences are (document, length, global offset) as the
 // sampler makes them.
 int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st);
+// The same with a plan made elsewhere instead of the trainer's policy (a plan file, a hand-built
+// plan of any item kind), the same plan on every rank (nothing is broadcast): *p is moved into the
+// trainer and left empty (freed on error too). -1 + error when p is for another number of HDP ranks
+// or pipeline stages than the job's, or the job reads from data servers (their loading plan comes
+// with a broadcast plan).
+int trainer_grad_plan(Trainer *t, Plan *p, StepStats *st);
+// trainer_grad_plan, then the optimizer update of trainer_step (clip, AdamW, all-gather; t->step
+// advances). The sampler is not used: a run of these steps is not mixed with trainer_step.
+int trainer_step_plan(Trainer *t, Plan *p, StepStats *st);
 
 // Target tokens of a batch: every token but a sequence's last has one; the last has one iff its
 // document continues past it (the next piece's first token is its label). -1 + error when a

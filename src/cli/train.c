@@ -25,8 +25,9 @@ static void usage(FILE *f) {
             "usage: bytescale train [flags]\n"
             "\n"
             "Train a LLaMA-style model on a prepared dataset (`bytescale prepare`): every step samples a global\n"
-            "batch, plans it with an HDP policy over the job's ranks, runs every rank's packs and rings (ring\n"
-            "attention), and takes a ZeRO-1 AdamW step on the token-level mean loss (docs/training.md,\n"
+            "batch, plans it with an HDP policy over the job's ranks, runs every rank's packs, rings (ring\n"
+            "attention) and all-to-all or hybrid groups (Ulysses attention, a ring of Ulysses groups), and\n"
+            "takes a ZeRO-1 AdamW step on the token-level mean loss (docs/training.md,\n"
             "docs/runtime.md). One process, or N ranks: mpirun -np N bytescale train ...\n"
             "\n"
             "settings (kept by a resumed run):\n"
@@ -35,11 +36,11 @@ static void usage(FILE *f) {
             "  --context N          longest sequence: longer documents are cut (default %lld)\n"
             "  --capacity N         C: most tokens one rank holds in a micro-batch; longer sequences train as\n"
             "                       rings over several ranks (default: the context, or what --mem-budget holds)\n"
-            "  --policy NAME        planner: static, naive, naive-eq3min, balance, elastic or megatron-hcp\n"
-            "                       (default %s); not flexsp (all-to-all groups, which the engine does not\n"
-            "                       run), wlb (its delay queue needs a data pipeline that carries documents\n"
-            "                       to the next step) nor blocks / blocks-all (block dispatch, which the engine\n"
-            "                       does not run): simulate those (docs/peers.md)\n"
+            "  --policy NAME        planner: static, naive, naive-eq3min, balance, elastic, megatron-hcp or\n"
+            "                       flexsp (all-to-all groups) (default %s); not wlb (its delay queue needs a\n"
+            "                       data pipeline that carries documents to the next step) nor blocks /\n"
+            "                       blocks-all (block dispatch, which the engine does not run): simulate\n"
+            "                       those (docs/peers.md)\n"
             "  --lr X               peak learning rate, in (0, 1] (default %g)\n"
             "  --min-lr X           final learning rate of the cosine decay (default: lr / 10)\n"
             "  --warmup N           linear warmup steps (default %lld)\n"
@@ -174,14 +175,12 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_POLICY:
         if (!strcmp(v, "blocks") || !strcmp(v, "blocks-all"))  // plans the engine cannot run (docs/peers.md)
             return bs_fail("--policy %s: its block items (blocks owned one by one, K/V fetched from their owners) do "
-                           "not run in the engine, which runs rings and packs; plan or simulate it instead",
+                           "not run in the engine, which runs packs, rings, all-to-all and hybrid items; plan or simulate it instead",
                            v);
-        if (!strcmp(v, "flexsp") || !strcmp(v, "wlb"))
-            return bs_fail("--policy %s: %s; plan or simulate it instead", v,
-                           !strcmp(v, "flexsp") ? "its all-to-all (Ulysses) groups do not run in the engine, which "
-                                                  "runs rings and packs"
-                                                : "its delay queue postpones documents to later steps, which the "
-                                                  "training data pipeline does not carry over");
+        if (!strcmp(v, "wlb"))
+            return bs_fail("--policy %s: its delay queue postpones documents to later steps, which the training data "
+                           "pipeline does not carry over; plan or simulate it instead",
+                           v);
         return copy_text(c->policy, sizeof c->policy, flag, v);
     case OPT_LR: return arg_double(flag, v, &c->lr);
     case OPT_MIN_LR: return arg_double(flag, v, &c->min_lr);

@@ -83,12 +83,14 @@ void executor_init(Executor *e, Comm *comm, Llama *llama) {
     e->comm = comm;
     e->llama = llama;
     // a tp rank's ring carries its own heads only: K/V traffic is 1/tp per process
-    ring_attn_init(&e->ring, comm,
-                   (AttnShape){.n_heads = llama->n_heads, .n_kv_heads = llama->n_kv_heads, .head_dim = llama->cfg.head_dim});
+    AttnShape shard = {.n_heads = llama->n_heads, .n_kv_heads = llama->n_kv_heads, .head_dim = llama->cfg.head_dim};
+    ring_attn_init(&e->ring, comm, shard);
+    a2a_attn_init(&e->a2a, comm, shard);
 }
 
 void executor_free(Executor *e) {
     ring_attn_free(&e->ring);
+    a2a_attn_free(&e->a2a);
     if (e->llama) e->llama->attn = attn_ops_local();
     memset(e, 0, sizeof *e);
 }
@@ -98,12 +100,52 @@ void executor_grads_ready(void *ctx, size_t begin, size_t end) {
     zero1_start(e->zero, e->comm, e->llama->grads, begin, end);
 }
 
+int executor_attention(Executor *e, const Plan *p, int32_t k, AttnOps *ops, const char **kind_name) {
+    ItemKind kind = plan_item_kind(p, k);
+    if (kind == ITEM_A2A || kind == ITEM_HYBRID) {
+        *kind_name = kind == ITEM_A2A ? "a2a" : "hybrid";
+        if (a2a_attn_prepare(&e->a2a, p, k) != 0) return -1;
+        *ops = a2a_attn_ops(&e->a2a);
+        return 0;
+    }
+    if (kind == ITEM_BLOCKS)
+        return bs_fail("plan item %d is a block item (the block peer's): the engine runs packs, rings, all-to-all "
+                       "and hybrid items",
+                       k);
+    *kind_name = p->items[k].n_ranks > 1 ? "ring" : "pack";
+    if (p->items[k].n_ranks == 1) {
+        *ops = attn_ops_local();
+        return 0;
+    }
+    if (ring_attn_prepare(&e->ring, p, k) != 0) return -1;
+    *ops = ring_attn_ops(&e->ring);
+    return 0;
+}
+
+void executor_stats_reset(Executor *e) {
+    e->ring.stats = (RingStats){0};
+    e->a2a.ring.stats = (RingStats){0};
+    e->a2a.stats = (A2aStats){0};
+}
+
+void executor_stats_add(const Executor *e, ExecStats *s) {
+    const RingStats *r[2] = {&e->ring.stats, &e->a2a.ring.stats};
+    for (int i = 0; i < 2; i++) {
+        s->ring_compute += r[i]->compute;
+        s->ring_wait += r[i]->wait;
+        s->ring_bytes += r[i]->bytes_sent;
+    }
+    s->ring_compute += e->a2a.stats.compute;
+    s->ring_wait += e->a2a.stats.wait;
+    s->ring_bytes += e->a2a.stats.bytes_sent;
+}
+
 int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_scale, double *loss_sum,
                  ExecStats *st) {
     Llama *m = e->llama;
     ExecStats s = {0};
     *loss_sum = 0;
-    e->ring.stats = (RingStats){0};
+    executor_stats_reset(e);
     ActStats act0 = m->act;
     m->act.peak = 0;
     double start = now_seconds();
@@ -112,13 +154,9 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
         const Item *it = &p->items[k];
         int64_t at = rows->off[i], T = rows->off[i + 1] - at;
         if (T > m->max_T && llama_reserve(m, (int)T) != 0) return bs_fail_ctx("plan item %d", k);
-        if (it->n_ranks == 1) {
-            m->attn = attn_ops_local();
-        } else {
-            if (ring_attn_prepare(&e->ring, p, k) != 0) return bs_fail_ctx("plan item %d", k);
-            m->attn = ring_attn_ops(&e->ring);
-            s.rings++;
-        }
+        const char *kind;
+        if (executor_attention(e, p, k, &m->attn, &kind) != 0) return bs_fail_ctx("plan item %d", k);
+        s.rings += it->n_ranks > 1;
         MicroBatch mb = {.tokens = rows->tokens + at,
                          .targets = rows->targets + at,
                          .pos = rows->pos + at,
@@ -136,18 +174,15 @@ int executor_run(Executor *e, const Plan *p, const StepRows *rows, float loss_sc
         m->grad_ready = NULL;
         m->offload_ratio = 0;
         if (rc != 0)
-            return bs_fail_ctx("plan item %d (%s of %d ranks, %lld tokens, offload ratio %g)", k,
-                               it->n_ranks > 1 ? "ring" : "pack", it->n_ranks, (long long)it->tokens,
-                               (double)it->offload);
-        if (e->trace) e->trace(e->trace_ctx, it->n_ranks > 1 ? "ring" : "pack", k, t0, now_seconds());
+            return bs_fail_ctx("plan item %d (%s of %d ranks, %lld tokens, offload ratio %g)", k, kind, it->n_ranks,
+                               (long long)it->tokens, (double)it->offload);
+        if (e->trace) e->trace(e->trace_ctx, kind, k, t0, now_seconds());
         *loss_sum += item_loss;
         s.items++;
         s.rows += T;
     }
     s.seconds = now_seconds() - start;
-    s.ring_compute = e->ring.stats.compute;
-    s.ring_wait = e->ring.stats.wait;
-    s.ring_bytes = e->ring.stats.bytes_sent;
+    executor_stats_add(e, &s);
     s.act_peak = (double)m->act.peak;
     s.offload_bytes = (double)(m->act.offloaded - act0.offloaded);
     s.offload_wait = m->act.wait - act0.wait;

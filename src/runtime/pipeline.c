@@ -99,17 +99,16 @@ static int recv_from(Pipeline *pl, float *buf, int64_t n, int from, int tag, dou
     return rc;
 }
 
-// The attention of item k for this op: local for a pack, the ring (set up again: other items'
-// rings ran since its forward) for a ring member.
-static int set_attention(Pipeline *pl, Llama *m, const Plan *p, int32_t k, ExecStats *s, int count) {
-    Executor *e = pl->exec;
-    if (p->items[k].n_ranks == 1) {
-        m->attn = attn_ops_local();
-        return 0;
-    }
-    if (ring_attn_prepare(&e->ring, p, k) != 0) return -1;
-    m->attn = ring_attn_ops(&e->ring);
-    s->rings += count;
+// The attention of item k for this op (executor_attention: set up again, other items ran since its
+// forward); *name: the op's trace name (a static string).
+static int set_attention(Pipeline *pl, Llama *m, const Plan *p, int32_t k, ExecStats *s, int fwd, const char **name) {
+    const char *kind;
+    if (executor_attention(pl->exec, p, k, &m->attn, &kind) != 0) return -1;
+    static const char *names[][2] = {{"pack bwd", "pack fwd"}, {"ring bwd", "ring fwd"}, {"a2a bwd", "a2a fwd"},
+                                     {"hybrid bwd", "hybrid fwd"}};
+    int i = !strcmp(kind, "pack") ? 0 : !strcmp(kind, "ring") ? 1 : !strcmp(kind, "a2a") ? 2 : 3;
+    *name = names[i][fwd];
+    s->rings += fwd && p->items[k].n_ranks > 1;
     return 0;
 }
 
@@ -136,7 +135,7 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
     ExecStats s = {0};
     PipeStats q = {0};
     *loss_sum = 0;
-    e->ring.stats = (RingStats){0};
+    executor_stats_reset(e);
     ActStats act0 = sets_offload(pl);
     if (start_step(pl, p) != 0) return -1;
     double start = now_seconds();
@@ -159,7 +158,9 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
         if (comm_wait(pl->pipe, &pl->send[v]) != 0) return bs_fail_ctx("pipeline stage %d: a send", S);
         Llama *m = view_for(pl, v, T);
         if (!m) return bs_fail_ctx("pipeline stage %d: activations for plan item %d (%lld rows)", S, k, (long long)T);
-        if (set_attention(pl, m, p, k, &s, fwd) != 0) return bs_fail_ctx("pipeline stage %d, plan item %d", S, k);
+        const char *op;
+        if (set_attention(pl, m, p, k, &s, fwd, &op) != 0)
+            return bs_fail_ctx("pipeline stage %d, plan item %d", S, k);
         int rc = 0;
         if (fwd) {
             const float *x_in = NULL;
@@ -173,7 +174,7 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
             double c0 = now_seconds();
             m->offload_ratio = it->offload;  // the plan's r: its tails go out now and come back in its backward
             if (rc == 0) rc = llama_stage_forward(m, &mb, x_in, loss_scale, &item_loss, NULL, &x_out);
-            if (rc == 0 && e->trace) e->trace(e->trace_ctx, it->n_ranks > 1 ? "ring fwd" : "pack fwd", k, c0, now_seconds());
+            if (rc == 0 && e->trace) e->trace(e->trace_ctx, op, k, c0, now_seconds());
             if (rc == 0 && !last) {
                 rc = comm_isend(pl->pipe, x_out, (size_t)(T * D) * sizeof(float), S + 1, PIPE_TAG_ACT, &pl->send[v]);
                 q.p2p_bytes += (double)(T * D) * sizeof(float);
@@ -194,7 +195,7 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
             double c0 = now_seconds();
             if (rc == 0) rc = llama_stage_backward(m, &mb, last ? NULL : pl->dy, &dx_in);
             m->grad_ready = NULL;
-            if (rc == 0 && e->trace) e->trace(e->trace_ctx, it->n_ranks > 1 ? "ring bwd" : "pack bwd", k, c0, now_seconds());
+            if (rc == 0 && e->trace) e->trace(e->trace_ctx, op, k, c0, now_seconds());
             if (rc == 0 && !first) {
                 rc = comm_isend(pl->pipe, dx_in, (size_t)(T * D) * sizeof(float), S - 1, PIPE_TAG_GRAD, &pl->send[v]);
                 q.p2p_bytes += (double)(T * D) * sizeof(float);
@@ -205,17 +206,15 @@ int pipeline_run(Pipeline *pl, const Plan *p, const StepRows *rows, float loss_s
         }
         m->attn = attn_ops_local();
         if (rc != 0)
-            return bs_fail_ctx("pipeline stage %d: %s of plan item %d (%s of %d ranks, %lld tokens)", S,
-                               fwd ? "forward" : "backward", k, it->n_ranks > 1 ? "ring" : "pack", it->n_ranks,
+            return bs_fail_ctx("pipeline stage %d: %s of plan item %d (%d ranks, %lld tokens)", S, op, k, it->n_ranks,
                                (long long)it->tokens);
         q.ops++;
     }
     for (int v = 0; v < pp; v++)
         if (comm_wait(pl->pipe, &pl->send[v]) != 0) return bs_fail_ctx("pipeline stage %d: a send", S);
     s.seconds = now_seconds() - start;
-    s.ring_compute = e->ring.stats.compute;
-    s.ring_wait = e->ring.stats.wait + q.p2p_wait;
-    s.ring_bytes = e->ring.stats.bytes_sent;
+    executor_stats_add(e, &s);
+    s.ring_wait += q.p2p_wait;
     ActStats act1 = sets_offload(pl);
     s.offload_bytes = (double)(act1.offloaded - act0.offloaded);
     s.offload_wait = act1.wait - act0.wait;

@@ -41,23 +41,35 @@ static int grow_floats(float **p, int64_t n) {
     return 0;
 }
 
-int ring_attn_prepare(RingAttn *r, const Plan *p, int32_t k) {
+// Parts of the ring: part g is the members g*u .. g*u+u-1 of item k (u = 1: each member is a part;
+// a hybrid item: a Ulysses group), its rows those members' rows back to back.
+static int64_t part_rows(const Plan *p, int32_t k, int u, int g) {
+    int64_t n = 0;
+    for (int j = 0; j < u; j++) n += mb_member_rows(p, k, g * u + j);
+    return n;
+}
+
+int ring_attn_prepare_groups(RingAttn *r, const Plan *p, int32_t k, int u, AttnShape shape) {
     const Item *it = &p->items[k];
-    int D = it->n_ranks, me = mb_member_index(p, k, r->comm->rank);
-    if (D < 2 || me < 0)
-        return bs_fail("plan item %d: rank %d is not a member of a ring (%d ranks)", k, r->comm->rank, D);
+    int m = mb_member_index(p, k, r->comm->rank);
+    if (u < 1 || it->n_ranks % u != 0 || m < 0 || it->n_ranks / u < 2)
+        return bs_fail("plan item %d: rank %d is not a member of a ring (%d ranks in groups of %d)", k, r->comm->rank,
+                       it->n_ranks, u);
+    int D = it->n_ranks / u, me = m / u, j = m % u;
     int64_t *off = bs_realloc(r->off, (size_t)(D + 1) * sizeof *off);
     if (!off) return -1;
     r->off = off;
+    r->shape = shape;
     r->D = D;
     r->me = me;
-    r->ranks[0] = p->ranks[it->rank_begin + (me + D - 1) % D];
-    r->ranks[1] = p->ranks[it->rank_begin + (me + 1) % D];
+    // member j of a group rings with member j of the neighbouring groups: the same heads
+    r->ranks[0] = p->ranks[it->rank_begin + ((me + D - 1) % D) * u + j];
+    r->ranks[1] = p->ranks[it->rank_begin + ((me + 1) % D) * u + j];
     off[0] = 0;
     int64_t most = 0;
-    for (int j = 0; j < D; j++) {
-        int64_t n = mb_member_rows(p, k, j);
-        off[j + 1] = off[j] + n;
+    for (int g = 0; g < D; g++) {
+        int64_t n = part_rows(p, k, u, g);
+        off[g + 1] = off[g] + n;
         if (n > most) most = n;
     }
     if (most > (1 << 30)) return bs_fail("plan item %d: a ring member holds %lld rows", k, (long long)most);
@@ -70,7 +82,11 @@ int ring_attn_prepare(RingAttn *r, const Plan *p, int32_t k) {
         r->seg = seg;
         r->cap_rows = off[D];
     }
-    for (int j = 0; j < D; j++) mb_layout(p, k, j, r->pos + off[j], r->seg + off[j]);
+    for (int g = 0; g < D; g++)
+        for (int i = 0, at = (int)off[g]; i < u; i++) {
+            mb_layout(p, k, g * u + i, r->pos + at, r->seg + at);
+            at += (int)mb_member_rows(p, k, g * u + i);
+        }
 
     int64_t kv = (int64_t)r->shape.n_kv_heads * r->shape.head_dim, need = most * 2 * kv;
     if (need > r->cap_buf) {
@@ -79,15 +95,16 @@ int ring_attn_prepare(RingAttn *r, const Plan *p, int32_t k) {
         if (grow_floats(&r->inc, need) != 0) return -1;
         r->cap_buf = need;
     }
-    int64_t mine = off[me + 1] - off[me];
-    if (mine > r->cap_q) {
-        int64_t q = (int64_t)r->shape.n_heads * r->shape.head_dim;
+    int64_t mine = off[me + 1] - off[me], q = (int64_t)r->shape.n_heads * r->shape.head_dim;
+    if (mine * q > r->cap_q) {
         if (grow_floats(&r->out_part, mine * q) != 0 || grow_floats(&r->lse_part, mine * r->shape.n_heads) != 0)
             return -1;
-        r->cap_q = mine;
+        r->cap_q = mine * q;
     }
     return 0;
 }
+
+int ring_attn_prepare(RingAttn *r, const Plan *p, int32_t k) { return ring_attn_prepare_groups(r, p, k, 1, r->shape); }
 
 // ---- helpers ------------------------------------------------------------------------------------
 

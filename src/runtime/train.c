@@ -654,12 +654,61 @@ int trainer_grad(Trainer *t, const GlobalBatch *b, StepStats *st) {
     return rc;
 }
 
+int trainer_grad_plan(Trainer *t, Plan *p, StepStats *st) {
+    train_prefetch_stop(t);
+    if (p->n_ranks != t->hdp || p->pp != t->par.pp || t->roles) {
+        int32_t n = p->n_ranks, pp = p->pp;
+        plan_free(p);
+        if (t->roles)  // the servers' loading plan comes with a broadcast plan only
+            return bs_fail("a plan made elsewhere runs on local shards, not with data servers");
+        return bs_fail("a plan for %d HDP ranks with pp %d, the job has %d with pp %d", n, pp, t->hdp, t->par.pp);
+    }
+    if (t->plan_of[0]) plan_free(&t->plans[0]);
+    t->plans[0] = *p;
+    memset(p, 0, sizeof *p);
+    t->plan_of[0] = t->rows_of[0] = 0;  // not a step of the run: the pipeline starts afresh
+    t->targets[0] = train_count_targets(&t->data.index, &t->plans[0].batch);
+    StepStats s;
+    memset(&s, 0, sizeof s);
+    int rc = t->targets[0] < 0 ? -1 : train_read_rows(t, 0, 0);
+    if (rc == 0) rc = run_plan(t, 0, &s);
+    plan_free(&t->plans[0]);
+    if (rc == 0 && st) *st = s;
+    return rc;
+}
+
 // --save-plans: the step's plan as a plan file (docs/plan-format.md), so `bytescale simulate --plan
 // --cost` can predict exactly the steps that ran. Written by the planning rank, atomically.
 static int save_plan(const Trainer *t, const Plan *p, int64_t step) {
     char path[TRAIN_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/plan-%06lld.json", t->cfg.save_plans, (long long)step);
     if (plan_write_json(p, path) != 0) return bs_fail_ctx("--save-plans: step %lld", (long long)step);
+    return 0;
+}
+
+// Step s's update from the reduced gradient shard: clip by the global norm, AdamW on this rank's
+// shard, then every rank gets every parameter. Fills step, lr, epoch, grad_norm, clip_scale of *st.
+static int apply_update(Trainer *t, int64_t s, StepStats *st) {
+    double ts = now_seconds(), sumsq;
+    if (zero1_sumsq_global(&t->zero, &t->llama, t->comm, &sumsq) != 0)
+        return bs_fail_ctx("step %lld: gradient norm", (long long)s);
+    double lr = lr_schedule(&t->sched, t->step);
+    st->clip_scale = grad_clip_scale(sumsq, t->cfg.clip, &st->grad_norm);
+    // a non-finite loss or gradient would poison every weight and both moments: stop before the
+    // update, so the trainer (and any checkpoint written from it) keeps the last good state. Every
+    // rank sees the same all-reduced values, so every rank stops here.
+    if (!isfinite(st->loss) || !isfinite(st->grad_norm))
+        return bs_fail("step %lld: the loss is %g and the gradient norm %g: training diverged; the step's update was "
+                       "not applied and the model is as it was after step %lld (try a lower --lr)",
+                       (long long)s, st->loss, st->grad_norm, (long long)t->step);
+    adamw_step(&t->opt, t->llama.params + t->zero.begin, t->zero.grad, (float)lr, (float)st->clip_scale);
+    if (zero1_gather(&t->zero, t->par.hdp_comm, t->llama.params) != 0)
+        return bs_fail_ctx("step %lld: parameter all-gather", (long long)s);
+    if (t->trace) rtrace_add(t->trace, "optimizer + all-gather", "comm", ts, now_seconds(), s);
+    t->step++;
+    st->step = t->step;
+    st->lr = lr;
+    st->epoch = t->rank == 0 ? train_sampler_position(t).epoch : 0;
     return 0;
 }
 
@@ -674,32 +723,22 @@ int trainer_step(Trainer *t, StepStats *out) {
     if (t->trace) rtrace_add(t->trace, "plan + data", "data", t0, now_seconds(), s);
     if (run_plan(t, (int)(s % 2), &st) != 0) return bs_fail_ctx("step %lld", (long long)s);
     if (t->rank == 0 && t->cfg.save_plans[0] && save_plan(t, &t->plans[s % 2], s) != 0) return -1;
-
-    // clip by the global norm, AdamW on this rank's shard, then every rank gets every parameter
-    double ts = now_seconds(), sumsq;
-    if (zero1_sumsq_global(&t->zero, &t->llama, t->comm, &sumsq) != 0)
-        return bs_fail_ctx("step %lld: gradient norm", (long long)s);
-    double lr = lr_schedule(&t->sched, t->step);
-    st.clip_scale = grad_clip_scale(sumsq, t->cfg.clip, &st.grad_norm);
-    // a non-finite loss or gradient would poison every weight and both moments: stop before the
-    // update, so the trainer (and any checkpoint written from it) keeps the last good state. Every
-    // rank sees the same all-reduced values, so every rank stops here.
-    if (!isfinite(st.loss) || !isfinite(st.grad_norm))
-        return bs_fail("step %lld: the loss is %g and the gradient norm %g: training diverged; the step's update was "
-                       "not applied and the model is as it was after step %lld (try a lower --lr)",
-                       (long long)s, st.loss, st.grad_norm, (long long)t->step);
-    adamw_step(&t->opt, t->llama.params + t->zero.begin, t->zero.grad, (float)lr, (float)st.clip_scale);
-    if (zero1_gather(&t->zero, t->par.hdp_comm, t->llama.params) != 0)
-        return bs_fail_ctx("step %lld: parameter all-gather", (long long)s);
-    if (t->trace) rtrace_add(t->trace, "optimizer + all-gather", "comm", ts, now_seconds(), s);
-    t->step++;
-
-    st.step = t->step;
-    st.lr = lr;
-    st.epoch = t->rank == 0 ? train_sampler_position(t).epoch : 0;
+    if (apply_update(t, s, &st) != 0) return -1;
     st.seconds = now_seconds() - t0;
     st.tokens_per_s = st.seconds > 0 ? (double)st.tokens / st.seconds : 0.0;
     if (t->trace) rtrace_add(t->trace, "step", "step", t0, now_seconds(), t->step);
     if (out) *out = st;
     return 0;
 }
+
+int trainer_step_plan(Trainer *t, Plan *p, StepStats *out) {
+    double t0 = now_seconds();
+    StepStats st;
+    if (trainer_grad_plan(t, p, &st) != 0) return -1;
+    if (apply_update(t, t->step + 1, &st) != 0) return -1;
+    st.seconds = now_seconds() - t0;
+    st.tokens_per_s = st.seconds > 0 ? (double)st.tokens / st.seconds : 0.0;
+    if (out) *out = st;
+    return 0;
+}
+

@@ -344,4 +344,6 @@ void train_trace_attach(Trainer *t, RtTrace *tr) {
     t->exec.trace_ctx = tr;
     t->exec.ring.trace = tr ? trace_ring : NULL;
     t->exec.ring.trace_ctx = tr;
+    t->exec.a2a.ring.trace = tr ? trace_ring : NULL;  // a hybrid's ring across its groups
+    t->exec.a2a.ring.trace_ctx = tr;
 }

@@ -6,6 +6,7 @@
 //   - the head limit: with 2 heads per TP shard the long sequence's group of 4 is a ring, not an
 //     all-to-all group, and plan_validate refuses an all-to-all group wider than the heads; the cost
 //     model's replicated K/V bytes and uneven head shares;
+//   - batches that fill the ranks to the brim plan (a wave per sequence);
 //   - property test over random batches (TP 1, 2, 4: 32, 16, 8 heads per shard): every plan valid,
 //     its groups power-of-two aligned blocks, all-to-all exactly up to the head limit, never slower
 //     than the simple greedy, and every program's solution within the gap GLPK reports (its
@@ -143,6 +144,33 @@ static void test_head_limit(void **state) {
     if (cost_derive(&d, model_find("llama-70b"), hw_find("h100-sxm"), 8, 4, 256, 8192) != 0) fail_msg("%s", bs_errmsg());
     assert_int_equal(d.a2a_heads, 8);
     assert_int_equal(d.a2a_kv_heads, 1);
+}
+
+// Batches that fill the ranks to the brim (more tokens than the waves' 90% share of R x C allows in
+// as many waves as sequences) plan as a wave per sequence: 4 sequences of 2,048 tokens on 2 ranks of
+// C = 1,024 and 1,100, and on 4 ranks of C = 512; every plan valid, every sequence one all-to-all
+// group over all the ranks, the items in turn.
+static void test_full_batches(void **state) {
+    (void)state;
+    int64_t lens[] = {2048, 2048, 2048, 2048};
+    GlobalBatch b = make_batch(lens, 4);
+    struct { int R; int64_t C; } cases[] = {{2, 1024}, {2, 1100}, {4, 512}};
+    for (int c = 0; c < 3; c++) {
+        CostModel cm;
+        if (cost_derive(&cm, model_find("llama-7b"), hw_find("h800-sxm"), 2, 1, cases[c].R, cases[c].C) != 0)
+            fail_msg("%s", bs_errmsg());
+        PlanConfig cfg = {.n_ranks = cases[c].R, .capacity = cases[c].C, .pp = 1};
+        Plan p;
+        plan_ok(&p, "flexsp", &b, &cfg, &cm);
+        if (plan_validate(&p, &cm) != 0) fail_msg("R %d C %lld: %s", cases[c].R, (long long)cases[c].C, bs_errmsg());
+        assert_int_equal(p.n_items, 4);
+        for (int32_t k = 0; k < p.n_items; k++) {
+            assert_int_equal(p.items[k].n_ranks, cases[c].R);
+            assert_int_equal(p.items[k].a2a, 1);
+        }
+        plan_free(&p);
+    }
+    batch_free(&b);
 }
 
 static void test_invariants(void **state) {
@@ -353,6 +381,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_example),
         cmocka_unit_test(test_head_limit),
+        cmocka_unit_test(test_full_batches),
         cmocka_unit_test(test_invariants),
         cmocka_unit_test(test_exhaustive_optimum),
         cmocka_unit_test(test_few_long_sequences_plan),

@@ -19,53 +19,6 @@
 
 static int n_checks;
 
-// The shared settings (mpi_train_util.h) with a model and a 3D layout.
-static TrainConfig config(const char *data, const char *model, const char *policy, int64_t tokens, int64_t context,
-                          int64_t C, int tp, int pp) {
-    TrainConfig c = mpi_train_config(data, policy, tokens, context, C);
-    snprintf(c.model, sizeof c.model, "%s", model);
-    c.tp = tp;
-    c.pp = pp;
-    return c;
-}
-
-// The whole model's vector on world rank 0 from every process's ZeRO-1 shard x (zero.begin ..
-// zero.end of its part): gathered over the HDP group, then put together. NULL on other ranks.
-static float *gather_shards(Trainer *t, const float *x) {
-    size_t n_local = t->llama.n_params;
-    float *local = malloc((n_local > 0 ? n_local : 1) * sizeof(float));
-    CHECK(local, "out of memory");
-    memcpy(local + t->zero.begin, x, (t->zero.end - t->zero.begin) * sizeof(float));
-    CHECK_OK(comm_allgatherv(t->par.hdp_comm, local, t->zero.counts, t->zero.displs));
-    float *full = NULL;
-    if (t->rank == 0) {
-        full = malloc(parallel_full_params(&t->model) * sizeof(float));
-        CHECK(full, "out of memory");
-    }
-    CHECK_OK(parallel_gather_full(&t->par, &t->model, local, full));
-    free(local);
-    return full;
-}
-
-// The largest per-tensor relative error ||a - b|| / ||b|| over the whole model's tensors (b's
-// layout: the reference trainer's full model); *worst names that tensor.
-static double max_tensor_error(const Llama *ref, const float *a, const float *b, const char **worst) {
-    double most = 0;
-    *worst = "";
-    for (int i = 0; i < ref->n_tensors; i++) {
-        const ParamTensor *pt = &ref->tensors[i];
-        double d = 0, n = 0;
-        for (size_t j = pt->offset; j < pt->offset + pt->numel; j++) {
-            double x = (double)a[j] - b[j];
-            d += x * x;
-            n += (double)b[j] * b[j];
-        }
-        double e = n > 0 ? sqrt(d / n) : sqrt(d);
-        if (e > most) most = e, *worst = pt->name;
-    }
-    return most;
-}
-
 static const char *layout_name(int tp, int pp, int hdp) {
     static char buf[64];
     snprintf(buf, sizeof buf, "(tp %d, pp %d, hdp %d)", tp, pp, hdp);
@@ -76,8 +29,8 @@ static const char *layout_name(int tp, int pp, int hdp) {
 static void check_gradient(const char *data, const char *model, const char *policy, int tp, int pp, int64_t tokens,
                            int64_t context, int64_t C, uint64_t seed) {
     Trainer *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
-    TrainConfig ca = config(data, model, policy, tokens, context, C, tp, pp);
-    TrainConfig cr = config(data, model, "balance", tokens, context, context, 1, 1);
+    TrainConfig ca = mpi_config_3d(data, model, policy, tokens, context, C, tp, pp);
+    TrainConfig cr = mpi_config_3d(data, model, "balance", tokens, context, context, 1, 1);
     ca.seed = cr.seed = seed;
     CHECK_OK(trainer_init_comm(a, &ca, mpi_comm));
     int lead = a->rank == 0;
@@ -117,8 +70,8 @@ static void check_gradient(const char *data, const char *model, const char *poli
 static void check_steps(const char *data, const char *model, const char *policy, int tp, int pp, int64_t context,
                         int64_t C) {
     Trainer *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
-    TrainConfig ca = config(data, model, policy, 768, context, C, tp, pp);
-    TrainConfig cr = config(data, model, "balance", 768, context, context, 1, 1);
+    TrainConfig ca = mpi_config_3d(data, model, policy, 768, context, C, tp, pp);
+    TrainConfig cr = mpi_config_3d(data, model, "balance", 768, context, context, 1, 1);
     ca.steps = cr.steps = 3;
     CHECK_OK(trainer_init_comm(a, &ca, mpi_comm));
     int lead = a->rank == 0;
@@ -154,7 +107,7 @@ static void check_steps(const char *data, const char *model, const char *policy,
 static void check_overlap(const char *data, const char *model, int tp, int pp, int64_t context, int64_t C) {
     Trainer *t[2];
     for (int k = 0; k < 2; k++) {
-        TrainConfig c = config(data, model, "balance", 768, context, C, tp, pp);
+        TrainConfig c = mpi_config_3d(data, model, "balance", 768, context, C, tp, pp);
         c.steps = 2;
         c.tp_blocking = k;
         t[k] = malloc(sizeof *t[k]);
@@ -199,7 +152,7 @@ static void check_resume(const char *dir, const char *data, const int from[2], c
     Trainer *t = malloc(sizeof *t);
     // the uninterrupted run, checkpointed after step 2
     int from_one = from[0] * from[1] == 1 && mpi_comm->size > 1, to_one = to[0] * to[1] == 1 && mpi_comm->size > 1;
-    TrainConfig c = config(data, "tiny", "balance", 1024, context, C, from[0], from[1]);
+    TrainConfig c = mpi_config_3d(data, "tiny", "balance", 1024, context, C, from[0], from[1]);
     if (!from_one || lead) {
         CHECK_OK(trainer_init_comm(t, &c, from_one ? comm_local() : mpi_comm));
         for (int i = 0; i < 4; i++) {
