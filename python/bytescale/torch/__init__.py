@@ -29,10 +29,12 @@ from .ring import Ring, RingStats, ring_attention
 from .step import (Batch, FunctionSource, MicroBatch, StepPlan, TokenSource, broadcast_plan, labelled_tokens,
                    member_pieces, microbatches, plan_chunk, plan_step)
 from .train import HDPTrainer, StepResult, lr_schedule
+from .ulysses import Ulysses, head_split, ulysses_attention
 
 __all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge", "varlen_attention",
            "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint", "Dataset",
            "DatasetError", "Sampler", "HDPAttention", "Llama", "LlamaConfig", "hdp_attention",
            "microbatch_context", "Ring", "RingStats", "ring_attention", "Batch", "FunctionSource", "MicroBatch",
            "StepPlan", "TokenSource", "broadcast_plan", "labelled_tokens", "member_pieces", "microbatches",
-           "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule"]
+           "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule", "Ulysses", "head_split",
+           "ulysses_attention"]
