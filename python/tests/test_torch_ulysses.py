@@ -112,15 +112,15 @@ def test_head_split():
 def handmade_plans(world, doc_len):
     """Per step, items over `world` ranks in a global order: an a2a item of every rank packing several
     segments, an a2a item of 2 ranks beside a ring (3+ ranks), a hybrid of 2 groups of 2 (4 ranks),
-    packs. Returns [(docs, starts, lengths, items, ulysses)]."""
+    packs; every rank's items in the list's order (the global order). Returns [(docs, starts, lengths, items, ulysses)]."""
     long = [d for d in range(len(doc_len)) if doc_len[d] >= 150]
     everyone = tuple(range(world))
     steps = []
     for s in range(STEPS):
         d = long[s * 8:(s + 1) * 8]
-        docs = d[:6]
-        starts = [0, 3, 0, 10, 0, 0]
-        lengths = [120, 7, 1, 90, 60, 40]
+        docs = d[:7]
+        starts = [0, 3, 0, 10, 0, 0, 5]
+        lengths = [120, 7, 1, 90, 60, 40, 25]
         items = [(everyone[::-1], ((0, 0, 120), (1, 0, 7), (2, 0, 1)))]
         ulysses = [world]
         if world >= 3:
@@ -135,6 +135,8 @@ def handmade_plans(world, doc_len):
         else:
             items.append(((world - 1,), ((5, 0, 40),)))
             ulysses.append(0)
+        items.append(((world - 2,), ((6, 0, 25),)))
+        ulysses.append(0)
         steps.append((docs, starts, lengths, items, ulysses))
     return steps
 
