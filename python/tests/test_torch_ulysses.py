@@ -16,7 +16,7 @@ from bytescale.torch import attention, launch  # noqa: E402
 from bytescale.torch.attention import reference_attention  # noqa: E402
 
 from test_torch_ring import TOL, grads_of  # noqa: E402
-from test_torch_step import STEPS, rel, synthetic_source, tensor_errors  # noqa: E402
+from test_torch_step import STEPS, make_batches, reference, run_steps, synthetic_source, tensor_errors  # noqa: E402,E501
 
 CASES = [
     # (segment lengths of the item, H, G, head_dim)
@@ -182,4 +182,41 @@ def test_handmade_step_matches_one_process(world, dtype, tol):
     if dtype == torch.float64:  # fp32 parameters after Adam's first steps: see test_torch_step.py
         assert param_err <= tol, param_err
     print(f"\n{world} ranks {dtype} ({', '.join(sorted(kinds))}): loss {loss_err:.1e} grad {grad_err:.1e} "
+          f"params {param_err:.1e}")
+
+
+# ---- the C planner's a2a items: flexsp plans ---------------------------------------------------------
+
+FLEXSP_CAPACITY = {2: 48, 3: 96, 4: 48}  # flexsp groups are powers of two: 3 ranks ring at most 2
+
+
+def flexsp_worker(rank, world, dtype, seed):
+    return run_steps(rank, world, "flexsp", dtype, seed, FLEXSP_CAPACITY[world], world)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["fp64", "fp32"])
+def test_flexsp_step_matches_one_process(world, dtype, tol):
+    """The peer flexsp's plans (a2a items of 2 and 4 ranks beside packs) from bytescale.plan, as
+    test_torch_step.py runs the other policies: the same loss and gradients as one process."""
+    seed = 200 + world
+    source, batches = make_batches(world, seed)
+    a2a = 0
+    for b in batches:
+        plan = bt.plan_step(b, source, ranks=world, capacity=FLEXSP_CAPACITY[world], policy="flexsp")
+        a2a += sum(1 for u in plan.ulysses if u)
+    assert a2a > 0, "flexsp planned no a2a item: the test needs them"
+    ref = reference(dtype, seed, world)
+    results = launch.spawn(flexsp_worker, world, args=(dtype, seed))
+    layout = bt.Llama(bt.LlamaConfig.named("tiny")).layout
+    for r in results:
+        assert torch.equal(r["params"], results[0]["params"]) and r["losses"] == results[0]["losses"]
+    got = results[0]
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref["losses"]))
+    grad_err = tensor_errors(layout, got["grads"], ref["grads"])
+    param_err = tensor_errors(layout, got["params"], ref["params"])
+    assert loss_err <= tol and grad_err <= tol, (loss_err, grad_err)
+    if dtype == torch.float64:
+        assert param_err <= tol, param_err
+    print(f"\nflexsp {world} ranks {dtype}, {a2a} a2a items: loss {loss_err:.1e} grad {grad_err:.1e} "
           f"params {param_err:.1e}")
