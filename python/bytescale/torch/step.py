@@ -13,7 +13,9 @@ A **pack** is whole segments on one rank: rows segment by segment, positions res
 sequence, `cu_seqlens` for varlen attention. A **ring member** holds chunks m and 2D-1-m of every
 segment of its item (the symmetric 2D-chunk layout, `plan_chunk` in src/plan/plan.c), each row with
 its global position (RoPE, the causal mask) and its segment's index in the item; `mb.ring` knows
-every member's rows, so ring attention can mask any block it receives. Every row's label is the
+every member's rows, so ring attention can mask any block it receives. A member of an **a2a** or
+**hybrid** item holds the same layout (D = the item's ranks); `mb.ulysses` knows its Ulysses group
+and, for a hybrid, the ring across the groups (ulysses.py). Every row's label is the
 next token of its document (read one token past every piece), -1 at the document's end, exactly as
 the C engine's `mb_read` does (src/runtime/microbatch.c).
 """
