@@ -16,7 +16,8 @@ from bytescale.torch import attention, launch  # noqa: E402
 from bytescale.torch.attention import reference_attention  # noqa: E402
 
 from test_torch_ring import TOL, grads_of  # noqa: E402
-from test_torch_step import STEPS, make_batches, reference, run_steps, synthetic_source, tensor_errors  # noqa: E402,E501
+from test_torch_step import (STEPS, make_batches, reference, run_steps, synthetic_source,  # noqa: E402
+                             tensor_errors)
 
 CASES = [
     # (segment lengths of the item, H, G, head_dim)
@@ -112,7 +113,8 @@ def test_head_split():
 def handmade_plans(world, doc_len):
     """Per step, items over `world` ranks in a global order: an a2a item of every rank packing several
     segments, an a2a item of 2 ranks beside a ring (3+ ranks), a hybrid of 2 groups of 2 (4 ranks),
-    packs; every rank's items in the list's order (the global order). Returns [(docs, starts, lengths, items, ulysses)]."""
+    packs; every rank's items in the list's order (the global order).
+    Returns [(docs, starts, lengths, items, ulysses)] per step."""
     long = [d for d in range(len(doc_len)) if doc_len[d] >= 150]
     everyone = tuple(range(world))
     steps = []

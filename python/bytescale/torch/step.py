@@ -184,7 +184,8 @@ class StepPlan:
         return cls(n_ranks=int(d["n_ranks"]), seq_doc=doc, seq_start=start, seq_len=length, items=items,
                    labelled=labelled, policy=str(d.get("policy", "")), capacity=int(d.get("capacity", 0)),
                    makespan=float(d.get("makespan", 0.0)),
-                   ulysses=[_item_ulysses(len(it["ranks"]), it.get("a2a", 0), it.get("ulysses", 0)) for it in d["items"]])
+                   ulysses=[_item_ulysses(len(it["ranks"]), it.get("a2a", 0), it.get("ulysses", 0))
+                            for it in d["items"]])
 
 
 def _item_ulysses(D: int, a2a, ulysses) -> int:

@@ -158,7 +158,8 @@ class HDPTrainer:
         lr = lr_schedule(self.step_count, self.lr, self.min_lr, self.warmup, self.schedule_steps)
         result = StepResult(loss=loss, grad_norm=norm, clip_scale=scale, lr=lr, seconds=0.0, compute=compute,
                             wait=self.ring_stats.wait, sync=sync, items=len(mbs),
-                            rings=sum(1 for m in mbs if m.ring is not None or m.ulysses is not None), tokens=sum(m.T for m in mbs),
+                            rings=sum(1 for m in mbs if m.ring is not None or m.ulysses is not None),
+                            tokens=sum(m.T for m in mbs),
                             loss_sum=loss_sum)
         if apply:
             self.apply_update(result)

@@ -64,7 +64,8 @@ def _sorted_rows(parts: Sequence[Rows]):
     """The rows of several members as one Rows in (segment, position) order, and the permutation:
     sorted = concatenation[perm]. Sorted rows let the kernel skip the tiles the causal mask hides."""
     if not parts:
-        return Rows(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)), torch.zeros(0, dtype=torch.int64)
+        none = torch.zeros(0, dtype=torch.int64)
+        return Rows(none, none), none
     pos = torch.cat([p._cpu[0] for p in parts])
     seg = torch.cat([p._cpu[1] for p in parts])
     key = seg * (int(pos.max()) + 1 if pos.numel() else 1) + pos
