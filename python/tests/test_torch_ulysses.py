@@ -166,59 +166,52 @@ def handmade_step_worker(rank, world, dtype, plan_world):
     return {"losses": losses, "grads": grads, "params": model.flat.detach().clone(), "kinds": kinds}
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["fp64", "fp32"])
-def test_handmade_step_matches_one_process(world, dtype, tol):
-    ref = handmade_step_worker(0, 1, dtype, world)
-    results = launch.spawn(handmade_step_worker, world, args=(dtype, world))
-    layout = bt.Llama(bt.LlamaConfig.named("tiny")).layout
-    kinds = set().union(*(r["kinds"] for r in results))
-    assert {"a2a", "pack"} <= kinds and (world < 3 or "ring" in kinds) and (world != 4 or "hybrid" in kinds), kinds
-    for r in results:
-        assert torch.equal(r["params"], results[0]["params"]) and r["losses"] == results[0]["losses"]
-    got = results[0]
-    loss_err = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref["losses"]))
-    grad_err = tensor_errors(layout, got["grads"], ref["grads"])
-    param_err = tensor_errors(layout, got["params"], ref["params"])
-    assert loss_err <= tol and grad_err <= tol, (loss_err, grad_err)
-    if dtype == torch.float64:  # fp32 parameters after Adam's first steps: see test_torch_step.py
-        assert param_err <= tol, param_err
-    print(f"\n{world} ranks {dtype} ({', '.join(sorted(kinds))}): loss {loss_err:.1e} grad {grad_err:.1e} "
-          f"params {param_err:.1e}")
-
-
 # ---- the C planner's a2a items: flexsp plans ---------------------------------------------------------
 
 FLEXSP_CAPACITY = {2: 48, 3: 96, 4: 48}  # flexsp groups are powers of two: 3 ranks ring at most 2
+DTYPES = ((torch.float64, 1e-10), (torch.float32, 1e-5))
 
 
-def flexsp_worker(rank, world, dtype, seed):
-    return run_steps(rank, world, "flexsp", dtype, seed, FLEXSP_CAPACITY[world], world)
+def step_worker(rank, world):
+    """Both step tests in one set of processes (each spawn imports torch anew): the hand-made plans
+    and flexsp's, fp64 and fp32."""
+    out = {}
+    for dtype, _ in DTYPES:
+        out["handmade", dtype] = handmade_step_worker(rank, world, dtype, world)
+        out["flexsp", dtype] = run_steps(rank, world, "flexsp", dtype, 200 + world, FLEXSP_CAPACITY[world], world)
+    return out
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["fp64", "fp32"])
-def test_flexsp_step_matches_one_process(world, dtype, tol):
-    """The peer flexsp's plans (a2a items of 2 and 4 ranks beside packs) from bytescale.plan, as
-    test_torch_step.py runs the other policies: the same loss and gradients as one process."""
+def test_step_matches_one_process(world):
+    """A whole step of the tiny model (4 query heads, 2 K/V heads) on `world` processes against the
+    one-process step of the same batches: the hand-made plans (a2a, hybrid, ring and pack items) and
+    the peer flexsp's plans from bytescale.plan (a2a items of 2 and 4 ranks beside packs), as
+    test_torch_step.py runs the other policies. Loss of every step and every gradient; parameters
+    after 3 AdamW steps in fp64 (fp32: see test_torch_step.py)."""
     seed = 200 + world
     source, batches = make_batches(world, seed)
-    a2a = 0
-    for b in batches:
-        plan = bt.plan_step(b, source, ranks=world, capacity=FLEXSP_CAPACITY[world], policy="flexsp")
-        a2a += sum(1 for u in plan.ulysses if u)
+    a2a = sum(1 for b in batches
+              for u in bt.plan_step(b, source, ranks=world, capacity=FLEXSP_CAPACITY[world], policy="flexsp").ulysses
+              if u)
     assert a2a > 0, "flexsp planned no a2a item: the test needs them"
-    ref = reference(dtype, seed, world)
-    results = launch.spawn(flexsp_worker, world, args=(dtype, seed))
+    results = launch.spawn(step_worker, world)
     layout = bt.Llama(bt.LlamaConfig.named("tiny")).layout
-    for r in results:
-        assert torch.equal(r["params"], results[0]["params"]) and r["losses"] == results[0]["losses"]
-    got = results[0]
-    loss_err = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref["losses"]))
-    grad_err = tensor_errors(layout, got["grads"], ref["grads"])
-    param_err = tensor_errors(layout, got["params"], ref["params"])
-    assert loss_err <= tol and grad_err <= tol, (loss_err, grad_err)
-    if dtype == torch.float64:
-        assert param_err <= tol, param_err
-    print(f"\nflexsp {world} ranks {dtype}, {a2a} a2a items: loss {loss_err:.1e} grad {grad_err:.1e} "
-          f"params {param_err:.1e}")
+    lines = []
+    for dtype, tol in DTYPES:
+        refs = {"handmade": handmade_step_worker(0, 1, dtype, world), "flexsp": reference(dtype, seed, world)}
+        for name, ref in refs.items():
+            per_rank = [r[name, dtype] for r in results]
+            for r in per_rank:
+                assert torch.equal(r["params"], per_rank[0]["params"]) and r["losses"] == per_rank[0]["losses"]
+            got = per_rank[0]
+            loss_err = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref["losses"]))
+            grad_err = tensor_errors(layout, got["grads"], ref["grads"])
+            param_err = tensor_errors(layout, got["params"], ref["params"])
+            assert loss_err <= tol and grad_err <= tol, (name, dtype, loss_err, grad_err)
+            if dtype == torch.float64:
+                assert param_err <= tol, (name, param_err)
+            lines.append(f"{name} {str(dtype)[6:]}: loss {loss_err:.1e} grad {grad_err:.1e} params {param_err:.1e}")
+        kinds = set().union(*(r["handmade", dtype]["kinds"] for r in results))
+        assert {"a2a", "pack"} <= kinds and (world < 3 or "ring" in kinds) and (world != 4 or "hybrid" in kinds)
+    print(f"\n{world} ranks ({a2a} flexsp a2a items): " + "; ".join(lines))
