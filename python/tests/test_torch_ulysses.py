@@ -108,6 +108,21 @@ def test_head_split():
         bt.StepPlan(4, [0], [0], [8], [((0, 1, 2, 3), ((0, 0, 8),))], labelled=0, ulysses=[3])
 
 
+def test_plan_file_kinds():
+    """A plan file's a2a and hybrid items (docs/plan-format.md) read into StepPlan.ulysses; a group
+    size that does not divide the item is refused with the item named."""
+    seqs = [{"id": 0, "len": 40, "src": 0}, {"id": 1, "len": 30, "src": 100}, {"id": 2, "len": 9, "src": 200}]
+    items = [{"ranks": [0, 1, 2, 3], "segments": [[0, 0, 40]], "a2a": 1},
+             {"ranks": [3, 2, 1, 0], "segments": [[1, 0, 30]], "ulysses": 2},
+             {"ranks": [1, 0], "segments": [[2, 0, 9]]}, {"ranks": [2], "segments": [[2, 0, 0]]}]
+    d = {"n_ranks": 4, "sequences": seqs, "items": items}
+    p = bt.StepPlan.from_plan_file(d, [0, 100, 200], [40, 30, 9])
+    assert p.ulysses == [4, 2, 0, 0] and [p.item_ulysses(k) for k in range(4)] == [4, 2, 0, 0]
+    items[1]["ulysses"] = 3
+    with pytest.raises(ValueError, match="item 1: Ulysses group size 3 on 4 ranks"):
+        bt.StepPlan.from_plan_file(d, [0, 100, 200], [40, 30, 9])
+
+
 # ---- a whole step: hand-made plans mixing a2a, hybrid, ring and pack items -----------------------------
 
 def handmade_plans(world, doc_len):

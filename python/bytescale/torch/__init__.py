@@ -2,7 +2,8 @@
 
 The plans bytescale makes (one call into the C planner on rank 0) run on torch.distributed: packs of
 short sequences with blockwise variable-length attention, long sequences as rings of ranks with
-ring attention over point-to-point messages of the default process group, token-level loss over the
+ring attention, as Ulysses (all-to-all) groups, or as rings of Ulysses groups (hybrid items), over
+point-to-point messages of the default process group, token-level loss over the
 whole global batch, gradients summed bucket by bucket. gloo on CPU, NCCL on CUDA; torch >= 1.13.
 
     import bytescale.torch as bt
