@@ -10,6 +10,9 @@
    same block work computed locally without any message (each rank computes its queries against
    its own block and the other member's, merges, and runs both blocks' backward): the ratio is what
    the messages cost beyond the compute (the slowest rank's time; median of repeats).
+3. Ring against all-to-all: the same sequence on the same 2 ranks as a ring item and as an a2a
+   (Ulysses) item, forward + backward of one attention layer, slowest rank, median of repeats, with
+   the bytes each rank sends. `--sections a2a` runs only this one (no C engine, no dataset).
 
     make && BYTESCALE_LIB=build/libbytescale.so.0 /usr/bin/python3 bench/torch_hdp.py \\
         --binary build/bytescale --data data/go-byte
@@ -127,6 +130,36 @@ def overlap_worker(rank, world, lengths, heads, repeats):
     return out
 
 
+def a2a_worker(rank, world, lengths, heads, repeats):
+    """One sequence on 2 ranks as a ring and as an a2a item: (tokens, ring s, a2a s, ring bytes,
+    a2a bytes) per length, seconds of the slowest rank, bytes this rank sent per repeat."""
+    H, G, hd = heads
+    out = []
+    for s in lengths:
+        plan = bt.StepPlan(2, [0], [0], [s], [((0, 1), ((0, 0, s),))], labelled=0)
+        rows = [Rows(*map(torch.from_numpy, plan.member_rows(0, m))) for m in range(2)]
+        g = torch.Generator().manual_seed(rank)
+        n = rows[rank].n
+        q, dout = torch.randn(n, H, hd, generator=g), torch.randn(n, H, hd, generator=g)
+        k, v = torch.randn(n, G, hd, generator=g), torch.randn(n, G, hd, generator=g)
+        stats = {"ring": bt.RingStats(), "a2a": bt.RingStats()}
+        fns = {"ring": lambda a, b, c: bt.ring_attention(a, b, c, bt.Ring([0, 1], rank, rows, stats["ring"])),
+               "a2a": lambda a, b, c: bt.ulysses_attention(a, b, c, bt.Ulysses([0, 1], rank, rows, 2, stats["a2a"]))}
+        times = {"ring": [], "a2a": []}
+        for _ in range(repeats):
+            for kind, fn in fns.items():  # alternating, so the machine's noise hits both alike
+                qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn(qq, kk, vv).backward(dout)
+                t = torch.tensor([time.perf_counter() - t0])
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                times[kind].append(float(t))
+        out.append((s, statistics.median(times["ring"]), statistics.median(times["a2a"]),
+                    stats["ring"].bytes_sent // repeats, stats["a2a"].bytes_sent // repeats))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--binary", default=os.path.join(HERE, "..", "build", "bytescale"))
@@ -139,18 +172,28 @@ def main():
     ap.add_argument("--lengths", default="2048,4096,8192", help="ring overlap: sequence lengths")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--overlap-models", default="tiny,small", help="ring overlap: attention shapes of these models")
+    ap.add_argument("--sections", default="policies,overlap,a2a", help="which tables: policies, overlap, a2a")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sections = set(args.sections.split(","))
+    if sections - {"policies", "overlap", "a2a"}:
+        ap.error(f"--sections {args.sections}: a comma-separated list of policies, overlap, a2a")
+    if "policies" in sections:
+        policies_table(args)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    if "overlap" in sections:
+        overlap_table(args, lengths)
+    if "a2a" in sections:
+        a2a_table(args, lengths)
+    return 0
+
+
+def policies_table(args):
     with tempfile.TemporaryDirectory(prefix="bench-torch-hdp-") as tmp:
         c_rows, dirs, cmds = {}, {}, {}
         for p in POLICIES:
             dirs[p], c_rows[p], cmds[p] = c_engine(args, p, tmp)
         times, detail = launch.spawn(policies_worker, 2, args=(args, dirs), timeout_s=1800)[0]
-    overlap = {}
-    for name in args.overlap_models.split(","):
-        c = bt.LlamaConfig.named(name)
-        overlap[name] = launch.spawn(overlap_worker, 2, args=([int(x) for x in args.lengths.split(",")],
-                                                              (c.n_heads, c.n_kv_heads, c.head_dim), args.repeats))[0]
     print(f"\n## Policies: {args.model}, context {args.context}, capacity {args.capacity}, {args.tokens} tokens/step, "
           f"2 processes x 1 thread, the C engine's batches and plans, median of steps 2..{args.steps}\n")
     print("| policy | torch tokens/s | vs static | rings/items per step | torch compute / ring wait / sync s "
@@ -170,6 +213,14 @@ def main():
         print(f"| {p} | {tps:,.0f} | {tps / base_t:.2f}x | {rr:g}/{it:g} | {comp:.3f} / {wait:.3f} / {sync:.3f} | "
               f"{ctps:,.0f} | {ctps / base_c:.2f}x |")
     print(f"\nC engine: `{cmds['balance']}` (and --policy static)")
+
+
+def overlap_table(args, lengths):
+    overlap = {}
+    for name in args.overlap_models.split(","):
+        c = bt.LlamaConfig.named(name)
+        overlap[name] = launch.spawn(overlap_worker, 2, args=(lengths, (c.n_heads, c.n_kv_heads, c.head_dim),
+                                                              args.repeats))[0]
     print(f"\n## Ring overlap: D = 2, one causal sequence, forward + backward of one attention layer, slowest rank, "
           f"median of {args.repeats}\n")
     print("| attention shape | tokens | ring s | same blocks locally s | ratio |")
@@ -179,7 +230,19 @@ def main():
         for s, r, l in rows:
             print(f"| {name} (H {c.n_heads}, G {c.n_kv_heads}, hd {c.head_dim}) | {s} | {r:.4f} | {l:.4f} | "
                   f"{r / l:.3f} |")
-    return 0
+
+
+def a2a_table(args, lengths):
+    print(f"\n## Ring against all-to-all: D = 2, one causal sequence, forward + backward of one attention layer, "
+          f"slowest rank, median of {args.repeats}\n")
+    print("| attention shape | tokens | ring s | a2a s | a2a / ring | ring KiB sent | a2a KiB sent |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in args.overlap_models.split(","):
+        c = bt.LlamaConfig.named(name)
+        rows = launch.spawn(a2a_worker, 2, args=(lengths, (c.n_heads, c.n_kv_heads, c.head_dim), args.repeats))[0]
+        for s, r, a, rb, ab in rows:
+            print(f"| {name} (H {c.n_heads}, G {c.n_kv_heads}, hd {c.head_dim}) | {s} | {r:.4f} | {a:.4f} | "
+                  f"{a / r:.3f} | {rb / 1024:,.0f} | {ab / 1024:,.0f} |")
 
 
 if __name__ == "__main__":

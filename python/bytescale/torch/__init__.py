@@ -2,7 +2,8 @@
 
 The plans bytescale makes (one call into the C planner on rank 0) run on torch.distributed: packs of
 short sequences with blockwise variable-length attention, long sequences as rings of ranks with
-ring attention over point-to-point messages of the default process group, token-level loss over the
+ring attention, as Ulysses (all-to-all) groups, or as rings of Ulysses groups (hybrid items), over
+point-to-point messages of the default process group, token-level loss over the
 whole global batch, gradients summed bucket by bucket. gloo on CPU, NCCL on CUDA; torch >= 1.13.
 
     import bytescale.torch as bt
@@ -29,10 +30,12 @@ from .ring import Ring, RingStats, ring_attention
 from .step import (Batch, FunctionSource, MicroBatch, StepPlan, TokenSource, broadcast_plan, labelled_tokens,
                    member_pieces, microbatches, plan_chunk, plan_step)
 from .train import HDPTrainer, StepResult, lr_schedule
+from .ulysses import Ulysses, head_split, ulysses_attention
 
 __all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge", "varlen_attention",
            "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint", "Dataset",
            "DatasetError", "Sampler", "HDPAttention", "Llama", "LlamaConfig", "hdp_attention",
            "microbatch_context", "Ring", "RingStats", "ring_attention", "Batch", "FunctionSource", "MicroBatch",
            "StepPlan", "TokenSource", "broadcast_plan", "labelled_tokens", "member_pieces", "microbatches",
-           "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule"]
+           "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule", "Ulysses", "head_split",
+           "ulysses_attention"]

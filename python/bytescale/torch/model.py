@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from .attention import local_attention
 from .ring import ring_attention
+from .ulysses import ulysses_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,11 +105,14 @@ _current = _Current()
 @contextlib.contextmanager
 def microbatch_context(mb) -> Iterator[None]:
     """Within the block, HDPAttention / hdp_attention attend as micro-batch `mb` needs: ring attention
-    over mb.ring for a ring member, blockwise per-segment causal attention over mb's own rows for a
-    pack. `mb` is a bytescale.torch.MicroBatch (or anything with `rows` and `ring`)."""
+    over mb.ring for a ring member, Ulysses attention (all-to-all of heads, and for a hybrid item a
+    ring across the groups) over mb.ulysses, blockwise per-segment causal attention over mb's own
+    rows for a pack. `mb` is a bytescale.torch.MicroBatch (or anything with `rows` and `ring`)."""
     prev = _current.attention
-    rows, ring = mb.rows, mb.ring
-    if ring is not None:
+    rows, ring, group = mb.rows, mb.ring, getattr(mb, "ulysses", None)
+    if group is not None:
+        _current.attention = lambda q, k, v: ulysses_attention(q, k, v, group)
+    elif ring is not None:
         _current.attention = lambda q, k, v: ring_attention(q, k, v, ring)
     else:
         _current.attention = lambda q, k, v: local_attention(q, k, v, rows, None)

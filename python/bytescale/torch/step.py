@@ -13,7 +13,9 @@ A **pack** is whole segments on one rank: rows segment by segment, positions res
 sequence, `cu_seqlens` for varlen attention. A **ring member** holds chunks m and 2D-1-m of every
 segment of its item (the symmetric 2D-chunk layout, `plan_chunk` in src/plan/plan.c), each row with
 its global position (RoPE, the causal mask) and its segment's index in the item; `mb.ring` knows
-every member's rows, so ring attention can mask any block it receives. Every row's label is the
+every member's rows, so ring attention can mask any block it receives. A member of an **a2a** or
+**hybrid** item holds the same layout (D = the item's ranks); `mb.ulysses` knows its Ulysses group
+and, for a hybrid, the ring across the groups (ulysses.py). Every row's label is the
 next token of its document (read one token past every piece), -1 at the document's end, exactly as
 the C engine's `mb_read` does (src/runtime/microbatch.c).
 """
@@ -30,6 +32,7 @@ from torch import Tensor
 
 from .attention import Rows
 from .ring import Ring, RingStats
+from .ulysses import Ulysses
 
 
 def plan_chunk(length: int, D: int, j: int) -> Tuple[int, int]:
@@ -95,6 +98,9 @@ class StepPlan:
                                   seq_doc[k] (a piece cut by the context is a sequence of its own)
     items                         [(ranks in ring order, ((seq, start, len), ...))] in the global order
     labelled                      the loss's denominator: tokens of the whole batch with a label
+    ulysses                       per item, its Ulysses group size u: 0 for a ring or a pack, the item's
+                                  rank count for an a2a item, 2 <= u < D dividing D for a hybrid (a ring
+                                  of D / u groups); empty: every item is a ring or a pack
     """
 
     n_ranks: int
@@ -106,6 +112,20 @@ class StepPlan:
     policy: str = ""
     capacity: int = 0
     makespan: float = 0.0
+    ulysses: List[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if self.ulysses and len(self.ulysses) != len(self.items):
+            raise ValueError(f"ulysses has {len(self.ulysses)} entries for {len(self.items)} items")
+        for k, u in enumerate(self.ulysses):
+            D = len(self.items[k][0])
+            if u != 0 and not (2 <= u <= D and D % u == 0):
+                raise ValueError(f"item {k}: Ulysses group size {u} on {D} ranks: 0 (ring or pack), {D} (a2a) "
+                                 f"or 2..{D - 1} dividing {D} (hybrid)")
+
+    def item_ulysses(self, k: int) -> int:
+        """Item k's Ulysses group size (0: a ring or a pack)."""
+        return int(self.ulysses[k]) if self.ulysses else 0
 
     @property
     def n_tokens(self) -> int:
@@ -144,7 +164,9 @@ class StepPlan:
         return cls(n_ranks=plan.n_ranks, seq_doc=docs[ids].tolist(), seq_start=(starts[ids] + off).tolist(),
                    seq_len=plan.seq_len.tolist(),
                    items=[(tuple(it.ranks), tuple(tuple(s) for s in it.segments)) for it in plan.items],
-                   labelled=int(labelled), policy=plan.policy, capacity=plan.capacity, makespan=plan.makespan)
+                   labelled=int(labelled), policy=plan.policy, capacity=plan.capacity, makespan=plan.makespan,
+                   ulysses=[_item_ulysses(len(it.ranks), getattr(it, "a2a", False), getattr(it, "ulysses", 0))
+                            for it in plan.items])
 
     @classmethod
     def from_plan_file(cls, d: dict, doc_offsets: Sequence[int], doc_lengths: Sequence[int]) -> "StepPlan":
@@ -161,7 +183,18 @@ class StepPlan:
                  for it in d["items"]]
         return cls(n_ranks=int(d["n_ranks"]), seq_doc=doc, seq_start=start, seq_len=length, items=items,
                    labelled=labelled, policy=str(d.get("policy", "")), capacity=int(d.get("capacity", 0)),
-                   makespan=float(d.get("makespan", 0.0)))
+                   makespan=float(d.get("makespan", 0.0)),
+                   ulysses=[_item_ulysses(len(it["ranks"]), it.get("a2a", 0), it.get("ulysses", 0))
+                            for it in d["items"]])
+
+
+def _item_ulysses(D: int, a2a, ulysses) -> int:
+    """An item's Ulysses group size from the plan's fields: `ulysses` (a hybrid), else D for an a2a
+    item (a single group), else 0."""
+    u = int(ulysses or 0)
+    if u == 0 and a2a and D > 1:
+        u = D
+    return u
 
 
 def labelled_tokens(batch: Batch, source: TokenSource) -> int:
@@ -210,9 +243,11 @@ class MicroBatch:
     tokens, targets, pos, seg   (T,) int64: the rows, their labels (-1: none), global positions in
                                 their sequences, and segment indices within the item
     rows                        the same pos / seg for the attention kernels (Rows)
-    ring                        the Ring for a ring member, None for a pack
+    ring                        the Ring for a ring member, None for a pack and an a2a / hybrid item
     cu_seqlens                  packs: segment boundaries [0, l0, l0+l1, ...] (varlen attention)
     labelled                    rows with a label
+    ulysses                     the Ulysses group of an a2a or hybrid item (its ring across groups
+                                inside), None otherwise
     """
 
     item: int
@@ -224,6 +259,7 @@ class MicroBatch:
     ring: Optional[Ring]
     cu_seqlens: Optional[Tensor]
     labelled: int
+    ulysses: Optional[Ulysses] = None
 
     @property
     def T(self) -> int:
@@ -258,12 +294,16 @@ def microbatches(plan: StepPlan, rank: int, source: TokenSource, device=None,
         targets = np.concatenate(tgts) if tgts else np.zeros(0, np.int64)
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
         rows = Rows(torch.from_numpy(pos), torch.from_numpy(seg))
-        ring, cu = None, None
+        ring, cu, group = None, None, None
         if D > 1:
             members = [Rows(*map(torch.from_numpy, plan.member_rows(k, j))) if j != m else rows for j in range(D)]
-            ring = Ring(ranks, m, members, stats)
+            u = plan.item_ulysses(k)
+            if u:
+                group = Ulysses(ranks, m, members, u, stats)
+            else:
+                ring = Ring(ranks, m, members, stats)
         else:
             cu = torch.from_numpy(np.concatenate([[0], np.cumsum([n for _, _, n in segs])]).astype(np.int64))
         out.append(MicroBatch(k, t(tokens), t(targets), t(pos), t(seg), rows, ring, cu,
-                              int((targets >= 0).sum())))
+                              int((targets >= 0).sum()), group))
     return out

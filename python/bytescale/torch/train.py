@@ -46,8 +46,9 @@ def lr_schedule(step: int, lr: float, min_lr: float, warmup: int, total: int) ->
 class StepResult:
     """What one step did. loss: the global batch's token-level mean cross-entropy; grad_norm before
     clipping; clip_scale the factor applied; compute / wait / sync: this rank's seconds in forward +
-    backward (ring blocks included, ring waits excluded), blocked on ring messages, and in the gradient
-    all-reduce after its last micro-batch; items, rings, tokens: this rank's share."""
+    backward (ring blocks included, ring waits excluded), blocked on ring and all-to-all messages, and in
+    the gradient all-reduce after its last micro-batch; items, rings (every
+    item of 2 or more ranks: rings, a2a and hybrid items), tokens: this rank's share."""
 
     loss: float
     grad_norm: float
@@ -157,7 +158,8 @@ class HDPTrainer:
         lr = lr_schedule(self.step_count, self.lr, self.min_lr, self.warmup, self.schedule_steps)
         result = StepResult(loss=loss, grad_norm=norm, clip_scale=scale, lr=lr, seconds=0.0, compute=compute,
                             wait=self.ring_stats.wait, sync=sync, items=len(mbs),
-                            rings=sum(1 for m in mbs if m.ring is not None), tokens=sum(m.T for m in mbs),
+                            rings=sum(1 for m in mbs if m.ring is not None or m.ulysses is not None),
+                            tokens=sum(m.T for m in mbs),
                             loss_sum=loss_sum)
         if apply:
             self.apply_update(result)
