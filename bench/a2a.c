@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
             }
         double ring = bench_median(times[0], o.reps), a2a = bench_median(times[1], o.reps);
         double share = bench_median(shares, 2 * o.reps);
-        double pr = cost_item_time(&t->cost, &S, 1, 2, 0.0), pa = cost_a2a_item_time(&t->cost, &S, 1, 2);
+        double pr = cost_item_time(&t->cost, &S, 1, 2, 0.0), pa = cost_a2a_item_time(&t->cost, &S, 1, 2, 0.0);
         if (lead) {
             printf("| %lld | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.2f |\n", (long long)S, ring, pr, a2a, pa,
                    a2a / ring, pa / pr, share);

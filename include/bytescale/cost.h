@@ -217,10 +217,11 @@ double cost_blocks_member_time(const CostModel *cm, const BlockLoad *ld);
 // docs/cost-model.md): every member holds tokens/D of every segment, computes the attention of 1/D of
 // the heads over whole segments (no causal imbalance, no ring steps), and per layer waits for the
 // all-to-alls, forward and backward alike: a2a bytes x (D-1)/D of its tokens over the link a ring of
-// D consecutive ranks would use, nothing hidden. D = 1 is cost_item_time's pack. No offloading.
+// D consecutive ranks would use, nothing hidden. D = 1 is cost_item_time's pack. Offloading a share
+// `off` of the activations adds what cost_item_time adds for it: a member holds tokens / D of them.
 // With the head count known, the attention share is cost_a2a_head_share and the bytes cost_a2a_bytes;
 // D above a2a_heads is not checked here (plan_validate refuses such an item).
-double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D);
+double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double off);
 // Bytes per token per layer of those all-to-alls: a2a_token, or 2 kv_token when that is 0.
 double cost_a2a_token(const CostModel *cm);
 // The same for a group of D members: cost_a2a_token, plus the replicated K/V heads when D exceeds
@@ -240,9 +241,9 @@ int cost_a2a_max(const CostModel *cm, int most);
 // keys (1/r^2 of the mask area), overlapped with the next block's K/V (the group's tokens, tokens / r,
 // at kv_token x cost_hybrid_kv_share(u) bytes a token) on the link D consecutive ranks use, as a ring
 // (cost_item_time): backward twice the bytes and one exposed dK/dV hop. Linear layers, TP terms and
-// the head as cost_item_time for tokens / D. No offloading. u = 1 is cost_item_time's ring of r;
-// r = 1 is cost_a2a_item_time(u). u above a2a_heads is not checked here (plan_validate refuses it).
-double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int u, int r);
+// the head as cost_item_time for tokens / D; offloading `off` as cost_a2a_item_time. u = 1 is
+// cost_item_time's ring of r; r = 1 is cost_a2a_item_time(u). u above a2a_heads is not checked here (plan_validate refuses it).
+double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int u, int r, double off);
 // The share of kv_token a member of a Ulysses group of u holds per token after the all-to-all:
 // ceil(a2a_kv_heads / u) / a2a_kv_heads (one replicated head, 1 / a2a_kv_heads, when u exceeds them),
 // 1 / u when the head count is not known (0), 1 for u = 1.

@@ -368,24 +368,28 @@ double cost_offload_hidden_max(const CostModel *cm, int64_t s, int D) {
     return r < 1.0 ? r : 1.0;
 }
 
+// What offloading r of the activations adds to an item whose layer takes fwd and bwd on each of its
+// D members, whatever its kind: a member holds tokens / D of the activations under every kind (a
+// ring's chunks, a Ulysses group's rows), and the copy of each of l - 2 layers hides behind the
+// next layer's work (offload_copy_time). r <= 0 (or NaN) adds nothing; r > 1 is 1.
+static double offload_exposed(const CostModel *cm, double tokens, int D, double r, double fwd, double bwd) {
+    int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
+    if (!(r > 0) || n_off == 0 || !(cm->offload_bw > 0)) return 0.0;
+    double copy = offload_copy_time(cm, tokens, D, r > 1 ? 1.0 : r);
+    return n_off * (fmax(0.0, copy - fwd) + fmax(0.0, copy - bwd));
+}
+
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
     double tokens, area;
     pack_size(segs, n_segs, &tokens, &area);
     if (tokens <= 0) return 0.0;
     if (D < 1) D = 1;
-    if (!(r > 0)) r = 0;  // also NaN
-    if (r > 1) r = 1;
     double fwd, bwd;
     item_layer_times(cm, tokens, area, D, &fwd, &bwd);
     double head_fwd, head_bwd;  // one stage holds both ends here (the planner's per-rank estimate)
     cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
-    double total = cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
-    int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
-    if (r > 0 && n_off > 0 && cm->offload_bw > 0) {
-        double copy = offload_copy_time(cm, tokens, D, r);
-        total += n_off * (fmax(0.0, copy - fwd) + fmax(0.0, copy - bwd));
-    }
-    return total;
+    return cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd +
+           offload_exposed(cm, tokens, D, r, fwd, bwd);
 }
 
 // A block member's fetch (docs/cost-model.md, "Block items"): the tokens from its own node travel
@@ -444,8 +448,8 @@ int cost_a2a_max(const CostModel *cm, int most) {
     return cm->a2a_heads > 0 && cm->a2a_heads < most ? cm->a2a_heads : most;
 }
 
-double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D) {
-    if (D <= 1) return cost_item_time(cm, segs, n_segs, 1, 0.0);
+double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double off) {
+    if (D <= 1) return cost_item_time(cm, segs, n_segs, 1, off);
     double tokens, area;
     pack_size(segs, n_segs, &tokens, &area);
     if (tokens <= 0) return 0.0;
@@ -456,11 +460,13 @@ double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, 
     double x = transfer_time(cost_a2a_bytes(cm, D) * tokens / D * (D - 1) / D, bw, lat);
     double tp_fwd, tp_bwd;
     cost_tp_layer_times(cm, tokens / D, &tp_fwd, &tp_bwd);
-    double layer = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D) +
-                   cm->attn_step + tp_fwd + tp_bwd;  // one attention call over whole segments
+    double work = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D) +
+                  cm->attn_step;  // one attention call over whole segments
+    double fwd = work / 3.0 + x + tp_fwd, bwd = 2.0 * work / 3.0 + x + tp_bwd;
     double head_fwd, head_bwd;
     cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
-    return cm->n_layers * (layer + 2.0 * x) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
+    return cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd +
+           offload_exposed(cm, tokens, D, off, fwd, bwd);
 }
 
 double cost_hybrid_kv_share(const CostModel *cm, int u) {
@@ -500,7 +506,7 @@ static void hybrid_layer_compute(const CostModel *cm, double tokens, double area
     *bwd += (r - 1) * fmax(blk_bwd, x_bwd) + x_fwd;  // the summed dK/dV travel home once more
 }
 
-double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int u, int r) {
+double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int u, int r, double off) {
     if (u < 1) u = 1;
     if (r < 1) r = 1;
     double tokens, area;
@@ -511,7 +517,9 @@ double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_seg
     hybrid_layer_compute(cm, tokens, area, u, r, &fwd, &bwd);
     cost_tp_layer_times(cm, tokens / D, &tp_fwd, &tp_bwd);
     cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
-    return cm->n_layers * (fwd + bwd + tp_fwd + tp_bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd;
+    fwd += tp_fwd, bwd += tp_bwd;
+    return cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd +
+           offload_exposed(cm, tokens, D, off, fwd, bwd);
 }
 
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------

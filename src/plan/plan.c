@@ -160,9 +160,10 @@ static int finalize_times(Plan *p, const CostModel *cm) {
             continue;
         }
         if (it->ulysses > 0)  // a ring of n_ranks / ulysses groups (plan_validate: ulysses divides n_ranks)
-            it->est_time = cost_hybrid_item_time(cm, lens, it->n_segs, it->ulysses, it->n_ranks / it->ulysses);
+            it->est_time = cost_hybrid_item_time(cm, lens, it->n_segs, it->ulysses, it->n_ranks / it->ulysses,
+                                                 it->offload);
         else
-            it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks)
+            it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload)
                                    : cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
     }
     free(lens);
@@ -445,9 +446,9 @@ double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
     double t = cost_item_time(cm, &s, 1, D, 0.0);
     int heads = cm->a2a_heads;
     if (D < 2 || heads <= 0) return t;
-    if (D <= heads) t = fmin(t, cost_a2a_item_time(cm, &s, 1, D));
+    if (D <= heads) t = fmin(t, cost_a2a_item_time(cm, &s, 1, D, 0.0));
     for (int u = 2; u <= heads && u < D; u++)
-        if (D % u == 0 && heads % u == 0) t = fmin(t, cost_hybrid_item_time(cm, &s, 1, u, D / u));
+        if (D % u == 0 && heads % u == 0) t = fmin(t, cost_hybrid_item_time(cm, &s, 1, u, D / u, 0.0));
     return t;
 }
 

@@ -87,14 +87,11 @@ static int check_owners(const Plan *p, int32_t k) {
 
 // The rules of the Ulysses kinds (docs/plan-format.md): an all-to-all group (a2a) and a hybrid (a ring
 // of n_ranks / ulysses groups of ulysses consecutive members) split the query heads of a TP shard over
-// a group, so a group has at most a2a_heads members (when the cost model knows them); neither
-// offloads; an item is one kind. Their members hold the 2D-chunk layout's tokens, as a ring's: the
-// capacity rules that follow are the ring's.
+// a group, so a group has at most a2a_heads members (when the cost model knows them); an item is one
+// kind. Their members hold tokens / n_ranks of the activations, as a ring's, so they offload as a
+// ring does and the capacity rules that follow are the ring's.
 static int check_heads_kind(const Item *it, int32_t k, const CostModel *cm) {
-    float off = it->offload;
-    if (it->a2a != 0 && (it->a2a != 1 || off != 0))
-        return bs_fail("item %d: an all-to-all group (a2a %d) must be 1 and cannot offload (offload %g)", k, it->a2a,
-                       off);
+    if (it->a2a != 0 && it->a2a != 1) return bs_fail("item %d: an all-to-all group's flag (a2a %d) must be 0 or 1", k, it->a2a);
     if (it->a2a && cm && cm->a2a_heads > 0 && it->n_ranks > cm->a2a_heads)
         return bs_fail("item %d: an all-to-all group of %d ranks exceeds the %d attention heads of a TP shard (Ulysses "
                        "splits the heads over the group)",
@@ -106,7 +103,6 @@ static int check_heads_kind(const Item *it, int32_t k, const CostModel *cm) {
         return bs_fail("item %d: a hybrid item's Ulysses group size (ulysses %d) must be in [2, %d) and divide its %d "
                        "ranks (a ring of n_ranks / ulysses groups)",
                        k, u, it->n_ranks, it->n_ranks);
-    if (off != 0) return bs_fail("item %d: a hybrid item (ulysses %d) cannot offload (offload %g)", k, u, off);
     if (cm && cm->a2a_heads > 0 && u > cm->a2a_heads)
         return bs_fail("item %d: a hybrid item's Ulysses group of %d ranks exceeds the %d attention heads of a TP "
                        "shard (Ulysses splits the heads over the group)",

@@ -111,8 +111,8 @@ static double plain_ring_time(const CostModel *cm, int64_t s, int D) { return co
 static int family_width(const Family *f, int k) { return f->u ? f->u * k : k; }
 
 static double family_time(const CostModel *cm, const Family *f, int64_t s, int k) {
-    if (f->a2a) return cost_a2a_item_time(cm, &s, 1, k);
-    return f->u ? cost_hybrid_item_time(cm, &s, 1, f->u, k) : plain_ring_time(cm, s, k);
+    if (f->a2a) return cost_a2a_item_time(cm, &s, 1, k, 0.0);
+    return f->u ? cost_hybrid_item_time(cm, &s, 1, f->u, k, 0.0) : plain_ring_time(cm, s, k);
 }
 
 // The range of k whose widths lie in [lo, hi] (empty: *k_lo > *k_hi).

@@ -63,7 +63,7 @@ static int is_a2a(const CostModel *cm, int64_t d) { return d > 1 && d <= cost_a2
 
 // One sequence of s tokens on a group of d ranks.
 static double a2a_time(const CostModel *cm, int64_t s, int64_t d) {
-    return is_a2a(cm, d) || d <= 1 ? cost_a2a_item_time(cm, &s, 1, (int)d) : cost_item_time(cm, &s, 1, (int)d, 0.0);
+    return is_a2a(cm, d) || d <= 1 ? cost_a2a_item_time(cm, &s, 1, (int)d, 0.0) : cost_item_time(cm, &s, 1, (int)d, 0.0);
 }
 
 // What one group of size d costs whatever it holds: the time of a group holding one token.
@@ -368,7 +368,7 @@ static int wave_fill(Plan *out, const GlobalBatch *b, const CostModel *cm, const
 
 // One group's time: lens packed on d ranks, all-to-all up to the head limit, a ring beyond.
 static double group_time(const CostModel *cm, const int64_t *lens, int n, int64_t d) {
-    return is_a2a(cm, d) || d <= 1 ? cost_a2a_item_time(cm, lens, n, (int)d) : cost_item_time(cm, lens, n, (int)d, 0.0);
+    return is_a2a(cm, d) || d <= 1 ? cost_a2a_item_time(cm, lens, n, (int)d, 0.0) : cost_item_time(cm, lens, n, (int)d, 0.0);
 }
 
 typedef struct {

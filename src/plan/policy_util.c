@@ -46,23 +46,23 @@ static int hybrid_u_ok(int u, int D, int heads) { return u < D && D % u == 0 && 
 
 ItemChoice policy_item_choice(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
     ItemChoice c = {cost_item_time(cm, segs, n_segs, D, r), 0, 0};
-    if (D <= 1 || r > 0 || cm->a2a_heads <= 0) return c;
+    if (D <= 1 || cm->a2a_heads <= 0) return c;
     int heads = cost_a2a_max(cm, INT32_MAX);  // a group splits the query heads of a TP shard: at most that many
     if (D <= heads) {
-        double t = cost_a2a_item_time(cm, segs, n_segs, D);
+        double t = cost_a2a_item_time(cm, segs, n_segs, D, r);
         if (t < c.t) c = (ItemChoice){t, 1, 0};
     }
     for (int u = 2; u <= heads && u < D; u++) {
         if (!hybrid_u_ok(u, D, heads)) continue;
-        double t = cost_hybrid_item_time(cm, segs, n_segs, u, D / u);
+        double t = cost_hybrid_item_time(cm, segs, n_segs, u, D / u, r);
         if (t < c.t) c = (ItemChoice){t, 0, u};
     }
     return c;
 }
 
 double policy_kind_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r, int a2a, int ulysses) {
-    if (a2a) return cost_a2a_item_time(cm, segs, n_segs, D);
-    if (ulysses > 1) return cost_hybrid_item_time(cm, segs, n_segs, ulysses, D / ulysses);
+    if (a2a) return cost_a2a_item_time(cm, segs, n_segs, D, r);
+    if (ulysses > 1) return cost_hybrid_item_time(cm, segs, n_segs, ulysses, D / ulysses, r);
     return cost_item_time(cm, segs, n_segs, D, r);
 }
 

@@ -48,20 +48,20 @@ static void test_hand_computation(void **state) {
     //   forward  0.1 + 0.0121 + 0.030025 + max(0.030025, 0.025)             = 0.17215
     //   backward 0.2 + 0.0121 + 0.06005 + max(0.06005, 0.049) + 0.025 (home) = 0.3572
     //   2 layers x 0.52935 + head 0.03 = 1.0887
-    assert_close(cost_hybrid_item_time(&cm, seg, 1, 2, 2), 1.0887, 1e-12, 0);
+    assert_close(cost_hybrid_item_time(&cm, seg, 1, 2, 2, 0.0), 1.0887, 1e-12, 0);
     // The all-to-all group of 4 (spans 2 nodes: the slow link): 4 members, 1 K/V head replicated to
     // 4: 24 + 3 x 8 = 48 bytes a token; (4 - 1) / 4 of 300 tokens: 10,800 bytes, 10,800 / 2e5 + 1e-3 =
     // 0.055 s per direction. Attention: a quarter of the heads over the whole mask, 720,600 / 4 x 1e-6
     // = 0.18015 s. A layer: 0.3 + 0.18015 + 2 x 0.055 = 0.59015; 2 layers + head: 1.2103.
-    assert_close(cost_a2a_item_time(&cm, seg, 1, 4), 1.2103, 1e-12, 0);
-    assert_close(cost_hybrid_item_time(&cm, seg, 1, 4, 1), 1.2103, 1e-12, 0);
+    assert_close(cost_a2a_item_time(&cm, seg, 1, 4, 0.0), 1.2103, 1e-12, 0);
+    assert_close(cost_hybrid_item_time(&cm, seg, 1, 4, 1, 0.0), 1.2103, 1e-12, 0);
     // The ring of 4 (u = 1): a member's K/V block 8 x 300 = 2,400 bytes: forward 0.013 s, backward
     // 0.025 s; a block 720,600 / 16 x 1e-6 = 0.0450375 s (forward 0.0150125, backward 0.030025).
     //   forward  0.1 + 0.0150125 + 3 x max(0.0150125, 0.013)            = 0.16005
     //   backward 0.2 + 0.030025 + 3 x max(0.030025, 0.025) + 0.013 (home) = 0.3331
     //   2 layers x 0.49315 + 0.03 = 1.0163
     assert_close(cost_item_time(&cm, seg, 1, 4, 0.0), 1.0163, 1e-12, 0);
-    assert_close(cost_hybrid_item_time(&cm, seg, 1, 1, 4), 1.0163, 1e-12, 0);
+    assert_close(cost_hybrid_item_time(&cm, seg, 1, 1, 4, 0.0), 1.0163, 1e-12, 0);
     // Without GQA replication (4 K/V heads, 2 a member): the group moves 24 bytes a token (3,600:
     // 0.0091 s) and the ring half of the K/V (2,400 bytes: forward 0.013, backward 0.025):
     //   forward  0.1 + 0.0091 + 0.030025 + max(0.030025, 0.013)            = 0.16915
@@ -69,7 +69,29 @@ static void test_hand_computation(void **state) {
     //   2 layers x 0.51135 + 0.03 = 1.0527
     cm.a2a_kv_heads = 4;
     assert_close(cost_hybrid_kv_share(&cm, 2), 0.5, 1e-12, 0);
-    assert_close(cost_hybrid_item_time(&cm, seg, 1, 2, 2), 1.0527, 1e-12, 0);
+    assert_close(cost_hybrid_item_time(&cm, seg, 1, 2, 2, 0.0), 1.0527, 1e-12, 0);
+}
+
+// Offloading under the Ulysses kinds: the hand case with 4 layers (2 of them offload) and a tier of
+// 1,000 bytes/s at 1 byte a token. A member holds 300 tokens under every kind, so offloading all of
+// them (r = 1) copies 300 bytes a layer: 0.3 s, against the layer's forward and backward above.
+//   hybrid u = 2: forward 0.17215, backward 0.3572: 0.3 - 0.17215 = 0.12785 exposed a layer, x 2
+//   layers = 0.2557; 4 x 0.52935 + 0.03 = 2.1474, + 0.2557 = 2.4031.
+//   a2a of 4: a layer's work 0.48015 (a third forward), the exchange 0.055 each way: forward 0.21505,
+//   backward 0.3751: 0.08495 exposed, x 2 = 0.1699; 4 x 0.59015 + 0.03 = 2.3906, + 0.1699 = 2.5605.
+// Half of it (0.15 s) hides behind both directions of both kinds: nothing added.
+static void test_hand_offload(void **state) {
+    (void)state;
+    CostModel cm = hand_model();
+    cm.n_layers = 4;
+    cm.offload_bw = 1000;
+    int64_t seg[] = {1200};
+    assert_close(cost_hybrid_item_time(&cm, seg, 1, 2, 2, 1.0), 2.4031, 1e-12, 0);
+    assert_close(cost_a2a_item_time(&cm, seg, 1, 4, 1.0), 2.5605, 1e-12, 0);
+    assert_close(cost_hybrid_item_time(&cm, seg, 1, 2, 2, 0.5), 2.1474, 1e-12, 0);
+    assert_close(cost_a2a_item_time(&cm, seg, 1, 4, 0.5), 2.3906, 1e-12, 0);
+    // the ends agree with offloading too: u = 1 is the ring's cost_item_time with the same r
+    assert_close(cost_hybrid_item_time(&cm, seg, 1, 1, 4, 1.0), cost_item_time(&cm, seg, 1, 4, 1.0), 1e-12, 0);
 }
 
 // A random model as test_cost.c's, plus heads (sometimes unknown) and, sometimes, TP terms.
@@ -114,16 +136,16 @@ static void test_ends_are_ring_and_a2a(void **state) {
         for (int i = 0; i < n; i++) segs[i] = 1 + (int64_t)rng_below(&g, 1 << (8 + rng_below(&g, 12)));
         int k = 2 + (int)rng_below(&g, 15);
         double ring = cost_item_time(&cm, segs, n, k, 0.0);
-        double a2a = cost_a2a_item_time(&cm, segs, n, k);
-        assert_close(cost_hybrid_item_time(&cm, segs, n, 1, k), ring, 1e-12, 0);
-        assert_close(cost_hybrid_item_time(&cm, segs, n, k, 1), a2a, 1e-12, 0);
-        assert_close(cost_hybrid_item_time(&cm, segs, n, 1, 1), cost_item_time(&cm, segs, n, 1, 0.0), 1e-12, 0);
+        double a2a = cost_a2a_item_time(&cm, segs, n, k, 0.0);
+        assert_close(cost_hybrid_item_time(&cm, segs, n, 1, k, 0.0), ring, 1e-12, 0);
+        assert_close(cost_hybrid_item_time(&cm, segs, n, k, 1, 0.0), a2a, 1e-12, 0);
+        assert_close(cost_hybrid_item_time(&cm, segs, n, 1, 1, 0.0), cost_item_time(&cm, segs, n, 1, 0.0), 1e-12, 0);
         // a real hybrid is no cheaper than its linear work and its share of the attention pairs
         int u = 2 + (int)rng_below(&g, 4), r = 2 + (int)rng_below(&g, 4);
         double tokens = 0;
         for (int i = 0; i < n; i++) tokens += (double)segs[i];
         double floor = cm.n_layers * cm.lin_token * tokens / (u * r);
-        assert_true(cost_hybrid_item_time(&cm, segs, n, u, r) >= floor);
+        assert_true(cost_hybrid_item_time(&cm, segs, n, u, r, 0.0) >= floor);
     }
 }
 
@@ -146,13 +168,14 @@ static void test_free_links_give_pure_compute(void **state) {
         double blk = cm.attn_pair * area / u / ((double)r * r) + cm.attn_step;
         double want = cm.n_layers * (cm.lin_token * tokens / (u * r) + cm.layer_const + r * blk) +
                       cm.head_token * tokens / (u * r) + cm.head_const;
-        assert_close(cost_hybrid_item_time(&cm, segs, 2, u, r), want, 1e-12, 0);
+        assert_close(cost_hybrid_item_time(&cm, segs, 2, u, r, 0.0), want, 1e-12, 0);
     }
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_computation),
+        cmocka_unit_test(test_hand_offload),
         cmocka_unit_test(test_ends_are_ring_and_a2a),
         cmocka_unit_test(test_free_links_give_pure_compute),
     };

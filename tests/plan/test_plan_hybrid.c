@@ -194,7 +194,6 @@ static void test_validator_refuses(void **state) {
     refused(&cm, 1, 0, 0, 300, "(ulysses 1) must be in [2, 4)");
     refused(&cm, 4, 0, 0, 300, "(ulysses 4) must be in [2, 4)");
     refused(&cm, 2, 0, 1, 300, "item 0: a hybrid item (ulysses 2) cannot also be an all-to-all group");
-    refused(&cm, 2, 0.5, 0, 300, "item 0: a hybrid item (ulysses 2) cannot offload");
     // 1,200 tokens on 4 members are 300 each: over a capacity of 299
     refused(&cm, 2, 0, 0, 299, "item 0: 1200 tokens on 4 ranks exceed the capacity of 299");
     CostModel narrow = cm;

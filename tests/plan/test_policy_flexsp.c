@@ -263,7 +263,7 @@ static int fits(const int64_t *lens, int n, int D, int64_t C) {
 
 static double item_time(const CostModel *cm, const int64_t *lens, int n, int D) {
     int a2a = D > 1 && (cm->a2a_heads <= 0 || D <= cm->a2a_heads);
-    return a2a ? cost_a2a_item_time(cm, lens, n, D) : cost_item_time(cm, lens, n, D, 0.0);
+    return a2a ? cost_a2a_item_time(cm, lens, n, D, 0.0) : cost_item_time(cm, lens, n, D, 0.0);
 }
 
 // Sizes for blocks blk .. m-1 with `used` ranks taken and `worst` the largest time so far.

@@ -71,7 +71,7 @@ static void test_matches_estimate_and_stats(void **state) {
     SimResult r;
     run(&p, &cm, &r);
     int64_t seg = 1200;
-    double est = cost_hybrid_item_time(&cm, &seg, 1, 2, 2);
+    double est = cost_hybrid_item_time(&cm, &seg, 1, 2, 2, 0.0);
     assert_close(p.items[0].est_time, est, 1e-12, 0);
     assert_close(item_time(&r, 0), est, 1e-12, 0);
     // the other kinds as the cost model has them too (an a2a group of 2 and a ring of 2 in one node)
