@@ -2,7 +2,7 @@
 from Python, over the C library libbytescale.so (docs/python.md).
 
     import bytescale
-    p = bytescale.plan(lengths, ranks=16, capacity=8192, policy="balance")
+    p = bytescale.plan(lengths, ranks=16, capacity=8192, policy="elastic")
     for c in p.chunks(rank):          # what rank `rank` trains this step, in the global order
         ...                           # c.id, c.id_start, c.len: tokens of the caller's sequence c.id
     s = bytescale.simulate(p)         # one step on a modelled cluster

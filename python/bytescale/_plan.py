@@ -257,7 +257,7 @@ def _derived_cost(cost, model, hardware, tp, pp, ranks, capacity):
     return cost
 
 
-def plan(lengths: SequenceOf[int], *, ranks: int = 512, capacity: int = 8192, policy: str = "balance",
+def plan(lengths: SequenceOf[int], *, ranks: int = 512, capacity: int = 8192, policy: str = "elastic",
          offload: bool = True, context: Optional[int] = None, pp: int = 1, model: Optional[str] = None,
          hardware: Optional[PathLike] = None, tp: Optional[int] = None,
          cost: Optional[Union[CostModel, PathLike]] = None) -> Plan:

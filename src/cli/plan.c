@@ -63,7 +63,7 @@ static void usage(FILE *f) {
             "                       past ceil(s/C) where ranks would idle), the peers' schedulers\n"
             "                       megatron-hcp, wlb, flexsp, blocks, blocks-all (docs/peers.md), or all for a\n"
             "                       comparison table\n"
-            "                       (default balance)\n"
+            "                       (default elastic: bytescale's best, README)\n"
             "  --block-size B       blocks, blocks-all: tokens per block (default MagiAttention's: a micro-batch's\n"
             "                       tokens / (8 x its group's ranks); a larger B is capped to that)\n"
             "  --offload            allow selective offloading (default)\n"
@@ -106,7 +106,7 @@ static int arg_positive(const char *flag, const char *text, int64_t max, int64_t
 // 0: parsed; 1: --help printed; -1: error recorded.
 static int parse_args(int argc, char **argv, PlanArgs *a) {
     *a = (PlanArgs){.ranks = 512, .tp = 2, .pp = 1, .capacity = 8 << 10, .context = 2 << 20, .tokens = 32 << 20,
-                    .seed = 1, .offload = 1, .model = "llama-7b", .hardware = "h800-sxm", .policy = "balance",
+                    .seed = 1, .offload = 1, .model = "llama-7b", .hardware = "h800-sxm", .policy = "elastic",
                     .dist = "byted"};
     unsigned char given[OPT_JSON - OPT_RANKS + 1] = {0};  // given[OPT_x - OPT_RANKS]: on the command line
     int64_t v = 0;

@@ -53,6 +53,7 @@
 #define ELASTIC_MISS 0.02      // a schedule this much longer than predicted missed it: try the targets next to it
 #define ELASTIC_ROUNDS 4       // at most this many rounds of that
 #define ELASTIC_FAMILIES 16    // rings, all-to-all groups, and hybrids of each group size dividing the heads
+#define ELASTIC_PP_TARGETS 16  // pp > 1: at most this many targets scheduled and replayed (search_replayed)
 
 // A family of items whose time falls and then rises in k (one link level): rings of k ranks (u = 0),
 // all-to-all groups of k ranks (a2a, k <= the heads), hybrids of k groups of u (u divides the heads).
@@ -415,6 +416,40 @@ static int widen_to(Plan *out, const BalanceBatch *bb, const Model *m, double T,
     return balance_best(out, bb, &w, "elastic");
 }
 
+// ---- pp > 1: the targets by replay ------------------------------------------------------------------------
+//
+// With pipeline stages, predict misses what decides the step: a ring couples its members' 1F1B
+// schedules at whatever depth each has reached, and a long ring holds the pipelines of all its
+// members (docs/planner.md, "elastic under pipelines"). On LLaMA-70B at TP 8 x PP 4 the prediction
+// stays within 1% over the whole grid of targets while the replayed makespan moves by 20%. The
+// replay in plan_finalize is the simulator's schedule, so with pp > 1 elastic schedules and replays
+// the grid's targets (at most ELASTIC_PP_TARGETS of them, geometrically spaced from the slowest
+// sequence's time down to the least reachable) and keeps the shortest. out: the best widened plan;
+// *T_out its target, 0 when none was shorter than `base` (then out is empty).
+static int search_replayed(Plan *out, const BalanceBatch *bb, const Model *m, double base, int32_t *d_max,
+                           double *T_out) {
+    *T_out = 0;
+    if (!(m->floor_t < m->hi)) return 0;
+    double step = fmin(ELASTIC_GRID_STEP, pow(m->floor_t / m->hi, 1.0 / ELASTIC_PP_TARGETS));
+    double best = base * (1 - ELASTIC_GAIN);
+    Plan cand;
+    memset(&cand, 0, sizeof cand);
+    for (int i = 1; i <= ELASTIC_PP_TARGETS; i++) {
+        double T = fmax(m->hi * pow(step, i), m->floor_t);
+        if (widen_to(&cand, bb, m, T, d_max) != 0) return -1;
+        if (cand.makespan < best) {
+            Plan t = *out;
+            *out = cand;
+            cand = t;
+            best = out->makespan;
+            *T_out = T;
+        }
+        plan_free(&cand);
+        if (T <= m->floor_t) break;
+    }
+    return 0;
+}
+
 // ---- never longer than balance ---------------------------------------------------------------------------
 //
 // The planner times a ring of D <= ranks_per_node ranks on the link inside a node (cost_item_time),
@@ -461,6 +496,28 @@ static int makespan_across_nodes(Plan *p, const Model *m, double *out) {
 
 // ---- the policy ------------------------------------------------------------------------------------------
 
+// pp > 1: balance's plan, and the widened plan the replay search finds, kept only where it is shorter
+// with every ring across nodes (as step 3 below).
+static int elastic_pipelined(Plan *out, const BalanceBatch *bb, const Model *m, int32_t *d_max) {
+    Plan bal;
+    memset(&bal, 0, sizeof bal);
+    double T, across = 0;
+    if (balance_best(&bal, bb, NULL, "elastic") != 0) return -1;
+    if (search_replayed(out, bb, m, bal.makespan, d_max, &T) != 0 ||
+        (T > 0 && makespan_across_nodes(out, m, &across) != 0)) {
+        plan_free(out);
+        plan_free(&bal);
+        return -1;
+    }
+    if (T <= 0 || across >= bal.makespan) {  // ties: balance's, the fewer ranks
+        plan_free(out);
+        *out = bal;
+        return 0;
+    }
+    plan_free(&bal);
+    return 0;
+}
+
 int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
     BalanceBatch bb;
     Model m;
@@ -473,6 +530,11 @@ int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     if (balance_prepare(&bb, b, cfg, cm) != 0) return -1;
     int rc = -1;
     if (model_init(&m, &bb) != 0) goto out;
+    if (cfg->pp > 1) {  // the targets by replay (search_replayed)
+        d_max = bs_malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(int32_t));
+        rc = d_max ? elastic_pipelined(out, &bb, &m, d_max) : bs_fail_ctx("elastic");
+        goto out;
+    }
     // 1. the target; none: the step is the batch's work, not a ring's, and the plan is balance's
     double T = find_target(&m);
     if (T <= 0) {

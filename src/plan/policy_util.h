@@ -36,7 +36,7 @@ int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *c
 int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double *r);
 
 // What an item of whole sequences on D ranks runs as, chosen by the cost model (balance, elastic):
-// a ring, or, where the heads allow it and nothing is offloaded, a Ulysses all-to-all group (a2a) or
+// a ring, or, where the heads allow it, a Ulysses all-to-all group (a2a) or
 // a ring of Ulysses groups (hybrid). t is its cost_item_time / cost_a2a_item_time on each member.
 typedef struct {
     double t;
@@ -44,9 +44,10 @@ typedef struct {
     int32_t ulysses;  // u >= 2: a hybrid of D / u groups of u (Item.ulysses); 0: not a hybrid
 } ItemChoice;
 
-// The fastest kind for segs on D ranks with offload ratio r. A ring when D <= 1 (a pack) or r > 0
-// (all-to-all and hybrid items do not offload), or when the head count of a TP shard is not known
-// (cm->a2a_heads = 0, a loaded profile: a group's head split could not be checked); otherwise an
+// The fastest kind for segs on D ranks with offload ratio r (every kind offloads alike, paying the
+// copies against its own layer times). A ring when D <= 1 (a pack), or when the head count of a TP
+// shard is not known (cm->a2a_heads = 0, a loaded profile: a group's head split could not be
+// checked); otherwise an
 // all-to-all group when D <= cost_a2a_max and it is faster, or a hybrid of D / u groups of u where u
 // divides both D and the query heads (an even head split; 2 <= u < D) and it is faster still. Ties
 // go to the ring, then to the all-to-all group, then to the smaller u.

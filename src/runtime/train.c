@@ -23,7 +23,7 @@ TrainConfig train_defaults(void) {
     TrainConfig c;
     memset(&c, 0, sizeof c);
     snprintf(c.model, sizeof c.model, "small");
-    snprintf(c.policy, sizeof c.policy, "balance");
+    snprintf(c.policy, sizeof c.policy, "elastic");  // bytescale's best (README, "Which policy")
     snprintf(c.data, sizeof c.data, "data/go-byte");
     c.tokens = 32 << 10;
     c.context = 4 << 10;

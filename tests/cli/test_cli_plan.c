@@ -68,7 +68,7 @@ static void test_writes_a_valid_plan(void **state) {
     if (plan_read_json_cm(&p, path, &cm) != 0) fail_msg("%s", bs_errmsg());
     assert_int_equal(p.n_ranks, 64);
     assert_int_equal(p.capacity, 8192);
-    assert_string_equal(p.policy, "balance");
+    assert_string_equal(p.policy, "elastic");  // the default
     assert_int_equal(p.batch.n_tokens, 4 << 20);
     assert_true(p.makespan >= p.lower_bound);
     plan_free(&p);
@@ -240,7 +240,7 @@ static void test_ignored_flags_are_errors(void **state) {
     // with --gpus, --tp is no longer pointless: it turns the GPUs into ranks (8 / 2 = 4)
     snprintf(args, sizeof args, "--gpus 8 --tp 2 --lengths %s --cost %s", lens, cost);
     if (run(args) != 0) fail_msg("plan %s:\n%s", args, out);
-    assert_non_null(strstr(out, "policy balance: 4 ranks"));
+    assert_non_null(strstr(out, "policy elastic: 4 ranks"));
     expect_fail("--policy static --offload", "--offload has no effect with --policy static");
 }
 

@@ -2,7 +2,7 @@
 rank's micro-batches in the plan's global order.
 
     batch = Batch(docs, starts, lengths)               # sequence k: tokens [starts[k], +lengths[k]) of docs[k]
-    plan = plan_step(batch, source, ranks=world, capacity=C, policy="balance") if rank == 0 else None
+    plan = plan_step(batch, source, ranks=world, capacity=C, policy="elastic") if rank == 0 else None
     plan = broadcast_plan(plan)                        # every rank: the same StepPlan
     for mb in microbatches(plan, rank, source):        # packs and ring members, in the global order
         with microbatch_context(mb):
@@ -205,7 +205,7 @@ def labelled_tokens(batch: Batch, source: TokenSource) -> int:
     return total
 
 
-def plan_step(batch: Batch, source: TokenSource, *, ranks: int, capacity: int, policy: str = "balance",
+def plan_step(batch: Batch, source: TokenSource, *, ranks: int, capacity: int, policy: str = "elastic",
               context: Optional[int] = None, **plan_args) -> StepPlan:
     """Plan the batch with bytescale's C planner (bytescale.plan; rank 0 only) for `ranks` ranks.
     plan_args go to bytescale.plan (offload, cost, model, hardware, tp, ...); the default cost model
