@@ -242,7 +242,8 @@ int cost_a2a_max(const CostModel *cm, int most);
 // at kv_token x cost_hybrid_kv_share(u) bytes a token) on the link D consecutive ranks use, as a ring
 // (cost_item_time): backward twice the bytes and one exposed dK/dV hop. Linear layers, TP terms and
 // the head as cost_item_time for tokens / D; offloading `off` as cost_a2a_item_time. u = 1 is
-// cost_item_time's ring of r; r = 1 is cost_a2a_item_time(u). u above a2a_heads is not checked here (plan_validate refuses it).
+// cost_item_time's ring of r; r = 1 is cost_a2a_item_time(u). u above a2a_heads is not checked here
+// (plan_validate refuses it).
 double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int u, int r, double off);
 // The share of kv_token a member of a Ulysses group of u holds per token after the all-to-all:
 // ceil(a2a_kv_heads / u) / a2a_kv_heads (one replicated head, 1 / a2a_kv_heads, when u exceeds them),

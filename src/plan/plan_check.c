@@ -91,7 +91,8 @@ static int check_owners(const Plan *p, int32_t k) {
 // kind. Their members hold tokens / n_ranks of the activations, as a ring's, so they offload as a
 // ring does and the capacity rules that follow are the ring's.
 static int check_heads_kind(const Item *it, int32_t k, const CostModel *cm) {
-    if (it->a2a != 0 && it->a2a != 1) return bs_fail("item %d: an all-to-all group's flag (a2a %d) must be 0 or 1", k, it->a2a);
+    if (it->a2a != 0 && it->a2a != 1)
+        return bs_fail("item %d: an all-to-all group's flag (a2a %d) must be 0 or 1", k, it->a2a);
     if (it->a2a && cm && cm->a2a_heads > 0 && it->n_ranks > cm->a2a_heads)
         return bs_fail("item %d: an all-to-all group of %d ranks exceeds the %d attention heads of a TP shard (Ulysses "
                        "splits the heads over the group)",
