@@ -18,7 +18,9 @@ def cli_simulate(run_cli, path, model, hardware, tp):
                               "--json"))
 
 
-@pytest.mark.parametrize("policy", ["static", "balance"])
+# balance plans hybrid items at pp2 here, blocks owned blocks, wlb delayed sequences and barriers: the
+# simulation keeps every one of them
+@pytest.mark.parametrize("policy", ["static", "balance", "blocks", "wlb"])
 @pytest.mark.parametrize("cfg", [dict(ranks=16, capacity=4096, context=32768, pp=1, model="llama-7b",
                                       hardware="h800-sxm", tp=2),
                                  dict(ranks=8, capacity=2048, context=16384, pp=2, model="llama-13b",

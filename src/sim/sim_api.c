@@ -20,22 +20,39 @@ struct BsSim {
 };
 
 // A copy of p's batch and items, finalized and validated with cm: the simulator re-derives the
-// items' estimates with its own cost model, and the caller's plan must not change under it.
+// items' estimates with its own cost model, and the caller's plan must not change under it. Every
+// item keeps its kind (a block item its owners, an all-to-all group or a hybrid its flag and u), and
+// the plan its barriers and delayed sequences: what the simulator runs is the plan as written.
+static int copy_item(Plan *dst, const Plan *p, int32_t k) {
+    const Item *it = &p->items[k];
+    const Segment *segs = p->segs + it->seg_begin;
+    const int32_t *ranks = p->ranks + it->rank_begin;
+    int32_t got = plan_item_kind(p, k) == ITEM_BLOCKS
+                      ? plan_add_blocks_item(dst, segs, it->n_segs, ranks, it->n_ranks, p->seg_owner + it->seg_begin)
+                      : plan_add_item(dst, segs, it->n_segs, ranks, it->n_ranks, it->offload);
+    if (got < 0) return -1;
+    dst->items[got].a2a = it->a2a;
+    dst->items[got].ulysses = it->ulysses;
+    return 0;
+}
+
 static int plan_copy(Plan *dst, const Plan *p, const CostModel *cm) {
     if (plan_init(dst, &p->batch, p->n_ranks, p->capacity, p->pp, p->policy) != 0) return -1;
-    for (int32_t k = 0; k < p->n_items; k++) {
-        const Item *it = &p->items[k];
-        if (plan_add_item(dst, p->segs + it->seg_begin, it->n_segs, p->ranks + it->rank_begin, it->n_ranks,
-                          it->offload) < 0) {
-            plan_free(dst);
-            return -1;
-        }
+    for (int32_t k = 0, w = 0; k < p->n_items; k++) {
+        for (; w < p->n_barriers && p->barriers[w] == k; w++)
+            if (plan_add_barrier(dst) != 0) goto fail;
+        if (copy_item(dst, p, k) != 0) goto fail;
     }
+    for (int32_t d = 0; d < p->n_delayed; d++)
+        if (plan_add_delayed(dst, p->delayed[d]) != 0) goto fail;
     if (plan_finalize(dst, cm) != 0 || plan_validate(dst, cm) != 0) {
         plan_free(dst);
         return -1;
     }
     return 0;
+fail:
+    plan_free(dst);
+    return -1;
 }
 
 BsSim *bs_simulate(const Plan *p, const char *model, const char *hardware, int64_t tp, int64_t gpus,
