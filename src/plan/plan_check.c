@@ -255,67 +255,103 @@ static int piece_by_start(const void *a, const void *b) {
     return (x->start > y->start) - (x->start < y->start);
 }
 
-// Every token exactly once: group the segments by sequence (counting sort), order each group by
-// start (nearly always a group of one) and walk it.
+// The item that holds segment i (items list their segments in order, check_items).
+static int32_t item_of_segment(const Plan *p, int32_t i) {
+    int32_t lo = 0, hi = p->n_items - 1;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo + 1) / 2;
+        if (p->items[mid].seg_begin <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Sequence s's pieces, ordered by start, must tile [0, len) exactly.
+static int walk_pieces(const Plan *p, int64_t s, Piece *ps, int32_t m) {
+    const Sequence *q = &p->batch.seqs[s];
+    if (m > 1) qsort(ps, (size_t)m, sizeof(Piece), piece_by_start);
+    int64_t at = 0;
+    for (int32_t i = 0; i < m; i++) {
+        if (ps[i].start > at)
+            return bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s, (long long)q->id,
+                           (long long)at, (long long)ps[i].start);
+        if (ps[i].start < at)
+            return bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in two items (%d and %d)", (long long)s,
+                           (long long)q->id, (long long)ps[i].start, (long long)at, ps[i - 1].item, ps[i].item);
+        at = ps[i].start + ps[i].len;
+    }
+    if (at != q->len)
+        return bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s, (long long)q->id,
+                       (long long)at, (long long)q->len);
+    return 0;
+}
+
+// Every token exactly once. Nearly every sequence is one segment: seen[s] is then that segment
+// (-1: none yet), and only the sequences cut into several (seen[s] = -2 - their index among those)
+// have their pieces gathered by sequence (a counting sort, item order within one), ordered by start
+// and walked. Linear, with one int per sequence and a Piece per segment of a cut sequence.
 static int check_coverage(const Plan *p) {
     int64_t n = p->batch.n;
-    int32_t *begin = bs_calloc((size_t)n + 1, sizeof(int32_t));
-    Piece *pieces = bs_malloc((size_t)(p->n_segs > 0 ? p->n_segs : 1) * sizeof(Piece));
-    int32_t *fill = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *seen = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *begin = NULL;
+    Piece *pieces = NULL;
     int rc = -1;
-    if (!begin || !pieces || !fill) {
-        bs_fail_ctx("plan_validate");
-        goto out;
-    }
-    for (int32_t i = 0; i < p->n_segs; i++) begin[p->segs[i].seq + 1]++;
-    for (int64_t s = 0; s < n; s++) begin[s + 1] += begin[s];
-    memcpy(fill, begin, (size_t)n * sizeof(int32_t));
-    for (int32_t k = 0; k < p->n_items; k++) {
-        const Item *it = &p->items[k];
-        for (int32_t j = 0; j < it->n_segs; j++) {
-            const Segment *sg = &p->segs[it->seg_begin + j];
-            pieces[fill[sg->seq]++] = (Piece){sg->start, sg->len, k};
+    if (!seen) return bs_fail_ctx("plan_validate");
+    for (int64_t s = 0; s < n; s++) seen[s] = -1;
+    int32_t n_cut = 0;
+    int64_t cut_segs = 0;
+    for (int32_t i = 0; i < p->n_segs; i++) {
+        int32_t q = p->segs[i].seq, was = seen[q];
+        if (was == -1) {
+            seen[q] = i;
+            continue;
         }
+        cut_segs += was >= 0 ? 2 : 1;
+        if (was >= 0) seen[q] = -2 - n_cut++;
+    }
+    if (n_cut > 0) {  // the cut sequences' pieces, grouped by sequence in item order
+        begin = bs_calloc((size_t)n_cut + 1, sizeof(int32_t));
+        pieces = bs_malloc((size_t)cut_segs * sizeof(Piece));
+        if (!begin || !pieces) {
+            bs_fail_ctx("plan_validate");
+            goto out;
+        }
+        for (int32_t i = 0; i < p->n_segs; i++)
+            if (seen[p->segs[i].seq] <= -2) begin[-1 - seen[p->segs[i].seq]]++;
+        for (int32_t c = 0; c < n_cut; c++) begin[c + 1] += begin[c];
+        for (int32_t k = 0; k < p->n_items; k++) {
+            const Item *it = &p->items[k];
+            for (int32_t j = 0; j < it->n_segs; j++) {
+                const Segment *sg = &p->segs[it->seg_begin + j];
+                if (seen[sg->seq] <= -2) pieces[begin[-2 - seen[sg->seq]]++] = (Piece){sg->start, sg->len, k};
+            }
+        }
+        for (int32_t c = n_cut; c > 0; c--) begin[c] = begin[c - 1];  // the fill moved each start to the next
+        begin[0] = 0;
     }
     for (int64_t s = 0, d = 0; s < n; s++) {
-        Piece *ps = pieces + begin[s];
-        int32_t m = begin[s + 1] - begin[s];
-        const Sequence *q = &p->batch.seqs[s];
+        int32_t at = seen[s];
+        Piece one;
+        Piece *ps = &one;
+        int32_t m = at == -1 ? 0 : 1;
+        if (at >= 0) one = (Piece){p->segs[at].start, p->segs[at].len, -1};
+        if (at <= -2) ps = pieces + begin[-2 - at], m = begin[-1 - at] - begin[-2 - at];
         if (d < p->n_delayed && p->delayed[d] == s) {  // a delayed sequence: trained in a later step
             d++;
             if (m > 0) {
                 bs_fail("sequence %lld (id %lld) is delayed but item %d holds tokens of it", (long long)s,
-                        (long long)q->id, ps[0].item);
+                        (long long)p->batch.seqs[s].id, at >= 0 ? item_of_segment(p, at) : ps[0].item);
                 goto out;
             }
             continue;
         }
-        if (m > 1) qsort(ps, (size_t)m, sizeof(Piece), piece_by_start);
-        int64_t at = 0;
-        for (int32_t i = 0; i < m; i++) {
-            if (ps[i].start > at) {
-                bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s,
-                        (long long)q->id, (long long)at, (long long)ps[i].start);
-                goto out;
-            }
-            if (ps[i].start < at) {
-                bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in two items (%d and %d)", (long long)s,
-                        (long long)q->id, (long long)ps[i].start, (long long)at, ps[i - 1].item, ps[i].item);
-                goto out;
-            }
-            at = ps[i].start + ps[i].len;
-        }
-        if (at != q->len) {
-            bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s, (long long)q->id,
-                    (long long)at, (long long)q->len);
-            goto out;
-        }
+        if (walk_pieces(p, s, ps, m) != 0) goto out;
     }
     rc = 0;
 out:
+    free(seen);
     free(begin);
     free(pieces);
-    free(fill);
     return rc;
 }
 

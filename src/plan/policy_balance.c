@@ -64,7 +64,7 @@ typedef struct {
     Made *made;          // (n,)
     double *start;       // (n,) planned start of each
     int32_t n_made;
-    Segment *made_segs;  // (n,)
+    int32_t *made_seq;   // (n,) the sequence of each segment: every segment is a whole sequence
     int32_t n_made_segs;
     int32_t *made_ranks; // (cap_made_ranks,), grown when rings take more than counted
     int64_t n_made_ranks, cap_made_ranks;
@@ -79,10 +79,11 @@ typedef struct {
     const double *scost;   // (n_short,) time it adds to a micro-batch, non-increasing
     int32_t *sbucket;  // (n_short,) bucket of equal compute (pp > 1 only, else NULL)
     int32_t *unused;   // (n_short + 1,) union-find "next unused short at or after i"
-    Segment *segs;     // (min(n_short, C),) scratch for one micro-batch (each segment >= 1 token)
+    int32_t *pack;     // (min(n_short, C),) scratch: the sequences of one micro-batch (each >= 1 token)
+    Segment *segs;     // (the same,) scratch: one item's segments as the plan gets them
 } Balance;
 
-static int record(Balance *bl, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
+static int record(Balance *bl, const int32_t *seqs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
                   double start) {
     if (bl->n_made >= bl->b->n || bl->n_made_segs + n_segs > bl->b->n)
         return bs_fail("balance: more items or segments than sequences (%d items)", bl->n_made);
@@ -95,7 +96,7 @@ static int record(Balance *bl, const Segment *segs, int n_segs, const int32_t *r
     }
     bl->made[bl->n_made] = (Made){bl->n_made_segs, n_segs, (int32_t)bl->n_made_ranks, n_ranks, (float)offload, 0, 0};
     bl->start[bl->n_made++] = start;
-    memcpy(bl->made_segs + bl->n_made_segs, segs, (size_t)n_segs * sizeof(Segment));
+    memcpy(bl->made_seq + bl->n_made_segs, seqs, (size_t)n_segs * sizeof(int32_t));
     memcpy(bl->made_ranks + bl->n_made_ranks, ranks, (size_t)n_ranks * sizeof(int32_t));
     bl->n_made_segs += n_segs;
     bl->n_made_ranks += n_ranks;
@@ -196,7 +197,7 @@ static int fill_hole(Balance *bl, const Hole *h) {
         if (i < 0) {  // a new micro-batch: pays open_cost first
             int32_t j = next_unused(bl, first_fitting(bl, bl->cfg->capacity, left - bl->open_cost));
             if (j >= bl->n_short) break;
-            if (n_segs > 0 && record(bl, bl->segs, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
+            if (n_segs > 0 && record(bl, bl->pack, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
             n_segs = 0;
             tokens = 0;
             pack_start = at;
@@ -204,11 +205,11 @@ static int fill_hole(Balance *bl, const Hole *h) {
             i = j;
         }
         take(bl, i);
-        bl->segs[n_segs++] = (Segment){bl->sidx[i], 0, bl->slen[i]};
+        bl->pack[n_segs++] = bl->sidx[i];
         tokens += bl->slen[i];
         at += bl->scost[i];
     }
-    if (n_segs > 0 && record(bl, bl->segs, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
+    if (n_segs > 0 && record(bl, bl->pack, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
     return 0;
 }
 
@@ -225,15 +226,15 @@ typedef struct {
 static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t rank) {
     if (op->first < 0) return 0;
     int n_segs = 0;
-    for (int32_t i = op->first; i >= 0; i = next[i]) bl->segs[n_segs++] = (Segment){bl->sidx[i], 0, bl->slen[i]};
+    for (int32_t i = op->first; i >= 0; i = next[i]) bl->pack[n_segs++] = bl->sidx[i];
     op->first = op->last = -1;
     double t = op->end - op->start, wait = pipeline_wait(bl, t, bl->last_t[rank]);
     bl->last_free[rank] = op->end + wait;
     bl->last_t[rank] = t;
-    return record(bl, bl->segs, n_segs, &rank, 1, 0.0, op->start + wait);
+    return record(bl, bl->pack, n_segs, &rank, 1, 0.0, op->start + wait);
 }
 
-static int assign_rest(Balance *bl, RankHeap *heap) {
+static int assign_rest(Balance *bl, RankTree *heap) {
     int32_t R = bl->cfg->n_ranks;
     int pp_balance = bl->cfg->pp > 1;
     OpenPack *open = bs_malloc((size_t)R * sizeof(OpenPack));
@@ -246,7 +247,7 @@ static int assign_rest(Balance *bl, RankHeap *heap) {
     for (int32_t r = 0; r < R; r++) open[r].first = open[r].last = -1;
     for (int32_t i = next_unused(bl, 0); i < bl->n_short; i = next_unused(bl, i)) {
         take(bl, i);
-        int32_t r = rankheap_top(heap);
+        int32_t r = ranktree_top(heap);
         OpenPack *op = &open[r];
         int fits = op->first >= 0 && op->tokens + bl->slen[i] <= bl->cfg->capacity &&
                    (!pp_balance || op->bucket == bl->sbucket[i]);
@@ -263,7 +264,7 @@ static int assign_rest(Balance *bl, RankHeap *heap) {
         op->end += bl->scost[i];
         // the open micro-batch grows, and with it its wait behind the rank's previous one and its drain
         double t = op->end - op->start;
-        rankheap_replace_top(heap, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
+        ranktree_replace_top(heap, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
     }
     for (int32_t r = 0; r < R; r++)
         if (close_pack(bl, &open[r], next, r) != 0) goto out;
@@ -288,14 +289,14 @@ out:
 // the same time (and, pp > 1, at the same levels) can finish first, and only those are costed.
 // Pops d_hi ranks into members (least-loaded first); the caller takes the first *d and pushes the
 // rest back.
-static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
+static int place_ring(const Balance *bl, RankTree *heap, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
                       int *d_hi, ItemChoice *t, double *r) {
     const CostModel *cm = bl->cm;
     int64_t C = bl->cfg->capacity;
     int64_t plain = len / C + (len % C != 0), top = plain > d_max ? plain : d_max;
     *d_hi = top < heap->n ? (int)top : heap->n;
     if (d_lo > *d_hi) d_lo = *d_hi;
-    for (int j = 0; j < *d_hi; j++) members[j] = rankheap_pop(heap);
+    for (int j = 0; j < *d_hi; j++) members[j] = ranktree_pop(heap);
     // over the first dd members: the latest last stage, and the lowest and highest levels (the
     // wait is V-shaped in the previous level, so its largest value is at one of them)
     double latest = 0, low = INFINITY, high = 0;
@@ -453,16 +454,18 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     int32_t *members = NULL, *sorted = NULL;
     Hole *holes = NULL;
     int64_t n_holes = 0, cap_holes = 0;
-    RankHeap heap = {0};
+    RankTree heap = {0};
     int rc = -1;
     int pp_balance = cfg->pp > 1;  // PP-Balance: no micro-batch mixes two buckets
     if (pp_balance) bl.sbucket = bs_malloc(ns * sizeof(int32_t));
     bl.unused = bs_malloc((ns + 1) * sizeof(int32_t));
-    bl.segs = bs_malloc((bl.n_short < cfg->capacity ? ns : (size_t)cfg->capacity) * sizeof(Segment));
+    size_t most_segs = bl.n_short < cfg->capacity ? ns : (size_t)cfg->capacity;
+    bl.pack = bs_malloc(most_segs * sizeof(int32_t));
+    bl.segs = bs_malloc(most_segs * sizeof(Segment));
     members = bs_malloc((size_t)R * sizeof(int32_t));
     bl.last_free = bs_calloc((size_t)R, sizeof(double));
     bl.last_t = bs_calloc((size_t)R, sizeof(double));
-    if (!rings || (pp_balance && !bl.sbucket) || !bl.unused || !bl.segs || !members || !bl.last_free || !bl.last_t)
+    if (!rings || (pp_balance && !bl.sbucket) || !bl.unused || !bl.pack || !bl.segs || !members || !bl.last_free || !bl.last_t)
         goto fail_mem;
     // the rings with their estimated time (the long sequences, then any promoted shorts), longest first
     double total = 0;
@@ -482,11 +485,11 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     size_t nn = (size_t)(b->n > 0 ? b->n : 1);
     bl.made = bs_malloc(nn * sizeof(Made));
     bl.start = bs_malloc(nn * sizeof(double));
-    bl.made_segs = bs_malloc(nn * sizeof(Segment));
+    bl.made_seq = bs_malloc(nn * sizeof(int32_t));
     if (refs > (int64_t)b->n + 4 * (int64_t)R) refs = (int64_t)b->n + 4 * (int64_t)R;
     bl.made_ranks = bs_malloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
     bl.cap_made_ranks = refs > 0 ? refs : 1;
-    if (!bl.made || !bl.start || !bl.made_segs || !bl.made_ranks) goto fail_mem;
+    if (!bl.made || !bl.start || !bl.made_seq || !bl.made_ranks) goto fail_mem;
     qsort(rings, (size_t)n_rings, sizeof(Ring), by_time_desc);
     for (int32_t i = 0; i < bl.n_short; i++) {
         total += bl.scost[i] + bl.open_cost * (double)bl.slen[i] / (double)cfg->capacity;
@@ -503,7 +506,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     }
 
     // 1. rings on the most-lagging ranks, lined up at the last member's free time
-    if (rankheap_init(&heap, R) != 0) goto out;
+    if (ranktree_init(&heap, R) != 0) goto out;
     for (int32_t k = 0; k < n_rings; k++) {
         int32_t s = rings[k].seq;
         int64_t len = b->seqs[s].len;
@@ -531,12 +534,11 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
             }
             bl.last_free[members[j]] = start + t;
             bl.last_t[members[j]] = t;
-            rankheap_push(&heap, members[j], rank_key(&bl, members[j]));
+            ranktree_push(&heap, members[j], rank_key(&bl, members[j]));
         }
-        for (int32_t j = d; j < d_hi; j++) rankheap_push(&heap, members[j], heap.key[members[j]]);  // not taken
+        for (int32_t j = d; j < d_hi; j++) ranktree_push(&heap, members[j], heap.key[members[j]]);  // not taken
         policy_sort_ranks(members, d);
-        Segment seg = {s, 0, len};
-        if (record(&bl, &seg, 1, members, d, rr, start) != 0) goto out;
+        if (record(&bl, &s, 1, members, d, rr, start) != 0) goto out;
         bl.made[bl.n_made - 1].a2a = kind.a2a;
         bl.made[bl.n_made - 1].ulysses = kind.ulysses;
     }
@@ -558,7 +560,11 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
         goto out;
     for (int32_t k = 0; k < m; k++) {
         const Made *it = &bl.made[sorted[k]];
-        int32_t idx = plan_add_item(out, bl.made_segs + it->seg_begin, it->n_segs, bl.made_ranks + it->rank_begin,
+        for (int32_t j = 0; j < it->n_segs; j++) {
+            int32_t q = bl.made_seq[it->seg_begin + j];
+            bl.segs[j] = (Segment){q, 0, b->seqs[q].len};
+        }
+        int32_t idx = plan_add_item(out, bl.segs, it->n_segs, bl.made_ranks + it->rank_begin,
                                     it->n_ranks, it->offload);
         if (idx < 0) goto out;
         out->items[idx].a2a = it->a2a;
@@ -577,13 +583,14 @@ out:
     free(bl.start);
     free(bl.sbucket);
     free(bl.unused);
+    free(bl.pack);
     free(bl.segs);
     free(bl.last_free);
     free(bl.last_t);
     free(bl.made);
-    free(bl.made_segs);
+    free(bl.made_seq);
     free(bl.made_ranks);
-    rankheap_free(&heap);
+    ranktree_free(&heap);
     return rc;
 }
 
