@@ -46,6 +46,14 @@ typedef struct {
     double from, to;  // the rank idles in [from, to) waiting for a ring
 } Hole;
 
+// A segment as the scheduler keeps it: every segment is a whole sequence, so its index and length
+// say all; the length of a short one (<= C, which fits an int32) is kept beside the index so that
+// emitting the plan reads no sequence back from the batch at random, a ring's (0 here) is.
+typedef struct {
+    int32_t seq;
+    int32_t len;  // tokens; 0: a ring's sequence, read from the batch
+} MadeSeg;
+
 // An item as the scheduler makes it: its segments and ranks in Balance's made_* arrays.
 typedef struct {
     int32_t seg_begin, n_segs;
@@ -64,7 +72,7 @@ typedef struct {
     Made *made;          // (n,)
     double *start;       // (n,) planned start of each
     int32_t n_made;
-    int32_t *made_seq;   // (n,) the sequence of each segment: every segment is a whole sequence
+    MadeSeg *made_seg;   // (n,)
     int32_t n_made_segs;
     int32_t *made_ranks; // (cap_made_ranks,), grown when rings take more than counted
     int64_t n_made_ranks, cap_made_ranks;
@@ -79,11 +87,11 @@ typedef struct {
     const double *scost;   // (n_short,) time it adds to a micro-batch, non-increasing
     int32_t *sbucket;  // (n_short,) bucket of equal compute (pp > 1 only, else NULL)
     int32_t *unused;   // (n_short + 1,) union-find "next unused short at or after i"
-    int32_t *pack;     // (min(n_short, C),) scratch: the sequences of one micro-batch (each >= 1 token)
+    MadeSeg *pack;     // (min(n_short, C),) scratch: the sequences of one micro-batch (each >= 1 token)
     Segment *segs;     // (the same,) scratch: one item's segments as the plan gets them
 } Balance;
 
-static int record(Balance *bl, const int32_t *seqs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
+static int record(Balance *bl, const MadeSeg *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
                   double start) {
     if (bl->n_made >= bl->b->n || bl->n_made_segs + n_segs > bl->b->n)
         return bs_fail("balance: more items or segments than sequences (%d items)", bl->n_made);
@@ -96,7 +104,7 @@ static int record(Balance *bl, const int32_t *seqs, int n_segs, const int32_t *r
     }
     bl->made[bl->n_made] = (Made){bl->n_made_segs, n_segs, (int32_t)bl->n_made_ranks, n_ranks, (float)offload, 0, 0};
     bl->start[bl->n_made++] = start;
-    memcpy(bl->made_seq + bl->n_made_segs, seqs, (size_t)n_segs * sizeof(int32_t));
+    memcpy(bl->made_seg + bl->n_made_segs, segs, (size_t)n_segs * sizeof(MadeSeg));
     memcpy(bl->made_ranks + bl->n_made_ranks, ranks, (size_t)n_ranks * sizeof(int32_t));
     bl->n_made_segs += n_segs;
     bl->n_made_ranks += n_ranks;
@@ -205,7 +213,7 @@ static int fill_hole(Balance *bl, const Hole *h) {
             i = j;
         }
         take(bl, i);
-        bl->pack[n_segs++] = bl->sidx[i];
+        bl->pack[n_segs++] = (MadeSeg){bl->sidx[i], (int32_t)bl->slen[i]};
         tokens += bl->slen[i];
         at += bl->scost[i];
     }
@@ -226,7 +234,7 @@ typedef struct {
 static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t rank) {
     if (op->first < 0) return 0;
     int n_segs = 0;
-    for (int32_t i = op->first; i >= 0; i = next[i]) bl->pack[n_segs++] = bl->sidx[i];
+    for (int32_t i = op->first; i >= 0; i = next[i]) bl->pack[n_segs++] = (MadeSeg){bl->sidx[i], (int32_t)bl->slen[i]};
     op->first = op->last = -1;
     double t = op->end - op->start, wait = pipeline_wait(bl, t, bl->last_t[rank]);
     bl->last_free[rank] = op->end + wait;
@@ -460,7 +468,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     if (pp_balance) bl.sbucket = bs_malloc(ns * sizeof(int32_t));
     bl.unused = bs_malloc((ns + 1) * sizeof(int32_t));
     size_t most_segs = bl.n_short < cfg->capacity ? ns : (size_t)cfg->capacity;
-    bl.pack = bs_malloc(most_segs * sizeof(int32_t));
+    bl.pack = bs_malloc(most_segs * sizeof(MadeSeg));
     bl.segs = bs_malloc(most_segs * sizeof(Segment));
     members = bs_malloc((size_t)R * sizeof(int32_t));
     bl.last_free = bs_calloc((size_t)R, sizeof(double));
@@ -485,11 +493,11 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     size_t nn = (size_t)(b->n > 0 ? b->n : 1);
     bl.made = bs_malloc(nn * sizeof(Made));
     bl.start = bs_malloc(nn * sizeof(double));
-    bl.made_seq = bs_malloc(nn * sizeof(int32_t));
+    bl.made_seg = bs_malloc(nn * sizeof(MadeSeg));
     if (refs > (int64_t)b->n + 4 * (int64_t)R) refs = (int64_t)b->n + 4 * (int64_t)R;
     bl.made_ranks = bs_malloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
     bl.cap_made_ranks = refs > 0 ? refs : 1;
-    if (!bl.made || !bl.start || !bl.made_seq || !bl.made_ranks) goto fail_mem;
+    if (!bl.made || !bl.start || !bl.made_seg || !bl.made_ranks) goto fail_mem;
     qsort(rings, (size_t)n_rings, sizeof(Ring), by_time_desc);
     for (int32_t i = 0; i < bl.n_short; i++) {
         total += bl.scost[i] + bl.open_cost * (double)bl.slen[i] / (double)cfg->capacity;
@@ -538,7 +546,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
         }
         for (int32_t j = d; j < d_hi; j++) ranktree_push(&heap, members[j], heap.key[members[j]]);  // not taken
         policy_sort_ranks(members, d);
-        if (record(&bl, &s, 1, members, d, rr, start) != 0) goto out;
+        if (record(&bl, &(MadeSeg){s, 0}, 1, members, d, rr, start) != 0) goto out;
         bl.made[bl.n_made - 1].a2a = kind.a2a;
         bl.made[bl.n_made - 1].ulysses = kind.ulysses;
     }
@@ -561,8 +569,8 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     for (int32_t k = 0; k < m; k++) {
         const Made *it = &bl.made[sorted[k]];
         for (int32_t j = 0; j < it->n_segs; j++) {
-            int32_t q = bl.made_seq[it->seg_begin + j];
-            bl.segs[j] = (Segment){q, 0, b->seqs[q].len};
+            MadeSeg q = bl.made_seg[it->seg_begin + j];
+            bl.segs[j] = (Segment){q.seq, 0, q.len > 0 ? q.len : b->seqs[q.seq].len};
         }
         int32_t idx = plan_add_item(out, bl.segs, it->n_segs, bl.made_ranks + it->rank_begin,
                                     it->n_ranks, it->offload);
@@ -588,7 +596,7 @@ out:
     free(bl.last_free);
     free(bl.last_t);
     free(bl.made);
-    free(bl.made_seq);
+    free(bl.made_seg);
     free(bl.made_ranks);
     ranktree_free(&heap);
     return rc;
