@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "plan/policy_util.h"
 
 int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, int32_t pp, const char *policy) {
     memset(p, 0, sizeof *p);
@@ -344,7 +345,9 @@ static int finalize_bounds(Plan *p, const CostModel *cm) {
     return 0;
 }
 
-int plan_finalize(Plan *p, const CostModel *cm) {
+int plan_finalize(Plan *p, const CostModel *cm) { return plan_finalize_bounds(p, cm, NULL); }
+
+int plan_finalize_bounds(Plan *p, const CostModel *cm, const double *bounds) {
     free(p->rank_begin);
     free(p->rank_items);
     free(p->rank_busy);
@@ -410,6 +413,11 @@ int plan_finalize(Plan *p, const CostModel *cm) {
     // with pipelines the items of a rank overlap on its stages, and fill and drain come on top
     if (p->pp > 1 && pipeline_makespan(p, &makespan) != 0) return -1;
     p->makespan = makespan;
+    if (cm && bounds) {  // the batch's bounds, known to the caller
+        p->lower_bound = bounds[0];
+        p->hdp_bound = bounds[1];
+        return 0;
+    }
     if (cm) return finalize_bounds(p, cm);
     return 0;
 }

@@ -126,11 +126,20 @@ static int check_items(const Plan *p, const CostModel *cm, int *whole) {
     }
     int rc = -1;
     int64_t seg_at = 0, ref_at = 0, n_whole = 0;
-    uint8_t *hit = bs_calloc((size_t)(p->batch.n > 0 ? p->batch.n : 1), 1);  // sequences seen in a segment
+    size_t nn = (size_t)(p->batch.n > 0 ? p->batch.n : 1);
+    uint8_t *hit = bs_calloc(nn, 1);  // sequences seen in a segment
+    // the lengths packed 4 bytes apart, read once in order, when they fit: the segments look them up
+    // at random, and a small array keeps those lookups in the cache and the TLB (the batch's
+    // sequences are 24 bytes each)
+    int32_t *len32 = bs_malloc(nn * sizeof(int32_t));
     *whole = 0;
-    if (!hit) {
+    if (!hit || !len32) {
         bs_fail_ctx("plan_validate");
         goto out;
+    }
+    for (int64_t i = 0; i < p->batch.n; i++) {
+        int64_t len = p->batch.seqs[i].len;  // >= 1 (check_header)
+        len32[i] = len <= INT32_MAX ? (int32_t)len : -1;
     }
     for (int32_t k = 0; k < p->n_items; k++) {
         const Item *it = &p->items[k];
@@ -165,7 +174,7 @@ static int check_items(const Plan *p, const CostModel *cm, int *whole) {
                         (long long)p->batch.n);
                 goto out;
             }
-            int64_t len = p->batch.seqs[s->seq].len;
+            int64_t len = len32[s->seq] >= 0 ? len32[s->seq] : p->batch.seqs[s->seq].len;
             n_whole += s->start == 0 && s->len == len && !hit[s->seq];
             hit[s->seq] = 1;
             // start > len - s->len, not start + len > len: a start near INT64_MAX must not overflow
@@ -254,6 +263,7 @@ out:
     free(stamp);
     free(diff);
     free(hit);
+    free(len32);
     return rc;
 }
 

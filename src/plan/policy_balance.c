@@ -348,28 +348,34 @@ static int place_ring(const Balance *bl, RankTree *heap, int64_t len, int d_lo, 
 
 // ---- the prepared batch ----------------------------------------------------------------------------------
 
-// The short sequences longest first, ties by index: a counting sort by length (stable, so ties stay
-// in index order) when the capacity is small next to the batch, else a comparison sort.
+// The n_short short sequences longest first, ties by index, into sidx with their lengths (slen): a
+// counting sort by length straight from the batch (stable, so ties stay in index order) when the
+// capacity is small next to the batch, else a comparison sort.
 static int sort_shorts(BalanceBatch *bb) {
+    const GlobalBatch *b = bb->b;
     int64_t C = bb->cfg->capacity;
     int32_t n = bb->n_short;
     if (C > (1 << 16) && C > n) {
-        qsort_r(bb->sidx, (size_t)n, sizeof(int32_t), by_len_desc, (void *)bb->b);
+        for (int64_t i = 0, k = 0; i < b->n; i++)
+            if (b->seqs[i].len <= C) bb->sidx[k++] = (int32_t)i;
+        qsort_r(bb->sidx, (size_t)n, sizeof(int32_t), by_len_desc, (void *)b);
+        for (int32_t i = 0; i < n; i++) bb->slen[i] = b->seqs[bb->sidx[i]].len;
         return 0;
     }
-    int32_t *start = bs_calloc((size_t)C + 2, sizeof(int32_t)), *tmp = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
-    if (!start || !tmp) {
-        free(start);
-        free(tmp);
-        return bs_fail_ctx("balance: sorting %d short sequences", n);
-    }
+    int32_t *start = bs_calloc((size_t)C + 2, sizeof(int32_t));
+    if (!start) return bs_fail_ctx("balance: sorting %d short sequences", n);
     // bucket C - len holds the sequences of length len, so the buckets in order are longest first
-    for (int32_t i = 0; i < n; i++) start[C - bb->b->seqs[bb->sidx[i]].len + 1]++;
+    for (int64_t i = 0; i < b->n; i++)
+        if (b->seqs[i].len <= C) start[C - b->seqs[i].len + 1]++;
     for (int64_t v = 0; v <= C; v++) start[v + 1] += start[v];
-    for (int32_t i = 0; i < n; i++) tmp[start[C - bb->b->seqs[bb->sidx[i]].len]++] = bb->sidx[i];
-    memcpy(bb->sidx, tmp, (size_t)n * sizeof(int32_t));
+    for (int64_t i = 0; i < b->n; i++) {
+        int64_t len = b->seqs[i].len;
+        if (len > C) continue;
+        int32_t at = start[C - len]++;
+        bb->sidx[at] = (int32_t)i;
+        bb->slen[at] = len;
+    }
     free(start);
-    free(tmp);
     return 0;
 }
 
@@ -396,15 +402,14 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     }
     for (int64_t i = 0; i < b->n; i++) {
         if (b->seqs[i].len > cfg->capacity) bb->long_seq[bb->n_long++] = (int32_t)i;
-        else bb->sidx[bb->n_short++] = (int32_t)i;
+        else bb->n_short++;
     }
     if (sort_shorts(bb) != 0) {
         balance_batch_free(bb);
         return -1;
     }
     for (int32_t i = 0; i < bb->n_short; i++) {  // a pack's time is additive; one length, one cost
-        int64_t s = b->seqs[bb->sidx[i]].len;
-        bb->slen[i] = s;
+        int64_t s = bb->slen[i];
         bb->scost[i] = i > 0 && s == bb->slen[i - 1] ? bb->scost[i - 1] : cost_item_time(cm, &s, 1, 1, 0.0) - bb->open_cost;
     }
     return 0;
@@ -710,15 +715,15 @@ out:
 int balance_best(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, const char *name) {
     if (bb->cfg->pp == 1) {
         if (balance_schedule(out, bb, w, 0, name) != 0) return -1;
-        if (plan_finalize(out, bb->cm) == 0) return 0;
+        if (plan_finalize_bounds(out, bb->cm, bb->bounds) == 0) return 0;
         plan_free(out);
         return -1;
     }
     Plan plain;
     memset(&plain, 0, sizeof plain);
     if (balance_schedule(out, bb, w, 1, name) != 0) return -1;
-    if (balance_schedule(&plain, bb, w, 0, name) != 0 || plan_finalize(out, bb->cm) != 0 ||
-        plan_finalize(&plain, bb->cm) != 0) {
+    if (balance_schedule(&plain, bb, w, 0, name) != 0 || plan_finalize_bounds(out, bb->cm, bb->bounds) != 0 ||
+        plan_finalize_bounds(&plain, bb->cm, bb->bounds) != 0) {
         plan_free(out);
         plan_free(&plain);
         return -1;
@@ -735,6 +740,11 @@ int balance_best(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, cons
 int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
     BalanceBatch bb;
     if (balance_prepare(&bb, b, cfg, cm) != 0) return -1;
+    double bounds[2];  // pp > 1: two plans finalized here, the batch's bounds computed once for both
+    if (cfg->pp > 1) {
+        policy_bounds(b, cfg, cm, bounds);
+        bb.bounds = bounds;
+    }
     // pp = 1: one run, finalized by the caller (policy_plan)
     int rc = cfg->pp == 1 ? balance_schedule(out, &bb, NULL, 0, "balance") : balance_best(out, &bb, NULL, "balance");
     balance_batch_free(&bb);

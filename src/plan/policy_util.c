@@ -74,6 +74,11 @@ double policy_offload_ratio(double r) {
     return f > 1.0f ? 1.0 : (double)f;
 }
 
+void policy_bounds(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, double bounds[2]) {
+    bounds[0] = plan_lower_bound_pp(b, cm, cfg->n_ranks, cfg->capacity, cfg->pp);
+    bounds[1] = plan_hdp_bound(b, cm, cfg->n_ranks, cfg->capacity, cfg->pp);
+}
+
 // ---- best fit -----------------------------------------------------------------------------------
 
 static void bits_set(BestFit *bf, int64_t v) {

@@ -129,6 +129,16 @@ int32_t ranktree_top(const RankTree *t);
 void ranktree_replace_top(RankTree *t, double key);  // rankheap_replace_top's contract
 void ranktree_free(RankTree *t);
 
+// plan_finalize, with the batch's two bounds given (bounds[0] plan_lower_bound_pp, bounds[1]
+// plan_hdp_bound of the plan's batch, ranks, capacity and pp) instead of computed, or computed when
+// bounds is NULL: they depend on the batch alone, and a policy that finalizes several plans of one
+// batch (balance with pp > 1, elastic) computes them once (policy_bounds). In plan.c.
+int plan_finalize_bounds(Plan *p, const CostModel *cm, const double *bounds);
+
+// bounds[0] and bounds[1] as plan_finalize would compute them for a plan of this batch and config
+// (no delayed sequences).
+void policy_bounds(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, double bounds[2]);
+
 // Make room in a plan for what a policy knows it will add, so that plan_add_item (which grows the
 // arrays by doubling, copying them each time) does not grow them again: at least `items` items,
 // `segs` segments and `refs` rank references in all. -1 + error when out of memory.
