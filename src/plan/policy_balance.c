@@ -2,7 +2,7 @@
 //
 // Sharding follows Algorithm 1 (policy_shard): packs of <= C tokens for the short sequences, a ring
 // for every s > C. The assignment balances estimated TIME (the cost model) with a list scheduler
-// over a heap of ranks keyed by the time each rank is next free:
+// over a queue of ranks (RankTree, a tournament tree) keyed by the time each rank is next free:
 //   1. Rings, the longest first (the first buckets of the length-sorted batch): each takes the D
 //      most-lagging ranks (least accumulated time) and starts when the last of them is free. That
 //      start is recorded and the global order is by start time, so the members of every ring line
@@ -27,7 +27,7 @@
 // whose replayed makespan (plan_finalize) is shorter (balance_best, at the end).
 // The batch is prepared once (balance_prepare) and scheduled by balance_schedule, which elastic
 // (policy_elastic.c) also runs with rings wider than ceil(s/C) (BalanceWidths, policy_balance.h).
-// Cost: O((refs + shorts) log ranks) for the heap, O(n log n) for the ring sort and O(n + C) for the
+// Cost: O((refs + shorts) log ranks) for the tree, O(n log n) for the ring sort and O(n + C) for the
 // shorts' (a counting sort by length when C is small next to the batch, else O(n log n)).
 #include "plan/policy_balance.h"
 
@@ -133,7 +133,7 @@ static double pipeline_wait(const Balance *bl, double t, double last) {
 }
 static double pipeline_drain(const Balance *bl, double t) { return bl->lift * 2 * t / 3; }
 
-// A rank's heap key: when it would be done if nothing more came (its last stage, then the drain).
+// A rank's key in the queue: when it would be done if nothing more came (its last stage, then the drain).
 static double rank_key(const Balance *bl, int32_t r) { return bl->last_free[r] + pipeline_drain(bl, bl->last_t[r]); }
 
 // ---- the shorts: sorted, with "largest unused that fits" queries -----------------------------------
@@ -242,7 +242,7 @@ static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t ra
     return record(bl, bl->pack, n_segs, &rank, 1, 0.0, op->start + wait);
 }
 
-static int assign_rest(Balance *bl, RankTree *heap) {
+static int assign_rest(Balance *bl, RankTree *queue) {
     int32_t R = bl->cfg->n_ranks;
     int pp_balance = bl->cfg->pp > 1;
     OpenPack *open = bs_malloc((size_t)R * sizeof(OpenPack));
@@ -255,7 +255,7 @@ static int assign_rest(Balance *bl, RankTree *heap) {
     for (int32_t r = 0; r < R; r++) open[r].first = open[r].last = -1;
     for (int32_t i = next_unused(bl, 0); i < bl->n_short; i = next_unused(bl, i)) {
         take(bl, i);
-        int32_t r = ranktree_top(heap);
+        int32_t r = ranktree_top(queue);
         OpenPack *op = &open[r];
         int fits = op->first >= 0 && op->tokens + bl->slen[i] <= bl->cfg->capacity &&
                    (!pp_balance || op->bucket == bl->sbucket[i]);
@@ -272,7 +272,7 @@ static int assign_rest(Balance *bl, RankTree *heap) {
         op->end += bl->scost[i];
         // the open micro-batch grows, and with it its wait behind the rank's previous one and its drain
         double t = op->end - op->start;
-        ranktree_replace_top(heap, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
+        ranktree_replace_top(queue, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
     }
     for (int32_t r = 0; r < R; r++)
         if (close_pack(bl, &open[r], next, r) != 0) goto out;
@@ -297,14 +297,14 @@ out:
 // the same time (and, pp > 1, at the same levels) can finish first, and only those are costed.
 // Pops d_hi ranks into members (least-loaded first); the caller takes the first *d and pushes the
 // rest back.
-static int place_ring(const Balance *bl, RankTree *heap, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
+static int place_ring(const Balance *bl, RankTree *queue, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
                       int *d_hi, ItemChoice *t, double *r) {
     const CostModel *cm = bl->cm;
     int64_t C = bl->cfg->capacity;
     int64_t plain = len / C + (len % C != 0), top = plain > d_max ? plain : d_max;
-    *d_hi = top < heap->n ? (int)top : heap->n;
+    *d_hi = top < queue->n ? (int)top : queue->n;
     if (d_lo > *d_hi) d_lo = *d_hi;
-    for (int j = 0; j < *d_hi; j++) members[j] = ranktree_pop(heap);
+    for (int j = 0; j < *d_hi; j++) members[j] = ranktree_pop(queue);
     // over the first dd members: the latest last stage, and the lowest and highest levels (the
     // wait is V-shaped in the previous level, so its largest value is at one of them)
     double latest = 0, low = INFINITY, high = 0;
@@ -467,7 +467,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     int32_t *members = NULL, *sorted = NULL;
     Hole *holes = NULL;
     int64_t n_holes = 0, cap_holes = 0;
-    RankTree heap = {0};
+    RankTree queue = {0};
     int rc = -1;
     int pp_balance = cfg->pp > 1;  // PP-Balance: no micro-batch mixes two buckets
     if (pp_balance) bl.sbucket = bs_malloc(ns * sizeof(int32_t));
@@ -519,14 +519,14 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     }
 
     // 1. rings on the most-lagging ranks, lined up at the last member's free time
-    if (ranktree_init(&heap, R) != 0) goto out;
+    if (ranktree_init(&queue, R) != 0) goto out;
     for (int32_t k = 0; k < n_rings; k++) {
         int32_t s = rings[k].seq;
         int64_t len = b->seqs[s].len;
         int d, d_hi;
         double rr = 0;
         ItemChoice kind = {0, 0, 0};
-        if (place_ring(&bl, &heap, len, bb->d_min[s], rings[k].d_max, members, &d, &d_hi, &kind, &rr) != 0) goto out;
+        if (place_ring(&bl, &queue, len, bb->d_min[s], rings[k].d_max, members, &d, &d_hi, &kind, &rr) != 0) goto out;
         double t = kind.t;
         // in step on every member: it starts when the last of their last stages is ready for it
         // (pp = 1: the last member's free time; members come out least-loaded first)
@@ -534,7 +534,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
         for (int32_t j = 0; j < d; j++)
             start = fmax(start, bl.last_free[members[j]] + pipeline_wait(&bl, t, bl.last_t[members[j]]));
         for (int32_t j = 0; j < d; j++) {
-            double f = heap.key[members[j]];
+            double f = queue.key[members[j]];
             if (cfg->pp == 1 && start - f > delta * start) {
                 if (n_holes == cap_holes) {
                     int64_t c = cap_holes ? 2 * cap_holes : 1024;
@@ -547,9 +547,9 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
             }
             bl.last_free[members[j]] = start + t;
             bl.last_t[members[j]] = t;
-            ranktree_push(&heap, members[j], rank_key(&bl, members[j]));
+            ranktree_push(&queue, members[j], rank_key(&bl, members[j]));
         }
-        for (int32_t j = d; j < d_hi; j++) ranktree_push(&heap, members[j], heap.key[members[j]]);  // not taken
+        for (int32_t j = d; j < d_hi; j++) ranktree_push(&queue, members[j], queue.key[members[j]]);  // not taken
         policy_sort_ranks(members, d);
         if (record(&bl, &(MadeSeg){s, 0}, 1, members, d, rr, start) != 0) goto out;
         bl.made[bl.n_made - 1].a2a = kind.a2a;
@@ -560,7 +560,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     for (int64_t h = 0; h < n_holes; h++)
         if (fill_hole(&bl, &holes[h]) != 0) goto out;
     // 3. the rest, longest first, to the most-lagging rank
-    if (assign_rest(&bl, &heap) != 0) goto out;
+    if (assign_rest(&bl, &queue) != 0) goto out;
 
     // the global order: by planned start, so every rank meets its items in time order and the
     // members of a ring all reach it at its start
@@ -603,7 +603,7 @@ out:
     free(bl.made);
     free(bl.made_seg);
     free(bl.made_ranks);
-    ranktree_free(&heap);
+    ranktree_free(&queue);
     return rc;
 }
 
@@ -614,7 +614,7 @@ out:
 // plan starts and ends; plan_finalize's schedule of a pp = 1 plan is the planned one. The ring phase
 // needs only the ranks' free times, not which rank is which: a multiset of (time, count) groups in a
 // min-heap, from which a ring takes the ranks free earliest. This replays phase 1 with the very
-// arithmetic of place_ring, in O(rings log rings + the widths costed), without the rank heap.
+// arithmetic of place_ring, in O(rings log rings + the widths costed), without the rank queue.
 
 void rank_groups_push(RankGroup *h, int32_t *n, RankGroup g) {
     int32_t i = (*n)++;
