@@ -114,7 +114,9 @@ static void test_bound_searches_stop_exactly(void **state) {
         if (batch_generate(&b, trial % 2 ? "github" : "byted", rng_next(&g), tokens, 2 << 20) != 0)
             fail_msg("%s", bs_errmsg());
         double got = plan_lower_bound_pp(&b, &cm, R, C, pp), want = plan_lower_bound_pp(&b, &all, R, C, pp);
-        if (got != want) fail_msg("trial %d (R %d, C %lld, pp %d): %.17g, every width gives %.17g", trial, R, (long long)C, pp, got, want);
+        if (got != want)
+            fail_msg("trial %d (R %d, C %lld, pp %d): %.17g, every width gives %.17g", trial, R, (long long)C, pp, got,
+                     want);
         if (trial % 8 == 0 && R <= 4000) {
             PlanConfig pc = {.n_ranks = R, .capacity = C, .context = 2 << 20, .pp = pp, .offload = 1};
             for (int k = 0; k < 2; k++) {
