@@ -114,86 +114,80 @@ static int check_heads_kind(const Item *it, int32_t k, const CostModel *cm) {
     return 0;
 }
 
+// Where an item's segments and ranks lie: in order, within the plan's arrays.
+static int check_item_lists(const Plan *p, int32_t k, const Item *it, int64_t seg_at, int64_t ref_at) {
+    if (it->n_segs < 1) return bs_fail("item %d has %d segments (needs at least one)", k, it->n_segs);
+    if (it->seg_begin != seg_at || seg_at + it->n_segs > p->n_segs)
+        return bs_fail("item %d: segments [%d, +%d) should start at %lld and lie within the %d segments "
+                       "(items list their segments in order)",
+                       k, it->seg_begin, it->n_segs, (long long)seg_at, p->n_segs);
+    if (it->n_ranks < 1) return bs_fail("item %d has %d ranks (needs at least one)", k, it->n_ranks);
+    if (it->rank_begin != ref_at || ref_at + it->n_ranks > p->n_refs)
+        return bs_fail("item %d: ranks [%d, +%d) should start at %lld and lie within the %d rank refs "
+                       "(items list their ranks in order)",
+                       k, it->rank_begin, it->n_ranks, (long long)ref_at, p->n_refs);
+    return 0;
+}
+
+// What check_items learns of the sequences on its way: which ones a segment holds, and how many
+// segments are a whole sequence seen for the first time. The lengths are packed 4 bytes apart (read
+// once in order, -1 where one does not fit): the segments look them up at random, and a small array
+// keeps those lookups in the cache and the TLB (the batch's sequences are 24 bytes each).
+typedef struct {
+    int32_t *len32;  // (n,)
+    uint8_t *hit;    // (n,)
+    int64_t n_whole;
+} Seen;
+
+// An item's segments: each inside its sequence, their tokens the item's count.
+static int check_segments(const Plan *p, int32_t k, const Item *it, Seen *sn) {
+    int64_t tokens = 0;
+    for (int32_t j = 0; j < it->n_segs; j++) {
+        const Segment *s = &p->segs[it->seg_begin + j];
+        if (s->seq < 0 || s->seq >= p->batch.n)
+            return bs_fail("item %d: segment %d: sequence %d out of range [0, %lld)", k, j, s->seq,
+                           (long long)p->batch.n);
+        int64_t len = sn->len32[s->seq] >= 0 ? sn->len32[s->seq] : p->batch.seqs[s->seq].len;
+        sn->n_whole += s->start == 0 && s->len == len && !sn->hit[s->seq];
+        sn->hit[s->seq] = 1;
+        // start > len - s->len, not start + len > len: a start near INT64_MAX must not overflow
+        if (s->start < 0 || s->len < 1 || s->len > len || s->start > len - s->len)
+            return bs_fail("item %d: segment %d: tokens [%lld, +%lld) outside sequence %d (length %lld)", k, j,
+                           (long long)s->start, (long long)s->len, s->seq, (long long)len);
+        // segments may repeat a sequence (a fault coverage reports later), so the sum can overflow
+        if (__builtin_add_overflow(tokens, s->len, &tokens))
+            return bs_fail("item %d: its segments hold more than %lld tokens", k, (long long)INT64_MAX);
+    }
+    if (tokens != it->tokens)
+        return bs_fail("item %d: says %lld tokens but its segments hold %lld", k, (long long)it->tokens,
+                       (long long)tokens);
+    return 0;
+}
+
 // *whole: 1 when every sequence is exactly one segment of its full length, the plans balance and
 // elastic make (then check_coverage has nothing left to find); 0 when that is not shown here.
 static int check_items(const Plan *p, const CostModel *cm, int *whole) {
     int32_t *stamp = bs_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
     int64_t *diff = bs_malloc(((size_t)p->n_ranks + 1) * sizeof(int64_t));  // fullest_member's, any ring fits
-    if (!stamp || !diff) {
-        free(stamp);
-        free(diff);
-        return bs_fail_ctx("plan_validate");
-    }
-    int rc = -1;
-    int64_t seg_at = 0, ref_at = 0, n_whole = 0;
     size_t nn = (size_t)(p->batch.n > 0 ? p->batch.n : 1);
-    uint8_t *hit = bs_calloc(nn, 1);  // sequences seen in a segment
-    // the lengths packed 4 bytes apart, read once in order, when they fit: the segments look them up
-    // at random, and a small array keeps those lookups in the cache and the TLB (the batch's
-    // sequences are 24 bytes each)
-    int32_t *len32 = bs_malloc(nn * sizeof(int32_t));
+    Seen sn = {bs_malloc(nn * sizeof(int32_t)), bs_calloc(nn, 1), 0};
+    int rc = -1;
+    int64_t seg_at = 0, ref_at = 0;
     *whole = 0;
-    if (!hit || !len32) {
+    if (!stamp || !diff || !sn.len32 || !sn.hit) {
         bs_fail_ctx("plan_validate");
         goto out;
     }
     for (int64_t i = 0; i < p->batch.n; i++) {
         int64_t len = p->batch.seqs[i].len;  // >= 1 (check_header)
-        len32[i] = len <= INT32_MAX ? (int32_t)len : -1;
+        sn.len32[i] = len <= INT32_MAX ? (int32_t)len : -1;
     }
     for (int32_t k = 0; k < p->n_items; k++) {
         const Item *it = &p->items[k];
-        if (it->n_segs < 1) {
-            bs_fail("item %d has %d segments (needs at least one)", k, it->n_segs);
-            goto out;
-        }
-        if (it->seg_begin != seg_at || seg_at + it->n_segs > p->n_segs) {
-            bs_fail("item %d: segments [%d, +%d) should start at %lld and lie within the %d segments "
-                    "(items list their segments in order)",
-                    k, it->seg_begin, it->n_segs, (long long)seg_at, p->n_segs);
-            goto out;
-        }
-        if (it->n_ranks < 1) {
-            bs_fail("item %d has %d ranks (needs at least one)", k, it->n_ranks);
-            goto out;
-        }
-        if (it->rank_begin != ref_at || ref_at + it->n_ranks > p->n_refs) {
-            bs_fail("item %d: ranks [%d, +%d) should start at %lld and lie within the %d rank refs "
-                    "(items list their ranks in order)",
-                    k, it->rank_begin, it->n_ranks, (long long)ref_at, p->n_refs);
-            goto out;
-        }
+        if (check_item_lists(p, k, it, seg_at, ref_at) != 0 || check_segments(p, k, it, &sn) != 0) goto out;
         seg_at += it->n_segs;
         ref_at += it->n_ranks;
-
-        int64_t tokens = 0;
-        for (int32_t j = 0; j < it->n_segs; j++) {
-            const Segment *s = &p->segs[it->seg_begin + j];
-            if (s->seq < 0 || s->seq >= p->batch.n) {
-                bs_fail("item %d: segment %d: sequence %d out of range [0, %lld)", k, j, s->seq,
-                        (long long)p->batch.n);
-                goto out;
-            }
-            int64_t len = len32[s->seq] >= 0 ? len32[s->seq] : p->batch.seqs[s->seq].len;
-            n_whole += s->start == 0 && s->len == len && !hit[s->seq];
-            hit[s->seq] = 1;
-            // start > len - s->len, not start + len > len: a start near INT64_MAX must not overflow
-            if (s->start < 0 || s->len < 1 || s->len > len || s->start > len - s->len) {
-                bs_fail("item %d: segment %d: tokens [%lld, +%lld) outside sequence %d (length %lld)", k, j,
-                        (long long)s->start, (long long)s->len, s->seq, (long long)len);
-                goto out;
-            }
-            // segments may repeat a sequence (a fault coverage reports later), so the sum can overflow
-            if (__builtin_add_overflow(tokens, s->len, &tokens)) {
-                bs_fail("item %d: its segments hold more than %lld tokens", k, (long long)INT64_MAX);
-                goto out;
-            }
-        }
-        if (tokens != it->tokens) {
-            bs_fail("item %d: says %lld tokens but its segments hold %lld", k, (long long)it->tokens,
-                    (long long)tokens);
-            goto out;
-        }
+        int64_t tokens = it->tokens;  // what its segments hold (check_segments)
         for (int32_t j = 0; j < it->n_ranks; j++) {
             int32_t r = p->ranks[it->rank_begin + j];
             if (r < 0 || r >= p->n_ranks) {
@@ -257,13 +251,13 @@ static int check_items(const Plan *p, const CostModel *cm, int *whole) {
         bs_fail("the items use %lld of the %d rank refs", (long long)ref_at, p->n_refs);
         goto out;
     }
-    *whole = n_whole == p->batch.n && p->n_segs == p->batch.n && p->n_delayed == 0;
+    *whole = sn.n_whole == p->batch.n && p->n_segs == p->batch.n && p->n_delayed == 0;
     rc = 0;
 out:
     free(stamp);
     free(diff);
-    free(hit);
-    free(len32);
+    free(sn.len32);
+    free(sn.hit);
     return rc;
 }
 
