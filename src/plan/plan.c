@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "plan/policy_util.h"
 
 int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, int32_t pp, const char *policy) {
     memset(p, 0, sizeof *p);
@@ -345,7 +346,9 @@ static int finalize_bounds(Plan *p, const CostModel *cm) {
     return 0;
 }
 
-int plan_finalize(Plan *p, const CostModel *cm) {
+int plan_finalize(Plan *p, const CostModel *cm) { return plan_finalize_bounds(p, cm, NULL); }
+
+int plan_finalize_bounds(Plan *p, const CostModel *cm, const double *bounds) {
     free(p->rank_begin);
     free(p->rank_items);
     free(p->rank_busy);
@@ -411,6 +414,11 @@ int plan_finalize(Plan *p, const CostModel *cm) {
     // with pipelines the items of a rank overlap on its stages, and fill and drain come on top
     if (p->pp > 1 && pipeline_makespan(p, &makespan) != 0) return -1;
     p->makespan = makespan;
+    if (cm && bounds) {  // the batch's bounds, known to the caller
+        p->lower_bound = bounds[0];
+        p->hdp_bound = bounds[1];
+        return 0;
+    }
     if (cm) return finalize_bounds(p, cm);
     return 0;
 }
@@ -452,6 +460,28 @@ double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
     return t;
 }
 
+// A ring's time grows with D past its fastest width: per layer every member makes D attention calls
+// (attn_step each), and it passes D - 1 K/V blocks of s/D tokens forward, D - 1 twice that backward
+// and one more home, each block the link's latency plus its bytes over the link's bandwidth (what of
+// it compute hides, a block's attention takes instead: fmax in cost_item_time). That floor grows with
+// D wherever the ring's link is the one between nodes (past ranks_per_node), and every other term of
+// the cost model is >= 0 where every field is (floors_hold). So the search for the longest sequence's
+// fastest ring stops at the first such D whose floor is above the best time found: no wider ring can
+// reach it. The floor is scaled down by 1e-9 against the rounding of either side, so the minimum
+// found is the very one a search over every width finds.
+static int floors_hold(const CostModel *cm) {
+    for (int i = 0; i < cost_field_count(); i++)
+        if (!(cost_field_value(cm, i) >= 0)) return 0;  // also NaN
+    return cm->n_layers >= 1;
+}
+
+static double ring_floor(const CostModel *cm, int64_t s, int D) {
+    if (cm->ranks_per_node > 1 && cm->ring_bw_intra > 0 && D <= cm->ranks_per_node) return 0;  // inside a node
+    double bytes = cm->ring_bw > 0 ? cm->kv_token * (double)s / D / cm->ring_bw : 0;  // one block's transfer
+    double xfer = (3.0 * D - 2) * bytes + (2.0 * D - 1) * cm->ring_lat;
+    return cm->n_layers * fmax(xfer, D * cm->attn_step) * (1 - 1e-9);
+}
+
 // The two parts of the policy-independent bound for one stage: *avg, the average work per rank,
 // and *single, the longest sequence's fastest time on any ring it fits (docs/planner.md).
 static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, double *avg,
@@ -472,13 +502,15 @@ static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
     //    that can hold it, without offload copies
     //    (every D is tried up to 65,536 ranks past the fewest; beyond, any ring still takes at
     //    least its share W(s)/D + l * layer_const >= W(s)/R + l * layer_const, which stands in)
+    //    (and only until a ring's floor passes the best: ring_floor)
     double r;
     int d_lo = cost_min_ranks(cm, longest, capacity, 1, n_ranks, &r);
     *single = 0;
     if (d_lo >= 1) {
         *single = INFINITY;
-        int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks;
+        int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks, prune = floors_hold(cm);
         for (int D = d_lo; D <= d_hi; D++) {
+            if (prune && ring_floor(cm, longest, D) > *single) break;
             double t = cost_item_time(cm, &longest, 1, D, 0.0);  // rings only: see plan_fastest_item
             if (t < *single) *single = t;
         }

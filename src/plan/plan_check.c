@@ -111,67 +111,80 @@ static int check_heads_kind(const Item *it, int32_t k, const CostModel *cm) {
     return 0;
 }
 
-static int check_items(const Plan *p, const CostModel *cm) {
+// Where an item's segments and ranks lie: in order, within the plan's arrays.
+static int check_item_lists(const Plan *p, int32_t k, const Item *it, int64_t seg_at, int64_t ref_at) {
+    if (it->n_segs < 1) return bs_fail("item %d has %d segments (needs at least one)", k, it->n_segs);
+    if (it->seg_begin != seg_at || seg_at + it->n_segs > p->n_segs)
+        return bs_fail("item %d: segments [%d, +%d) should start at %lld and lie within the %d segments "
+                       "(items list their segments in order)",
+                       k, it->seg_begin, it->n_segs, (long long)seg_at, p->n_segs);
+    if (it->n_ranks < 1) return bs_fail("item %d has %d ranks (needs at least one)", k, it->n_ranks);
+    if (it->rank_begin != ref_at || ref_at + it->n_ranks > p->n_refs)
+        return bs_fail("item %d: ranks [%d, +%d) should start at %lld and lie within the %d rank refs "
+                       "(items list their ranks in order)",
+                       k, it->rank_begin, it->n_ranks, (long long)ref_at, p->n_refs);
+    return 0;
+}
+
+// What check_items learns of the sequences on its way: which ones a segment holds, and how many
+// segments are a whole sequence seen for the first time. The lengths are packed 4 bytes apart (read
+// once in order, -1 where one does not fit): the segments look them up at random, and a small array
+// keeps those lookups in the cache and the TLB (the batch's sequences are 24 bytes each).
+typedef struct {
+    int32_t *len32;  // (n,)
+    uint8_t *hit;    // (n,)
+    int64_t n_whole;
+} Seen;
+
+// An item's segments: each inside its sequence, their tokens the item's count.
+static int check_segments(const Plan *p, int32_t k, const Item *it, Seen *sn) {
+    int64_t tokens = 0;
+    for (int32_t j = 0; j < it->n_segs; j++) {
+        const Segment *s = &p->segs[it->seg_begin + j];
+        if (s->seq < 0 || s->seq >= p->batch.n)
+            return bs_fail("item %d: segment %d: sequence %d out of range [0, %lld)", k, j, s->seq,
+                           (long long)p->batch.n);
+        int64_t len = sn->len32[s->seq] >= 0 ? sn->len32[s->seq] : p->batch.seqs[s->seq].len;
+        sn->n_whole += s->start == 0 && s->len == len && !sn->hit[s->seq];
+        sn->hit[s->seq] = 1;
+        // start > len - s->len, not start + len > len: a start near INT64_MAX must not overflow
+        if (s->start < 0 || s->len < 1 || s->len > len || s->start > len - s->len)
+            return bs_fail("item %d: segment %d: tokens [%lld, +%lld) outside sequence %d (length %lld)", k, j,
+                           (long long)s->start, (long long)s->len, s->seq, (long long)len);
+        // segments may repeat a sequence (a fault coverage reports later), so the sum can overflow
+        if (__builtin_add_overflow(tokens, s->len, &tokens))
+            return bs_fail("item %d: its segments hold more than %lld tokens", k, (long long)INT64_MAX);
+    }
+    if (tokens != it->tokens)
+        return bs_fail("item %d: says %lld tokens but its segments hold %lld", k, (long long)it->tokens,
+                       (long long)tokens);
+    return 0;
+}
+
+// *whole: 1 when every sequence is exactly one segment of its full length, the plans balance and
+// elastic make (then check_coverage has nothing left to find); 0 when that is not shown here.
+static int check_items(const Plan *p, const CostModel *cm, int *whole) {
     int32_t *stamp = bs_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
     int64_t *diff = bs_malloc(((size_t)p->n_ranks + 1) * sizeof(int64_t));  // fullest_member's, any ring fits
-    if (!stamp || !diff) {
-        free(stamp);
-        free(diff);
-        return bs_fail_ctx("plan_validate");
-    }
+    size_t nn = (size_t)(p->batch.n > 0 ? p->batch.n : 1);
+    Seen sn = {bs_malloc(nn * sizeof(int32_t)), bs_calloc(nn, 1), 0};
     int rc = -1;
     int64_t seg_at = 0, ref_at = 0;
+    *whole = 0;
+    if (!stamp || !diff || !sn.len32 || !sn.hit) {
+        bs_fail_ctx("plan_validate");
+        goto out;
+    }
+    for (int64_t i = 0; i < p->batch.n; i++) {
+        int64_t len = p->batch.seqs[i].len;  // >= 1 (check_header)
+        sn.len32[i] = len <= INT32_MAX ? (int32_t)len : -1;
+    }
     for (int32_t k = 0; k < p->n_items; k++) {
         const Item *it = &p->items[k];
-        if (it->n_segs < 1) {
-            bs_fail("item %d has %d segments (needs at least one)", k, it->n_segs);
-            goto out;
-        }
-        if (it->seg_begin != seg_at || seg_at + it->n_segs > p->n_segs) {
-            bs_fail("item %d: segments [%d, +%d) should start at %lld and lie within the %d segments "
-                    "(items list their segments in order)",
-                    k, it->seg_begin, it->n_segs, (long long)seg_at, p->n_segs);
-            goto out;
-        }
-        if (it->n_ranks < 1) {
-            bs_fail("item %d has %d ranks (needs at least one)", k, it->n_ranks);
-            goto out;
-        }
-        if (it->rank_begin != ref_at || ref_at + it->n_ranks > p->n_refs) {
-            bs_fail("item %d: ranks [%d, +%d) should start at %lld and lie within the %d rank refs "
-                    "(items list their ranks in order)",
-                    k, it->rank_begin, it->n_ranks, (long long)ref_at, p->n_refs);
-            goto out;
-        }
+        if (check_item_lists(p, k, it, seg_at, ref_at) != 0 || check_segments(p, k, it, &sn) != 0) goto out;
         seg_at += it->n_segs;
         ref_at += it->n_ranks;
-
-        int64_t tokens = 0;
-        for (int32_t j = 0; j < it->n_segs; j++) {
-            const Segment *s = &p->segs[it->seg_begin + j];
-            if (s->seq < 0 || s->seq >= p->batch.n) {
-                bs_fail("item %d: segment %d: sequence %d out of range [0, %lld)", k, j, s->seq,
-                        (long long)p->batch.n);
-                goto out;
-            }
-            int64_t len = p->batch.seqs[s->seq].len;
-            // start > len - s->len, not start + len > len: a start near INT64_MAX must not overflow
-            if (s->start < 0 || s->len < 1 || s->len > len || s->start > len - s->len) {
-                bs_fail("item %d: segment %d: tokens [%lld, +%lld) outside sequence %d (length %lld)", k, j,
-                        (long long)s->start, (long long)s->len, s->seq, (long long)len);
-                goto out;
-            }
-            // segments may repeat a sequence (a fault coverage reports later), so the sum can overflow
-            if (__builtin_add_overflow(tokens, s->len, &tokens)) {
-                bs_fail("item %d: its segments hold more than %lld tokens", k, (long long)INT64_MAX);
-                goto out;
-            }
-        }
-        if (tokens != it->tokens) {
-            bs_fail("item %d: says %lld tokens but its segments hold %lld", k, (long long)it->tokens,
-                    (long long)tokens);
-            goto out;
-        }
+        int64_t tokens = it->tokens;  // what its segments hold (check_segments)
         for (int32_t j = 0; j < it->n_ranks; j++) {
             int32_t r = p->ranks[it->rank_begin + j];
             if (r < 0 || r >= p->n_ranks) {
@@ -235,10 +248,13 @@ static int check_items(const Plan *p, const CostModel *cm) {
         bs_fail("the items use %lld of the %d rank refs", (long long)ref_at, p->n_refs);
         goto out;
     }
+    *whole = sn.n_whole == p->batch.n && p->n_segs == p->batch.n && p->n_delayed == 0;
     rc = 0;
 out:
     free(stamp);
     free(diff);
+    free(sn.len32);
+    free(sn.hit);
     return rc;
 }
 
@@ -252,67 +268,103 @@ static int piece_by_start(const void *a, const void *b) {
     return (x->start > y->start) - (x->start < y->start);
 }
 
-// Every token exactly once: group the segments by sequence (counting sort), order each group by
-// start (nearly always a group of one) and walk it.
+// The item that holds segment i (items list their segments in order, check_items).
+static int32_t item_of_segment(const Plan *p, int32_t i) {
+    int32_t lo = 0, hi = p->n_items - 1;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo + 1) / 2;
+        if (p->items[mid].seg_begin <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Sequence s's pieces, ordered by start, must tile [0, len) exactly.
+static int walk_pieces(const Plan *p, int64_t s, Piece *ps, int32_t m) {
+    const Sequence *q = &p->batch.seqs[s];
+    if (m > 1) qsort(ps, (size_t)m, sizeof(Piece), piece_by_start);
+    int64_t at = 0;
+    for (int32_t i = 0; i < m; i++) {
+        if (ps[i].start > at)
+            return bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s, (long long)q->id,
+                           (long long)at, (long long)ps[i].start);
+        if (ps[i].start < at)
+            return bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in two items (%d and %d)", (long long)s,
+                           (long long)q->id, (long long)ps[i].start, (long long)at, ps[i - 1].item, ps[i].item);
+        at = ps[i].start + ps[i].len;
+    }
+    if (at != q->len)
+        return bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s, (long long)q->id,
+                       (long long)at, (long long)q->len);
+    return 0;
+}
+
+// Every token exactly once. Nearly every sequence is one segment: seen[s] is then that segment
+// (-1: none yet), and only the sequences cut into several (seen[s] = -2 - their index among those)
+// have their pieces gathered by sequence (a counting sort, item order within one), ordered by start
+// and walked. Linear, with one int per sequence and a Piece per segment of a cut sequence.
 static int check_coverage(const Plan *p) {
     int64_t n = p->batch.n;
-    int32_t *begin = bs_calloc((size_t)n + 1, sizeof(int32_t));
-    Piece *pieces = bs_malloc((size_t)(p->n_segs > 0 ? p->n_segs : 1) * sizeof(Piece));
-    int32_t *fill = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *seen = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *begin = NULL;
+    Piece *pieces = NULL;
     int rc = -1;
-    if (!begin || !pieces || !fill) {
-        bs_fail_ctx("plan_validate");
-        goto out;
-    }
-    for (int32_t i = 0; i < p->n_segs; i++) begin[p->segs[i].seq + 1]++;
-    for (int64_t s = 0; s < n; s++) begin[s + 1] += begin[s];
-    memcpy(fill, begin, (size_t)n * sizeof(int32_t));
-    for (int32_t k = 0; k < p->n_items; k++) {
-        const Item *it = &p->items[k];
-        for (int32_t j = 0; j < it->n_segs; j++) {
-            const Segment *sg = &p->segs[it->seg_begin + j];
-            pieces[fill[sg->seq]++] = (Piece){sg->start, sg->len, k};
+    if (!seen) return bs_fail_ctx("plan_validate");
+    for (int64_t s = 0; s < n; s++) seen[s] = -1;
+    int32_t n_cut = 0;
+    int64_t cut_segs = 0;
+    for (int32_t i = 0; i < p->n_segs; i++) {
+        int32_t q = p->segs[i].seq, was = seen[q];
+        if (was == -1) {
+            seen[q] = i;
+            continue;
         }
+        cut_segs += was >= 0 ? 2 : 1;
+        if (was >= 0) seen[q] = -2 - n_cut++;
+    }
+    if (n_cut > 0) {  // the cut sequences' pieces, grouped by sequence in item order
+        begin = bs_calloc((size_t)n_cut + 1, sizeof(int32_t));
+        pieces = bs_malloc((size_t)cut_segs * sizeof(Piece));
+        if (!begin || !pieces) {
+            bs_fail_ctx("plan_validate");
+            goto out;
+        }
+        for (int32_t i = 0; i < p->n_segs; i++)
+            if (seen[p->segs[i].seq] <= -2) begin[-1 - seen[p->segs[i].seq]]++;
+        for (int32_t c = 0; c < n_cut; c++) begin[c + 1] += begin[c];
+        for (int32_t k = 0; k < p->n_items; k++) {
+            const Item *it = &p->items[k];
+            for (int32_t j = 0; j < it->n_segs; j++) {
+                const Segment *sg = &p->segs[it->seg_begin + j];
+                if (seen[sg->seq] <= -2) pieces[begin[-2 - seen[sg->seq]]++] = (Piece){sg->start, sg->len, k};
+            }
+        }
+        for (int32_t c = n_cut; c > 0; c--) begin[c] = begin[c - 1];  // the fill moved each start to the next
+        begin[0] = 0;
     }
     for (int64_t s = 0, d = 0; s < n; s++) {
-        Piece *ps = pieces + begin[s];
-        int32_t m = begin[s + 1] - begin[s];
-        const Sequence *q = &p->batch.seqs[s];
+        int32_t at = seen[s];
+        Piece one;
+        Piece *ps = &one;
+        int32_t m = at == -1 ? 0 : 1;
+        if (at >= 0) one = (Piece){p->segs[at].start, p->segs[at].len, -1};
+        if (at <= -2) ps = pieces + begin[-2 - at], m = begin[-1 - at] - begin[-2 - at];
         if (d < p->n_delayed && p->delayed[d] == s) {  // a delayed sequence: trained in a later step
             d++;
             if (m > 0) {
                 bs_fail("sequence %lld (id %lld) is delayed but item %d holds tokens of it", (long long)s,
-                        (long long)q->id, ps[0].item);
+                        (long long)p->batch.seqs[s].id, at >= 0 ? item_of_segment(p, at) : ps[0].item);
                 goto out;
             }
             continue;
         }
-        if (m > 1) qsort(ps, (size_t)m, sizeof(Piece), piece_by_start);
-        int64_t at = 0;
-        for (int32_t i = 0; i < m; i++) {
-            if (ps[i].start > at) {
-                bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s,
-                        (long long)q->id, (long long)at, (long long)ps[i].start);
-                goto out;
-            }
-            if (ps[i].start < at) {
-                bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in two items (%d and %d)", (long long)s,
-                        (long long)q->id, (long long)ps[i].start, (long long)at, ps[i - 1].item, ps[i].item);
-                goto out;
-            }
-            at = ps[i].start + ps[i].len;
-        }
-        if (at != q->len) {
-            bs_fail("sequence %lld (id %lld): tokens [%lld, %lld) are in no item", (long long)s, (long long)q->id,
-                    (long long)at, (long long)q->len);
-            goto out;
-        }
+        if (walk_pieces(p, s, ps, m) != 0) goto out;
     }
     rc = 0;
 out:
+    free(seen);
     free(begin);
     free(pieces);
-    free(fill);
     return rc;
 }
 
@@ -393,7 +445,9 @@ static int check_peer_fields(const Plan *p) {
 }
 
 int plan_validate(const Plan *p, const CostModel *cm) {
-    if (check_header(p) != 0 || check_peer_fields(p) != 0 || check_items(p, cm) != 0 || check_coverage(p) != 0 || check_schedule(p) != 0)
+    int whole = 0;  // every sequence one whole segment (check_items): coverage is then shown
+    if (check_header(p) != 0 || check_peer_fields(p) != 0 || check_items(p, cm, &whole) != 0 ||
+        (!whole && check_coverage(p) != 0) || check_schedule(p) != 0)
         return -1;
     return 0;
 }

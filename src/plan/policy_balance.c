@@ -2,7 +2,7 @@
 //
 // Sharding follows Algorithm 1 (policy_shard): packs of <= C tokens for the short sequences, a ring
 // for every s > C. The assignment balances estimated TIME (the cost model) with a list scheduler
-// over a heap of ranks keyed by the time each rank is next free:
+// over a queue of ranks (RankTree, a tournament tree) keyed by the time each rank is next free:
 //   1. Rings, the longest first (the first buckets of the length-sorted batch): each takes the D
 //      most-lagging ranks (least accumulated time) and starts when the last of them is free. That
 //      start is recorded and the global order is by start time, so the members of every ring line
@@ -27,7 +27,7 @@
 // whose replayed makespan (plan_finalize) is shorter (balance_best, at the end).
 // The batch is prepared once (balance_prepare) and scheduled by balance_schedule, which elastic
 // (policy_elastic.c) also runs with rings wider than ceil(s/C) (BalanceWidths, policy_balance.h).
-// Cost: O((refs + shorts) log ranks) for the heap, O(n log n) for the ring sort and O(n + C) for the
+// Cost: O((refs + shorts) log ranks) for the tree, O(n log n) for the ring sort and O(n + C) for the
 // shorts' (a counting sort by length when C is small next to the batch, else O(n log n)).
 #include "plan/policy_balance.h"
 
@@ -45,6 +45,14 @@ typedef struct {
     int32_t rank;
     double from, to;  // the rank idles in [from, to) waiting for a ring
 } Hole;
+
+// A segment as the scheduler keeps it: every segment is a whole sequence, so its index and length
+// say all; the length of a short one (<= C, which fits an int32) is kept beside the index so that
+// emitting the plan reads no sequence back from the batch at random, a ring's (0 here) is.
+typedef struct {
+    int32_t seq;
+    int32_t len;  // tokens; 0: a ring's sequence, read from the batch
+} MadeSeg;
 
 // An item as the scheduler makes it: its segments and ranks in Balance's made_* arrays.
 typedef struct {
@@ -64,7 +72,7 @@ typedef struct {
     Made *made;          // (n,)
     double *start;       // (n,) planned start of each
     int32_t n_made;
-    Segment *made_segs;  // (n,)
+    MadeSeg *made_seg;   // (n,)
     int32_t n_made_segs;
     int32_t *made_ranks; // (cap_made_ranks,), grown when rings take more than counted
     int64_t n_made_ranks, cap_made_ranks;
@@ -79,10 +87,11 @@ typedef struct {
     const double *scost;   // (n_short,) time it adds to a micro-batch, non-increasing
     int32_t *sbucket;  // (n_short,) bucket of equal compute (pp > 1 only, else NULL)
     int32_t *unused;   // (n_short + 1,) union-find "next unused short at or after i"
-    Segment *segs;     // (min(n_short, C),) scratch for one micro-batch (each segment >= 1 token)
+    MadeSeg *pack;     // (min(n_short, C),) scratch: the sequences of one micro-batch (each >= 1 token)
+    Segment *segs;     // (the same,) scratch: one item's segments as the plan gets them
 } Balance;
 
-static int record(Balance *bl, const Segment *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
+static int record(Balance *bl, const MadeSeg *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
                   double start) {
     if (bl->n_made >= bl->b->n || bl->n_made_segs + n_segs > bl->b->n)
         return bs_fail("balance: more items or segments than sequences (%d items)", bl->n_made);
@@ -95,7 +104,7 @@ static int record(Balance *bl, const Segment *segs, int n_segs, const int32_t *r
     }
     bl->made[bl->n_made] = (Made){bl->n_made_segs, n_segs, (int32_t)bl->n_made_ranks, n_ranks, (float)offload, 0, 0};
     bl->start[bl->n_made++] = start;
-    memcpy(bl->made_segs + bl->n_made_segs, segs, (size_t)n_segs * sizeof(Segment));
+    memcpy(bl->made_seg + bl->n_made_segs, segs, (size_t)n_segs * sizeof(MadeSeg));
     memcpy(bl->made_ranks + bl->n_made_ranks, ranks, (size_t)n_ranks * sizeof(int32_t));
     bl->n_made_segs += n_segs;
     bl->n_made_ranks += n_ranks;
@@ -124,7 +133,7 @@ static double pipeline_wait(const Balance *bl, double t, double last) {
 }
 static double pipeline_drain(const Balance *bl, double t) { return bl->lift * 2 * t / 3; }
 
-// A rank's heap key: when it would be done if nothing more came (its last stage, then the drain).
+// A rank's key in the queue: when it would be done if nothing more came (its last stage, then the drain).
 static double rank_key(const Balance *bl, int32_t r) { return bl->last_free[r] + pipeline_drain(bl, bl->last_t[r]); }
 
 // ---- the shorts: sorted, with "largest unused that fits" queries -----------------------------------
@@ -196,7 +205,7 @@ static int fill_hole(Balance *bl, const Hole *h) {
         if (i < 0) {  // a new micro-batch: pays open_cost first
             int32_t j = next_unused(bl, first_fitting(bl, bl->cfg->capacity, left - bl->open_cost));
             if (j >= bl->n_short) break;
-            if (n_segs > 0 && record(bl, bl->segs, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
+            if (n_segs > 0 && record(bl, bl->pack, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
             n_segs = 0;
             tokens = 0;
             pack_start = at;
@@ -204,11 +213,11 @@ static int fill_hole(Balance *bl, const Hole *h) {
             i = j;
         }
         take(bl, i);
-        bl->segs[n_segs++] = (Segment){bl->sidx[i], 0, bl->slen[i]};
+        bl->pack[n_segs++] = (MadeSeg){bl->sidx[i], (int32_t)bl->slen[i]};
         tokens += bl->slen[i];
         at += bl->scost[i];
     }
-    if (n_segs > 0 && record(bl, bl->segs, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
+    if (n_segs > 0 && record(bl, bl->pack, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
     return 0;
 }
 
@@ -225,15 +234,15 @@ typedef struct {
 static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t rank) {
     if (op->first < 0) return 0;
     int n_segs = 0;
-    for (int32_t i = op->first; i >= 0; i = next[i]) bl->segs[n_segs++] = (Segment){bl->sidx[i], 0, bl->slen[i]};
+    for (int32_t i = op->first; i >= 0; i = next[i]) bl->pack[n_segs++] = (MadeSeg){bl->sidx[i], (int32_t)bl->slen[i]};
     op->first = op->last = -1;
     double t = op->end - op->start, wait = pipeline_wait(bl, t, bl->last_t[rank]);
     bl->last_free[rank] = op->end + wait;
     bl->last_t[rank] = t;
-    return record(bl, bl->segs, n_segs, &rank, 1, 0.0, op->start + wait);
+    return record(bl, bl->pack, n_segs, &rank, 1, 0.0, op->start + wait);
 }
 
-static int assign_rest(Balance *bl, RankHeap *heap) {
+static int assign_rest(Balance *bl, RankTree *queue) {
     int32_t R = bl->cfg->n_ranks;
     int pp_balance = bl->cfg->pp > 1;
     OpenPack *open = bs_malloc((size_t)R * sizeof(OpenPack));
@@ -246,7 +255,7 @@ static int assign_rest(Balance *bl, RankHeap *heap) {
     for (int32_t r = 0; r < R; r++) open[r].first = open[r].last = -1;
     for (int32_t i = next_unused(bl, 0); i < bl->n_short; i = next_unused(bl, i)) {
         take(bl, i);
-        int32_t r = rankheap_top(heap);
+        int32_t r = ranktree_top(queue);
         OpenPack *op = &open[r];
         int fits = op->first >= 0 && op->tokens + bl->slen[i] <= bl->cfg->capacity &&
                    (!pp_balance || op->bucket == bl->sbucket[i]);
@@ -263,7 +272,7 @@ static int assign_rest(Balance *bl, RankHeap *heap) {
         op->end += bl->scost[i];
         // the open micro-batch grows, and with it its wait behind the rank's previous one and its drain
         double t = op->end - op->start;
-        rankheap_replace_top(heap, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
+        ranktree_replace_top(queue, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
     }
     for (int32_t r = 0; r < R; r++)
         if (close_pack(bl, &open[r], next, r) != 0) goto out;
@@ -288,14 +297,14 @@ out:
 // the same time (and, pp > 1, at the same levels) can finish first, and only those are costed.
 // Pops d_hi ranks into members (least-loaded first); the caller takes the first *d and pushes the
 // rest back.
-static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
+static int place_ring(const Balance *bl, RankTree *queue, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
                       int *d_hi, ItemChoice *t, double *r) {
     const CostModel *cm = bl->cm;
     int64_t C = bl->cfg->capacity;
     int64_t plain = len / C + (len % C != 0), top = plain > d_max ? plain : d_max;
-    *d_hi = top < heap->n ? (int)top : heap->n;
+    *d_hi = top < queue->n ? (int)top : queue->n;
     if (d_lo > *d_hi) d_lo = *d_hi;
-    for (int j = 0; j < *d_hi; j++) members[j] = rankheap_pop(heap);
+    for (int j = 0; j < *d_hi; j++) members[j] = ranktree_pop(queue);
     // over the first dd members: the latest last stage, and the lowest and highest levels (the
     // wait is V-shaped in the previous level, so its largest value is at one of them)
     double latest = 0, low = INFINITY, high = 0;
@@ -339,28 +348,34 @@ static int place_ring(const Balance *bl, RankHeap *heap, int64_t len, int d_lo, 
 
 // ---- the prepared batch ----------------------------------------------------------------------------------
 
-// The short sequences longest first, ties by index: a counting sort by length (stable, so ties stay
-// in index order) when the capacity is small next to the batch, else a comparison sort.
+// The n_short short sequences longest first, ties by index, into sidx with their lengths (slen): a
+// counting sort by length straight from the batch (stable, so ties stay in index order) when the
+// capacity is small next to the batch, else a comparison sort.
 static int sort_shorts(BalanceBatch *bb) {
+    const GlobalBatch *b = bb->b;
     int64_t C = bb->cfg->capacity;
     int32_t n = bb->n_short;
     if (C > (1 << 16) && C > n) {
-        qsort_r(bb->sidx, (size_t)n, sizeof(int32_t), by_len_desc, (void *)bb->b);
+        for (int64_t i = 0, k = 0; i < b->n; i++)
+            if (b->seqs[i].len <= C) bb->sidx[k++] = (int32_t)i;
+        qsort_r(bb->sidx, (size_t)n, sizeof(int32_t), by_len_desc, (void *)b);
+        for (int32_t i = 0; i < n; i++) bb->slen[i] = b->seqs[bb->sidx[i]].len;
         return 0;
     }
-    int32_t *start = bs_calloc((size_t)C + 2, sizeof(int32_t)), *tmp = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
-    if (!start || !tmp) {
-        free(start);
-        free(tmp);
-        return bs_fail_ctx("balance: sorting %d short sequences", n);
-    }
+    int32_t *start = bs_calloc((size_t)C + 2, sizeof(int32_t));
+    if (!start) return bs_fail_ctx("balance: sorting %d short sequences", n);
     // bucket C - len holds the sequences of length len, so the buckets in order are longest first
-    for (int32_t i = 0; i < n; i++) start[C - bb->b->seqs[bb->sidx[i]].len + 1]++;
+    for (int64_t i = 0; i < b->n; i++)
+        if (b->seqs[i].len <= C) start[C - b->seqs[i].len + 1]++;
     for (int64_t v = 0; v <= C; v++) start[v + 1] += start[v];
-    for (int32_t i = 0; i < n; i++) tmp[start[C - bb->b->seqs[bb->sidx[i]].len]++] = bb->sidx[i];
-    memcpy(bb->sidx, tmp, (size_t)n * sizeof(int32_t));
+    for (int64_t i = 0; i < b->n; i++) {
+        int64_t len = b->seqs[i].len;
+        if (len > C) continue;
+        int32_t at = start[C - len]++;
+        bb->sidx[at] = (int32_t)i;
+        bb->slen[at] = len;
+    }
     free(start);
-    free(tmp);
     return 0;
 }
 
@@ -387,15 +402,14 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     }
     for (int64_t i = 0; i < b->n; i++) {
         if (b->seqs[i].len > cfg->capacity) bb->long_seq[bb->n_long++] = (int32_t)i;
-        else bb->sidx[bb->n_short++] = (int32_t)i;
+        else bb->n_short++;
     }
     if (sort_shorts(bb) != 0) {
         balance_batch_free(bb);
         return -1;
     }
     for (int32_t i = 0; i < bb->n_short; i++) {  // a pack's time is additive; one length, one cost
-        int64_t s = b->seqs[bb->sidx[i]].len;
-        bb->slen[i] = s;
+        int64_t s = bb->slen[i];
         bb->scost[i] = i > 0 && s == bb->slen[i - 1] ? bb->scost[i - 1] : cost_item_time(cm, &s, 1, 1, 0.0) - bb->open_cost;
     }
     return 0;
@@ -453,16 +467,18 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     int32_t *members = NULL, *sorted = NULL;
     Hole *holes = NULL;
     int64_t n_holes = 0, cap_holes = 0;
-    RankHeap heap = {0};
+    RankTree queue = {0};
     int rc = -1;
     int pp_balance = cfg->pp > 1;  // PP-Balance: no micro-batch mixes two buckets
     if (pp_balance) bl.sbucket = bs_malloc(ns * sizeof(int32_t));
     bl.unused = bs_malloc((ns + 1) * sizeof(int32_t));
-    bl.segs = bs_malloc((bl.n_short < cfg->capacity ? ns : (size_t)cfg->capacity) * sizeof(Segment));
+    size_t most_segs = bl.n_short < cfg->capacity ? ns : (size_t)cfg->capacity;
+    bl.pack = bs_malloc(most_segs * sizeof(MadeSeg));
+    bl.segs = bs_malloc(most_segs * sizeof(Segment));
     members = bs_malloc((size_t)R * sizeof(int32_t));
     bl.last_free = bs_calloc((size_t)R, sizeof(double));
     bl.last_t = bs_calloc((size_t)R, sizeof(double));
-    if (!rings || (pp_balance && !bl.sbucket) || !bl.unused || !bl.segs || !members || !bl.last_free || !bl.last_t)
+    if (!rings || (pp_balance && !bl.sbucket) || !bl.unused || !bl.pack || !bl.segs || !members || !bl.last_free || !bl.last_t)
         goto fail_mem;
     // the rings with their estimated time (the long sequences, then any promoted shorts), longest first
     double total = 0;
@@ -482,11 +498,11 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     size_t nn = (size_t)(b->n > 0 ? b->n : 1);
     bl.made = bs_malloc(nn * sizeof(Made));
     bl.start = bs_malloc(nn * sizeof(double));
-    bl.made_segs = bs_malloc(nn * sizeof(Segment));
+    bl.made_seg = bs_malloc(nn * sizeof(MadeSeg));
     if (refs > (int64_t)b->n + 4 * (int64_t)R) refs = (int64_t)b->n + 4 * (int64_t)R;
     bl.made_ranks = bs_malloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
     bl.cap_made_ranks = refs > 0 ? refs : 1;
-    if (!bl.made || !bl.start || !bl.made_segs || !bl.made_ranks) goto fail_mem;
+    if (!bl.made || !bl.start || !bl.made_seg || !bl.made_ranks) goto fail_mem;
     qsort(rings, (size_t)n_rings, sizeof(Ring), by_time_desc);
     for (int32_t i = 0; i < bl.n_short; i++) {
         total += bl.scost[i] + bl.open_cost * (double)bl.slen[i] / (double)cfg->capacity;
@@ -503,14 +519,14 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     }
 
     // 1. rings on the most-lagging ranks, lined up at the last member's free time
-    if (rankheap_init(&heap, R) != 0) goto out;
+    if (ranktree_init(&queue, R) != 0) goto out;
     for (int32_t k = 0; k < n_rings; k++) {
         int32_t s = rings[k].seq;
         int64_t len = b->seqs[s].len;
         int d, d_hi;
         double rr = 0;
         ItemChoice kind = {0, 0, 0};
-        if (place_ring(&bl, &heap, len, bb->d_min[s], rings[k].d_max, members, &d, &d_hi, &kind, &rr) != 0) goto out;
+        if (place_ring(&bl, &queue, len, bb->d_min[s], rings[k].d_max, members, &d, &d_hi, &kind, &rr) != 0) goto out;
         double t = kind.t;
         // in step on every member: it starts when the last of their last stages is ready for it
         // (pp = 1: the last member's free time; members come out least-loaded first)
@@ -518,7 +534,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
         for (int32_t j = 0; j < d; j++)
             start = fmax(start, bl.last_free[members[j]] + pipeline_wait(&bl, t, bl.last_t[members[j]]));
         for (int32_t j = 0; j < d; j++) {
-            double f = heap.key[members[j]];
+            double f = queue.key[members[j]];
             if (cfg->pp == 1 && start - f > delta * start) {
                 if (n_holes == cap_holes) {
                     int64_t c = cap_holes ? 2 * cap_holes : 1024;
@@ -531,12 +547,11 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
             }
             bl.last_free[members[j]] = start + t;
             bl.last_t[members[j]] = t;
-            rankheap_push(&heap, members[j], rank_key(&bl, members[j]));
+            ranktree_push(&queue, members[j], rank_key(&bl, members[j]));
         }
-        for (int32_t j = d; j < d_hi; j++) rankheap_push(&heap, members[j], heap.key[members[j]]);  // not taken
+        for (int32_t j = d; j < d_hi; j++) ranktree_push(&queue, members[j], queue.key[members[j]]);  // not taken
         policy_sort_ranks(members, d);
-        Segment seg = {s, 0, len};
-        if (record(&bl, &seg, 1, members, d, rr, start) != 0) goto out;
+        if (record(&bl, &(MadeSeg){s, 0}, 1, members, d, rr, start) != 0) goto out;
         bl.made[bl.n_made - 1].a2a = kind.a2a;
         bl.made[bl.n_made - 1].ulysses = kind.ulysses;
     }
@@ -545,7 +560,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     for (int64_t h = 0; h < n_holes; h++)
         if (fill_hole(&bl, &holes[h]) != 0) goto out;
     // 3. the rest, longest first, to the most-lagging rank
-    if (assign_rest(&bl, &heap) != 0) goto out;
+    if (assign_rest(&bl, &queue) != 0) goto out;
 
     // the global order: by planned start, so every rank meets its items in time order and the
     // members of a ring all reach it at its start
@@ -558,7 +573,11 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
         goto out;
     for (int32_t k = 0; k < m; k++) {
         const Made *it = &bl.made[sorted[k]];
-        int32_t idx = plan_add_item(out, bl.made_segs + it->seg_begin, it->n_segs, bl.made_ranks + it->rank_begin,
+        for (int32_t j = 0; j < it->n_segs; j++) {
+            MadeSeg q = bl.made_seg[it->seg_begin + j];
+            bl.segs[j] = (Segment){q.seq, 0, q.len > 0 ? q.len : b->seqs[q.seq].len};
+        }
+        int32_t idx = plan_add_item(out, bl.segs, it->n_segs, bl.made_ranks + it->rank_begin,
                                     it->n_ranks, it->offload);
         if (idx < 0) goto out;
         out->items[idx].a2a = it->a2a;
@@ -577,13 +596,14 @@ out:
     free(bl.start);
     free(bl.sbucket);
     free(bl.unused);
+    free(bl.pack);
     free(bl.segs);
     free(bl.last_free);
     free(bl.last_t);
     free(bl.made);
-    free(bl.made_segs);
+    free(bl.made_seg);
     free(bl.made_ranks);
-    rankheap_free(&heap);
+    ranktree_free(&queue);
     return rc;
 }
 
@@ -594,7 +614,7 @@ out:
 // plan starts and ends; plan_finalize's schedule of a pp = 1 plan is the planned one. The ring phase
 // needs only the ranks' free times, not which rank is which: a multiset of (time, count) groups in a
 // min-heap, from which a ring takes the ranks free earliest. This replays phase 1 with the very
-// arithmetic of place_ring, in O(rings log rings + the widths costed), without the rank heap.
+// arithmetic of place_ring, in O(rings log rings + the widths costed), without the rank queue.
 
 void rank_groups_push(RankGroup *h, int32_t *n, RankGroup g) {
     int32_t i = (*n)++;
@@ -695,15 +715,15 @@ out:
 int balance_best(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, const char *name) {
     if (bb->cfg->pp == 1) {
         if (balance_schedule(out, bb, w, 0, name) != 0) return -1;
-        if (plan_finalize(out, bb->cm) == 0) return 0;
+        if (plan_finalize_bounds(out, bb->cm, bb->bounds) == 0) return 0;
         plan_free(out);
         return -1;
     }
     Plan plain;
     memset(&plain, 0, sizeof plain);
     if (balance_schedule(out, bb, w, 1, name) != 0) return -1;
-    if (balance_schedule(&plain, bb, w, 0, name) != 0 || plan_finalize(out, bb->cm) != 0 ||
-        plan_finalize(&plain, bb->cm) != 0) {
+    if (balance_schedule(&plain, bb, w, 0, name) != 0 || plan_finalize_bounds(out, bb->cm, bb->bounds) != 0 ||
+        plan_finalize_bounds(&plain, bb->cm, bb->bounds) != 0) {
         plan_free(out);
         plan_free(&plain);
         return -1;
@@ -720,6 +740,11 @@ int balance_best(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, cons
 int policy_balance(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
     BalanceBatch bb;
     if (balance_prepare(&bb, b, cfg, cm) != 0) return -1;
+    double bounds[2];  // pp > 1: two plans finalized here, the batch's bounds computed once for both
+    if (cfg->pp > 1) {
+        policy_bounds(b, cfg, cm, bounds);
+        bb.bounds = bounds;
+    }
     // pp = 1: one run, finalized by the caller (policy_plan)
     int rc = cfg->pp == 1 ? balance_schedule(out, &bb, NULL, 0, "balance") : balance_best(out, &bb, NULL, "balance");
     balance_batch_free(&bb);

@@ -23,6 +23,8 @@ typedef struct {
     int32_t *sidx;      // (n_short,) sequence index
     int64_t *slen;      // (n_short,) length, non-increasing
     double *scost;      // (n_short,) time it adds to a micro-batch (its item time less open_cost)
+    const double *bounds;  // (2,) the batch's bounds (policy_bounds) when the caller knows them, else NULL:
+                           // balance_best finalizes its plans with them (plan_finalize_bounds)
 } BalanceBatch;
 
 // Shard (policy_shard) and sort. -1 + error for a sequence that fits on no ring of cfg->n_ranks.

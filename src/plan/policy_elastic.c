@@ -465,9 +465,9 @@ static int search_replayed(Plan *out, const BalanceBatch *bb, const Model *m, do
 // retimed; pp > 1, plan_finalize itself with the other cost model, then back.
 static int makespan_across_nodes(Plan *p, const Model *m, double *out) {
     if (p->pp > 1) {
-        if (plan_finalize(p, &m->wide) != 0) return -1;
+        if (plan_finalize_bounds(p, &m->wide, m->bb->bounds) != 0) return -1;  // only its makespan counts
         *out = p->makespan;
-        return plan_finalize(p, m->cm);
+        return plan_finalize_bounds(p, m->cm, m->bb->bounds);
     }
     double *free_at = bs_calloc((size_t)p->n_ranks, sizeof(double));
     int64_t *lens = bs_malloc((size_t)(p->n_segs > 0 ? p->n_segs : 1) * sizeof(int64_t));
@@ -528,6 +528,9 @@ int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     memset(&cand, 0, sizeof cand);
     memset(&m, 0, sizeof m);
     if (balance_prepare(&bb, b, cfg, cm) != 0) return -1;
+    double bounds[2];  // every plan made here is of this batch: its bounds once, not at every finalize
+    policy_bounds(b, cfg, cm, bounds);
+    bb.bounds = bounds;
     int rc = -1;
     if (model_init(&m, &bb) != 0) goto out;
     if (cfg->pp > 1) {  // the targets by replay (search_replayed)

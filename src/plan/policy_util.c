@@ -74,6 +74,11 @@ double policy_offload_ratio(double r) {
     return f > 1.0f ? 1.0 : (double)f;
 }
 
+void policy_bounds(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, double bounds[2]) {
+    bounds[0] = plan_lower_bound_pp(b, cm, cfg->n_ranks, cfg->capacity, cfg->pp);
+    bounds[1] = plan_hdp_bound(b, cm, cfg->n_ranks, cfg->capacity, cfg->pp);
+}
+
 // ---- best fit -----------------------------------------------------------------------------------
 
 static void bits_set(BestFit *bf, int64_t v) {
@@ -264,6 +269,86 @@ void rankheap_free(RankHeap *h) {
     free(h->key);
     free(h->heap);
     memset(h, 0, sizeof *h);
+}
+
+// ---- rank tree ---------------------------------------------------------------------------------------
+//
+// An entry is (key, rank) as one unsigned 128-bit number, key bits above rank bits: non-negative
+// doubles order as their bit patterns (key + 0.0 makes -0 into +0, as before() counts them equal),
+// so the numbers order as before() does, and a minimum is two compares and moves the compiler makes
+// without branches. RANKTREE_OUT (every bit set) is above every key, +inf included.
+
+#define RANKTREE_OUT (~(unsigned __int128)0)
+
+static unsigned __int128 tree_entry(double key, int32_t rank) {
+    double k = key + 0.0;
+    uint64_t bits;
+    memcpy(&bits, &k, sizeof bits);
+    return (unsigned __int128)bits << 32 | (uint32_t)rank;
+}
+
+int ranktree_init(RankTree *t, int32_t n_ranks) {
+    memset(t, 0, sizeof *t);
+    int32_t size = 1;
+    while (size < n_ranks) size *= 2;
+    t->key = bs_calloc((size_t)n_ranks, sizeof(double));
+    t->node = bs_malloc(2 * (size_t)size * sizeof(unsigned __int128));
+    if (!t->key || !t->node) {
+        ranktree_free(t);
+        return bs_fail_ctx("rank tree of %d ranks", n_ranks);
+    }
+    memset(t->node, 0xff, 2 * (size_t)size * sizeof(unsigned __int128));  // every leaf out: all idle
+    t->size = size;
+    t->n_ranks = t->n = n_ranks;
+    return 0;
+}
+
+// Set rank r's leaf and replay its path to the root.
+static void tree_set(RankTree *t, int32_t r, unsigned __int128 v) {
+    unsigned __int128 *node = t->node;
+    int32_t i = t->size + r;
+    node[i] = v;
+    while (i > 1) {
+        unsigned __int128 s = node[i ^ 1];
+        v = s < v ? s : v;
+        i >>= 1;
+        node[i] = v;
+    }
+}
+
+// Is the least rank an idle one (never popped: key 0, served in rank order)?
+static int tree_idle_first(const RankTree *t) {
+    return t->next_idle < t->n_ranks && tree_entry(0.0, t->next_idle) < t->node[1];
+}
+
+int32_t ranktree_top(const RankTree *t) {
+    return tree_idle_first(t) ? t->next_idle : (int32_t)(uint32_t)t->node[1];
+}
+
+int32_t ranktree_pop(RankTree *t) {
+    t->n--;
+    if (tree_idle_first(t)) return t->next_idle++;
+    int32_t r = (int32_t)(uint32_t)t->node[1];
+    tree_set(t, r, RANKTREE_OUT);
+    return r;
+}
+
+void ranktree_push(RankTree *t, int32_t rank, double key) {
+    t->key[rank] = key;
+    t->n++;
+    tree_set(t, rank, tree_entry(key, rank));
+}
+
+void ranktree_replace_top(RankTree *t, double key) {
+    int32_t r = tree_idle_first(t) ? t->next_idle++ : (int32_t)(uint32_t)t->node[1];
+    t->key[r] = key;
+    tree_set(t, r, tree_entry(key, r));
+}
+
+void ranktree_free(RankTree *t) {
+    free(t->key);
+    free(t->node);
+    memset(t, 0, sizeof *t);
 }
 
 // ---- plans -------------------------------------------------------------------------------------------

@@ -107,6 +107,39 @@ int32_t rankheap_top(const RankHeap *h);
 void rankheap_replace_top(RankHeap *h, double key);
 void rankheap_free(RankHeap *h);
 
+// The same queue as a tournament tree (balance's scheduler, which replaces the top for every short
+// sequence it hands out): a leaf per rank and in every inner node the least (key, rank) below it, so
+// changing a rank's key replays the one path from its leaf to the root. The path is known before any
+// comparison is made (its loads overlap) and every step is a branch-free minimum, where a heap's
+// sift-down branches on which child is least at every level. Ranks never popped are the idle range
+// next_idle .. n_ranks - 1 as in RankHeap (a pop of one is O(1)); out of the tree a leaf holds
+// RANKTREE_OUT, above every key. Pops are the same as RankHeap's: (key, rank) is a total order.
+typedef struct {
+    double *key;           // (n_ranks,) key of each rank
+    unsigned __int128 *node;  // (2 size,) node[size + r]: rank r's leaf; node[i]: the least of node[2i], node[2i+1]
+    int32_t size;          // leaves: n_ranks rounded up to a power of two
+    int32_t next_idle;     // ranks next_idle .. n_ranks - 1 have never been popped
+    int32_t n_ranks;
+    int32_t n;             // ranks in it: those in the tree + n_ranks - next_idle
+} RankTree;
+
+int ranktree_init(RankTree *t, int32_t n_ranks);  // every key 0
+int32_t ranktree_pop(RankTree *t);
+void ranktree_push(RankTree *t, int32_t rank, double key);
+int32_t ranktree_top(const RankTree *t);
+void ranktree_replace_top(RankTree *t, double key);  // rankheap_replace_top's contract
+void ranktree_free(RankTree *t);
+
+// plan_finalize, with the batch's two bounds given (bounds[0] plan_lower_bound_pp, bounds[1]
+// plan_hdp_bound of the plan's batch, ranks, capacity and pp) instead of computed, or computed when
+// bounds is NULL: they depend on the batch alone, and a policy that finalizes several plans of one
+// batch (balance with pp > 1, elastic) computes them once (policy_bounds). In plan.c.
+int plan_finalize_bounds(Plan *p, const CostModel *cm, const double *bounds);
+
+// bounds[0] and bounds[1] as plan_finalize would compute them for a plan of this batch and config
+// (no delayed sequences).
+void policy_bounds(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, double bounds[2]);
+
 // Make room in a plan for what a policy knows it will add, so that plan_add_item (which grows the
 // arrays by doubling, copying them each time) does not grow them again: at least `items` items,
 // `segs` segments and `refs` rank references in all. -1 + error when out of memory.

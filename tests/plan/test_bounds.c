@@ -82,6 +82,55 @@ static void test_finalize_fills_both_bounds(void **state) {
     batch_free(&b);
 }
 
+// plan_lower_bound's search for the longest sequence's fastest ring stops where a ring's floor passes
+// the best time (ring_floor in plan.c); it must find the very minimum a search over every width finds.
+// That search is what the same cost model with a negative optimizer time gives: no item time uses that
+// field, but with a field below 0 no floor is trusted and every width is costed. Random models,
+// links (latencies and K/V bytes from none to 10x), capacities and rank counts past the 65,536-width
+// cut; both bounds equal to the bit. And a policy that finalizes several plans of one batch computes
+// the batch's bounds once (plan_finalize_bounds): balance's and elastic's plans, pp 1 and 2, carry
+// the very bounds of their batch.
+static void test_bound_searches_stop_exactly(void **state) {
+    (void)state;
+    const char *models[] = {"llama-7b", "llama-13b", "mixtral-8x7b"};
+    const char *hws[] = {"h800-sxm", "h100-sxm", "h100-measured"};
+    const double scale[] = {0, 0.1, 1, 10};
+    Rng g;
+    rng_seed(&g, 777);
+    for (int trial = 0; trial < test_trials(120); trial++) {
+        int32_t pp = 1 + (int32_t)rng_below(&g, 2);
+        int64_t C = (int64_t)(2 << 10) << rng_below(&g, 3);
+        int32_t R = 2 + (int32_t)rng_below(&g, trial % 4 == 0 ? 90000 : 4000);
+        CostModel cm;
+        assert_int_equal(cost_derive(&cm, model_find(models[rng_below(&g, 3)]), hw_find(hws[rng_below(&g, 3)]),
+                                     1 << rng_below(&g, 3), pp, R, C),
+                         0);
+        cm.ring_lat *= scale[rng_below(&g, 4)];
+        cm.kv_token *= scale[rng_below(&g, 4)];
+        CostModel all = cm;
+        all.optimizer = -1;
+        GlobalBatch b;
+        int64_t tokens = (int64_t)(64 << 10) * (1 + (int64_t)rng_below(&g, 64));
+        if (batch_generate(&b, trial % 2 ? "github" : "byted", rng_next(&g), tokens, 2 << 20) != 0)
+            fail_msg("%s", bs_errmsg());
+        double got = plan_lower_bound_pp(&b, &cm, R, C, pp), want = plan_lower_bound_pp(&b, &all, R, C, pp);
+        if (got != want)
+            fail_msg("trial %d (R %d, C %lld, pp %d): %.17g, every width gives %.17g", trial, R, (long long)C, pp, got,
+                     want);
+        if (trial % 8 == 0 && R <= 4000) {
+            PlanConfig pc = {.n_ranks = R, .capacity = C, .context = 2 << 20, .pp = pp, .offload = 1};
+            for (int k = 0; k < 2; k++) {
+                Plan p;
+                if (policy_plan(&p, k ? "elastic" : "balance", &b, &pc, &cm) != 0) fail_msg("%s", bs_errmsg());
+                assert_true(p.lower_bound == got);
+                assert_true(p.hdp_bound == plan_hdp_bound(&b, &cm, R, C, pp));
+                plan_free(&p);
+            }
+        }
+        batch_free(&b);
+    }
+}
+
 // Random batches, cost models and shapes, pp 1, 2 and 4: lower_bound <= hdp_bound; lower_bound <= the
 // makespan of every policy; hdp_bound <= the makespan of every policy that follows HDP's rule (every
 // policy but static and elastic). The static mesh gives every sequence d_cp = ceil(context / C)
@@ -179,6 +228,7 @@ int main(void) {
         cmocka_unit_test(test_one_long_sequence_by_hand),
         cmocka_unit_test(test_the_slowest_item_can_be_a_pack),
         cmocka_unit_test(test_finalize_fills_both_bounds),
+        cmocka_unit_test(test_bound_searches_stop_exactly),
         cmocka_unit_test(test_bounds_hold_for_every_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

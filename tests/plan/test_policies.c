@@ -85,6 +85,49 @@ static void test_rankheap_matches_brute_force(void **state) {
     }
 }
 
+// The rank tree (balance's scheduler) against the brute force, as the heap above, with replace_top
+// (the list scheduler's step) and keys with many ties, zeros and a negative zero (equal to zero).
+static void test_ranktree_matches_brute_force(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 14);
+    for (int trial = 0; trial < 60; trial++) {
+        int32_t n = 1 + (int32_t)rng_below(&rng, 70);
+        RankTree t;
+        assert_int_equal(ranktree_init(&t, n), 0);
+        double key[70] = {0};
+        for (int step = 0; step < 400; step++) {
+            int32_t want = -1;  // brute force: least key, ties lowest rank
+            for (int32_t r = 0; r < n; r++)
+                if (want < 0 || key[r] < key[want]) want = r;
+            if (step % 3 == 0) {  // replace the top's key
+                assert_int_equal(ranktree_top(&t), want);
+                key[want] += rng_below(&rng, 9) == 0 ? -0.0 : (double)rng_below(&rng, 4) * 0.5;
+                ranktree_replace_top(&t, key[want]);
+                continue;
+            }
+            int d = 1 + (int)rng_below(&rng, (uint64_t)n);
+            int32_t got[70];
+            for (int j = 0; j < d; j++) {
+                got[j] = ranktree_pop(&t);
+                want = -1;
+                for (int32_t r = 0; r < n; r++) {
+                    int taken = 0;
+                    for (int i = 0; i < j; i++) taken |= got[i] == r;
+                    if (!taken && (want < 0 || key[r] < key[want])) want = r;
+                }
+                assert_int_equal(got[j], want);
+            }
+            for (int j = 0; j < d; j++) {
+                key[got[j]] = rng_below(&rng, 7) == 0 ? -0.0 : key[got[j]] + (double)rng_below(&rng, 4);
+                ranktree_push(&t, got[j], key[got[j]]);
+            }
+            assert_int_equal(t.n, n);
+        }
+        ranktree_free(&t);
+    }
+}
+
 // The radix order of planned starts (balance's global order) against a comparison sort by (time, index).
 static const double *order_keys;
 static int by_key_then_index(const void *a, const void *b) {
@@ -523,6 +566,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bestfit_matches_brute_force),
         cmocka_unit_test(test_rankheap_matches_brute_force),
+        cmocka_unit_test(test_ranktree_matches_brute_force),
         cmocka_unit_test(test_order_by_time_matches_sort),
         cmocka_unit_test(test_random_batches_all_policies),
         cmocka_unit_test(test_balance_beats_naive),
