@@ -123,7 +123,7 @@ double cost_field_value(const CostModel *cm, int i);
 // tp_hide_* set for the engine's fp32 residual stream) and the stage messages (stage_token: the
 // engine sends rows x d_model floats). Applied to a cost model loaded for a whole model of m when it
 // plans or simulates a 3D layout; for tp = pp = 1 only the derived byte counts and the heads of a
-// shard (a2a_heads, a2a_kv_heads: what an all-to-all group splits) are set.
+// shard (a2a_heads, a2a_kv_heads, a2a_token: what an all-to-all group splits and moves) are set.
 void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp);
 
 // The fields cost_load took from the intra-node link (derived_3d), for a note: "tp_bw, tp_lat",
