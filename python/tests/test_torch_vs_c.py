@@ -9,7 +9,8 @@ checkpoint 1, on the batch and plan `--save-plans` wrote, and its loss is in the
 torch side loads checkpoint 1's parameters into the reference LLaMA, reads the same rows from the
 same prepared dataset, runs the C plan (rings included, on as many processes as the C job had
 ranks), and compares. It also takes the AdamW step from checkpoint 1's moments and compares the
-parameters with checkpoint 2's.
+parameters with checkpoint 2's. test_torch_vs_c_a2a.py runs the same comparison (compare(), with
+more flags for the C job) on plans of all-to-all and hybrid items.
 """
 
 import json

@@ -8,11 +8,12 @@ Where the plans come from. `--policy flexsp` plans a2a items (groups of a power 
 packed item where short sequences share one). `balance` picks a ring, an a2a group or a hybrid by the
 cost model; on the `cpu` hardware profile the tiny model's rings always win, so the test writes a
 cost file (`--cost`) for a machine whose ranks sit two to a node with a slow link between nodes and
-a floor per attention call: there a2a groups beat rings of 2 and 3, and on 4 ranks a hybrid of
-2 x 2 (an all-to-all inside each node, a ring of 2 across) beats both the ring and the a2a group
-of 4. The tiny model has 4 query and 2 K/V heads, so a group of u = 3 or 4 lies above the K/V
+a floor per attention call: under it the planner prefers a2a groups to rings of 2 and 3, and on 4
+ranks a hybrid of 2 x 2 (an all-to-all inside each node, a ring of 2 across) to both the ring and
+the a2a group of 4. The tiny model has 4 query and 2 K/V heads, so a group of u = 3 or 4 lies above the K/V
 heads (replicated K/V), 3 cuts a GQA group, and a hybrid needs 4 ranks (u = 2 dividing D and the
-heads). Every case asserts that the compared plan holds the kinds it names, so none can pass on a
+heads). Every case asserts that the compared plan holds the kinds it names, and compare() that
+every rank ran each item as the plan file says (a2a, hybrid, ring or pack), so none can pass on a
 plan of rings and packs.
 
 bytescale.torch has no tensor parallelism of its own (a user's TP shard is what it is given, and
