@@ -31,6 +31,7 @@ pytest.importorskip("torch")
 
 from test_torch_vs_c import compare  # noqa: E402
 
+
 def slow_network(tmp):
     """A cost file (docs/cost-model.md, section 6) of the tiny model on ranks two to a node: fast
     inside a node (10 GB/s), 1 MB/s between nodes, 0.1 ms per attention call. The activation terms
@@ -73,9 +74,9 @@ def test_flexsp_two_ranks_packed(tmp_path):
 
 
 def test_balance_three_ranks_a2a_of_three(tmp_path):
-    """balance on 3 ranks, slow network: a2a groups of all 3 ranks beside packs. 3 members split 4
-    query heads 2, 1, 1, above the 2 K/V heads: K/V head 1 serves members 1 and 2 (replicated), and
-    member 0's heads 0-1 use K/V head 0 while member 1's head 2 uses K/V head 1."""
+    """balance on 3 ranks, slow network: a2a groups of all 3 ranks beside packs. 3 members, above
+    the 2 K/V heads, split the 4 query heads 1, 1, 2 (head_split): members 0 and 1 both use K/V
+    head 0 (replicated; its GQA group of heads 0-1 cut between them), member 2 K/V head 1."""
     items = compare(tmp_path, 3, 86, ["--policy", "balance", "--cost", slow_network(tmp_path)], case="balance")
     assert has(items, "a2a", 3), kinds(items)
 
