@@ -122,7 +122,8 @@ double cost_field_value(const CostModel *cm, int i);
 // each layer's and the head's work and K/V, plus its all-reduces (cost_tp_layer_times: tp, tp_token,
 // tp_hide_* set for the engine's fp32 residual stream) and the stage messages (stage_token: the
 // engine sends rows x d_model floats). Applied to a cost model loaded for a whole model of m when it
-// plans or simulates a 3D layout; for tp = pp = 1 only the derived byte counts are set.
+// plans or simulates a 3D layout; for tp = pp = 1 only the derived byte counts and the heads of a
+// shard (a2a_heads, a2a_kv_heads, a2a_token: what an all-to-all group splits and moves) are set.
 void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp);
 
 // The fields cost_load took from the intra-node link (derived_3d), for a note: "tp_bw, tp_lat",

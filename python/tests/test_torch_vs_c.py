@@ -9,7 +9,8 @@ checkpoint 1, on the batch and plan `--save-plans` wrote, and its loss is in the
 torch side loads checkpoint 1's parameters into the reference LLaMA, reads the same rows from the
 same prepared dataset, runs the C plan (rings included, on as many processes as the C job had
 ranks), and compares. It also takes the AdamW step from checkpoint 1's moments and compares the
-parameters with checkpoint 2's.
+parameters with checkpoint 2's. test_torch_vs_c_a2a.py runs the same comparison (compare(), with
+more flags for the C job) on plans of all-to-all and hybrid items.
 """
 
 import json
@@ -56,20 +57,21 @@ def corpus(tmp):
     return out
 
 
-def c_train(tmp, data, ranks, capacity):
-    """Two steps of `bytescale train` (mpirun when ranks > 1): checkpoints after each, plans, metrics."""
-    run = tmp / f"c{ranks}"
+def c_train(tmp, data, procs, capacity, extra=(), case=None):
+    """Two steps of `bytescale train` (mpirun when procs > 1): checkpoints after each, plans, metrics.
+    extra: more flags (--policy, --tp, --cost); procs: every MPI process (tp x HDP ranks)."""
+    run = tmp / (case or f"c{procs}")
     args = [binary(), "train", "--data", str(data), "--model", "tiny", "--context", "256", "--capacity", str(capacity),
             "--tokens", "2K", "--steps", "2", "--warmup", "1", "--lr", "1e-3", "--clip", "0", "--seed", "7",
             "--ckpt-dir", str(run / "ck"), "--ckpt-every", "1", "--ckpt-keep", "0", "--save-plans", str(run / "plans"),
-            "--metrics", str(run / "m.jsonl")]
+            "--metrics", str(run / "m.jsonl"), *extra]
     env = dict(os.environ, BS_QUIET="1", OPENBLAS_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    if ranks > 1:
+    if procs > 1:
         mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
         if not mpirun:
             pytest.skip("no mpirun: the C engine's rings need MPI ranks")
-        args = [mpirun, "--oversubscribe", "-np", str(ranks)] + args
+        args = [mpirun, "--oversubscribe", "-np", str(procs)] + args
     (run / "plans").mkdir(parents=True)
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -89,26 +91,37 @@ def torch_step(rank, world, data, ckpt1, plan_file):
         model = bt.Llama(cfg, dtype=dtype)
         bt.load_params(model, ck)
         trainer = bt.HDPTrainer(model, clip=0)
-        res = trainer.step(plan, bt.microbatches(plan, rank, ds, ring_stats=trainer.ring_stats), apply=False)
+        mbs = bt.microbatches(plan, rank, ds, ring_stats=trainer.ring_stats)
+        # what this rank ran each item as: the Ulysses group size (a2a, hybrid), 0 for a ring or a pack
+        out["ran"] = {mb.item: mb.ulysses.u if mb.ulysses else 0 for mb in mbs}
+        res = trainer.step(plan, mbs, apply=False)
         out[dtype] = (res.loss, res.grad_norm, trainer.flat_grad.double().clone())
     return out
 
 
-def compare(tmp, ranks, capacity):
+def compare(tmp, ranks, capacity, extra=(), tp=1, case=None):
+    """The C job (ranks HDP ranks x tp) against torch on `ranks` processes, at step 2. Returns the
+    plan file's items (for the caller's checks of what kinds it holds)."""
     data = corpus(tmp) if not (tmp / "ds").exists() else tmp / "ds"
-    run, metrics = c_train(tmp, data, ranks, capacity)
+    run, metrics = c_train(tmp, data, ranks * tp, capacity, extra, case)
     ck1 = bt.read_checkpoint(run / "ck" / "ckpt-000001.bin")
     ck2 = bt.read_checkpoint(run / "ck" / "ckpt-000002.bin")
     m1, m2 = ck1.floats("adam.m"), ck2.floats("adam.m")
     g_c = (m2.astype(np.float64) - B1.astype(np.float64) * m1) / np.float64(np.float32(1) - B1)
     plan_file = str(run / "plans" / "plan-000002.json")
+    with open(plan_file) as f:
+        items = json.load(f)["items"]
     if ranks == 1:
         results = [torch_step(0, 1, str(data), str(run / "ck" / "ckpt-000001.bin"), plan_file)]
     else:
         results = launch.spawn(torch_step, ranks, args=(str(data), str(run / "ck" / "ckpt-000001.bin"), plan_file))
     t = results[0]
     assert t["labelled"] == metrics[1]["targets"]
-    assert (t["rings"] > 0) == (capacity < 256)
+    for k, it in enumerate(items):  # every member ran the item as the C plan's kind, not as a ring
+        u = int(it.get("ulysses", 0)) or (len(it["ranks"]) if it.get("a2a") and len(it["ranks"]) > 1 else 0)
+        assert all(results[r]["ran"][k] == u for r in it["ranks"]), (k, it)
+    if not extra:
+        assert (t["rings"] > 0) == (capacity < 256)
     c_loss = metrics[1]["loss"]
     layout = bt.Llama(bt.LlamaConfig.from_dict(ck1.config["model"])).layout
     rows = []
@@ -139,12 +152,15 @@ def compare(tmp, ranks, capacity):
     p1 = ck1.floats("params")
     p2 = p1 - lr * (mhat / (np.sqrt(vhat) + eps) + decay * p1)
     step_err = float(np.abs(p2 - ck2.floats("params")).max() / lr)
-    print(f"\nC engine vs torch, {ranks} rank(s), capacity {capacity}: " + "; ".join(
+    label = f"{ranks} rank(s)" + (f" x tp {tp}" if tp > 1 else "") + f", capacity {capacity}"
+    label += f", {case}" if case else ""
+    print(f"\nC engine vs torch, {label}: " + "; ".join(
         f"{str(d).split('.')[-1]}: loss {l:.1e}, gradients {g_:.1e}, grad norm {n_:.1e}" for d, l, g_, n_ in rows)
         + f"; parameters after the step within {step_err:.2g} lr")
     # Adam moves a weight by about lr * sign(gradient): gradients at fp32 rounding level may differ
     # in sign, so the bound is a fraction of lr, not of the weight
     assert step_err < 0.5
+    return items
 
 
 def test_c_engine_one_process(tmp_path):

@@ -193,6 +193,13 @@ void cost_shard(CostModel *cm, const ModelConfig *m, int tp, int pp) {
     if (pp < 1) pp = 1;
     cm->n_layers = (m->n_layers + pp - 1) / pp;
     cm->attn_pair /= tp, cm->lin_token /= tp, cm->kv_token /= tp, cm->head_token /= tp;
+    // the heads a Ulysses group splits, as cost_derive's: a file does not carry them, and without
+    // them the policies would plan no all-to-all group or hybrid and flexsp no bound on a group.
+    // A group moves Q and the output (a2a_heads heads each) beside K and V (kv_token: 2 x the K/V
+    // heads x head_dim x the file's element bytes)
+    cm->a2a_heads = m->n_heads / tp;
+    cm->a2a_kv_heads = (int)kv_heads_per_device(m, tp);
+    cm->a2a_token = cm->kv_token * (1.0 + (double)cm->a2a_heads / cm->a2a_kv_heads);
     // the engine (src/nn/llama.c, src/runtime/pipeline.c) all-reduces and sends the whole fp32
     // residual stream, rows x d_model floats, on every TP rank
     cost_layout_3d(cm, m, tp, pp, (int)sizeof(float), 0);

@@ -713,6 +713,16 @@ static void test_tp_terms_of_derive_and_shard(void **state) {
     assert_close(prof.tp_token, tiny->d_model * 4.0, 0, 0);
     assert_close(prof.stage_token, tiny->d_model * 4.0, 0, 0);
     assert_close(cost_stage_transfer(&prof, 100), 100 * tiny->d_model * 4.0 / 2e9, 1e-12, 0);
+    // the heads of a shard and the bytes an all-to-all group moves per token, as cost_derive's
+    const HardwareProfile *cpu = hw_find("cpu");
+    CostModel derived, file;
+    assert_int_equal(cost_derive(&derived, tiny, cpu, 2, 1, 4, 256), 0);
+    memset(&file, 0, sizeof file);
+    file.n_layers = tiny->n_layers, file.kv_token = derived.kv_token * 2;  // a file holds the whole model's
+    cost_shard(&file, tiny, 2, 1);
+    assert_int_equal(file.a2a_heads, derived.a2a_heads);
+    assert_int_equal(file.a2a_kv_heads, derived.a2a_kv_heads);
+    assert_close(file.a2a_token, derived.a2a_token, 1e-15, 0);
 }
 
 static int cost_equal(const CostModel *a, const CostModel *b) {

@@ -125,7 +125,8 @@ p = bytescale.plan([30000, 12000] + [500] * 60, ranks=8, capacity=8192)
 print(f"bytescale {bytescale.__version__} from {bytescale.library_path}: {p}")
 EOF
 # the package's own tests, and of bytescale.torch only its ring attention (the subpackage installed and
-# working over torch.distributed); the torch trainer's longer tests run once, in python/pytest
+# working over torch.distributed); the torch trainer's longer tests run once, in the python/pytest*
+# ctest entries
 tests=()
 for f in "$src"/python/tests/test_*.py; do
   case $(basename "$f") in test_torch_*) ;; *) tests+=("$f") ;; esac
