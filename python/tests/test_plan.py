@@ -38,9 +38,14 @@ def cli_args(cfg, policy, lengths_path):
     return args
 
 
+# flexsp's programs stop at GLPK's time limit (docs/peers.md), so on a loaded machine two runs of the
+# same batch can differ: its plans are compared by what holds whatever the solver found (below).
+EXACT = [p for p in POLICIES if p != "flexsp"]
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c['model']}-r{c['ranks']}-pp{c['pp']}-off{int(c['offload'])}")
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", EXACT)
 def test_python_plan_is_the_commands_plan(policy, cfg, seed, tmp_path, lengths_file, run_cli):
     lengths = random_lengths(seed * 100 + len(policy), capacity=cfg["capacity"])
     out = tmp_path / "cli.json"
@@ -72,6 +77,23 @@ def test_python_plan_is_the_commands_plan(policy, cfg, seed, tmp_path, lengths_f
     r = bytescale.read_plan(out, cost=p.cost)
     np.testing.assert_array_equal(r.item_est_time, p.item_est_time)
     assert (r.makespan, r.hdp_bound) == (p.makespan, p.hdp_bound)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c['model']}-r{c['ranks']}-pp{c['pp']}-off{int(c['offload'])}")
+def test_flexsp_python_and_command_plan_the_same_batch(cfg, tmp_path, lengths_file, run_cli):
+    lengths = random_lengths(100 + len("flexsp"), capacity=cfg["capacity"])
+    out = tmp_path / "cli.json"
+    run_cli(*cli_args(cfg, "flexsp", lengths_file(lengths)), "--out", out)
+    p = bytescale.plan(lengths, policy="flexsp", **cfg)
+    # the command's file validates against the same cost model, and both plans train the same batch:
+    # the same sequences, every token once, in items of the same layout
+    q = bytescale.read_plan(out, cost=p.cost)
+    np.testing.assert_array_equal(q.seq_len, p.seq_len)
+    for plan in (p, q):
+        assert plan.item_tokens.sum() == plan.n_tokens == p.seq_len.sum()
+        assert (plan.policy, plan.n_ranks, plan.pp, plan.capacity) == ("flexsp", cfg["ranks"], cfg["pp"],
+                                                                      cfg["capacity"])
+        assert plan.makespan >= plan.lower_bound * (1 - 1e-12) or plan.item_a2a.any()
 
 
 def test_plain_python_and_numpy_agree():
