@@ -19,7 +19,6 @@ final parameters (torch.save), which the tests compare between 1 and 2 processes
 """
 
 import argparse
-import math
 import os
 import sys
 

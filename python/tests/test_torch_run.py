@@ -76,7 +76,7 @@ def test_user_loop_under_torchrun_matches_one_process(tmp_path):
     script = EXAMPLES / "torch_user_loop.py"
     common = ["--steps", "3", "--dtype", "float64", "--tokens", "2048"]
     two = check_run(launch_cmd(2, script, *common, "--capacity", "512", "--dump", tmp_path / "two.pt"))
-    one = check_run([sys.executable, str(script), *common, "--capacity", "1024", "--dump", tmp_path / "one.pt"])
+    check_run([sys.executable, str(script), *common, "--capacity", "1024", "--dump", tmp_path / "one.pt"])
     for rank in (0, 1):
         assert re.search(rf"rank {rank}/2 done: \d+ micro-batches", two.stdout), two.stdout + two.stderr
     rings = [int(m) for m in re.findall(r"rings (\d+)", two.stdout)]
