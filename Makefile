@@ -71,7 +71,8 @@ build: $(BUILD)/Makefile
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
-# the package copies the library it is built with: $BYTESCALE_LIB when set, else this build's
+# the package copies the library it is built with: $BYTESCALE_LIB when set, else this build's. pip is
+# given the package's absolute path: it reads a bare `python` (PYSRC's default) as a package to download.
 python: build
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null || \
 	  { echo "make python: $(PYTHON) is not Python 3.9 or later (give PYTHON=/path/to/python3)" >&2; exit 1; }
@@ -84,7 +85,7 @@ python: build
 	fi
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	BYTESCALE_LIB=$${BYTESCALE_LIB:-$(abspath $(BUILD))/libbytescale.so.0} \
-	  $(VENV)/bin/pip install --no-index --no-build-isolation --no-cache-dir --quiet $(PYSRC)
+	  $(VENV)/bin/pip install --no-index --no-build-isolation --no-cache-dir --quiet $(abspath $(PYSRC))
 	@cd / && $(abspath $(VENV))/bin/python -c 'import bytescale, numpy; print("$(VENV): bytescale", bytescale.__version__, "from", bytescale.library_path, "with numpy", numpy.__version__)'
 
 $(ASAN_BUILD)/Makefile:

@@ -14,7 +14,7 @@ step the ranks check that each token of the global batch was trained exactly onc
 them (ring chunks included) and that the token values they assembled sum to the batch's.
 
     python3 examples/torch_hdp_sampler.py              # 2 processes, gloo, CPU (torch.multiprocessing)
-    torchrun --nproc-per-node 2 examples/torch_hdp_sampler.py
+    torchrun --nproc_per_node 2 examples/torch_hdp_sampler.py
 
 Needs Debian's python3-torch and the bytescale package (README.md, "The Python package").
 """

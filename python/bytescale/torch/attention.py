@@ -19,6 +19,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .shapes import check_qkv
+
 # Tile sizes: big enough that each matmul amortises torch's per-call overhead, small enough that
 # a score tile (G x r*Q_TILE x K_TILE) stays a few MB whatever the sequence length.
 Q_TILE = 512
@@ -274,7 +276,9 @@ class _LocalAttention(torch.autograd.Function):
 def local_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, seg: Tensor) -> Tensor:
     """Causal attention of T rows over themselves with per-segment masks: row i sees row j iff
     seg[j] == seg[i] and pos[j] <= pos[i]. q (T, H, hd), k and v (T, G, hd); differentiable."""
-    return _LocalAttention.apply(q, k, v, pos if isinstance(pos, Rows) else Rows(pos, seg))
+    rows = pos if isinstance(pos, Rows) else Rows(pos, seg)
+    check_qkv("attention of a pack", q, k, v, rows.n, "the micro-batch's rows (its positions and segments)")
+    return _LocalAttention.apply(q, k, v, rows)
 
 
 def cu_seqlens_rows(cu_seqlens: Tensor) -> Rows:
@@ -293,8 +297,8 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Ten
     """Packed variable-length causal attention, like flash-attn's varlen call: documents
     [cu_seqlens[i], cu_seqlens[i+1]) are packed along the rows and each attends causally to itself
     only. Blockwise (never a dense T x T mask). q (T, H, hd), k and v (T, G, hd); differentiable."""
-    if q.shape[0] != int(cu_seqlens[-1]):
-        raise ValueError(f"q has {q.shape[0]} rows, cu_seqlens ends at {int(cu_seqlens[-1])}")
+    n = int(cu_seqlens[-1])
+    check_qkv("varlen attention", q, k, v, n, f"as cu_seqlens ends at {n}")
     return _LocalAttention.apply(q, k, v, cu_seqlens_rows(cu_seqlens))
 
 

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from .attention import local_attention
 from .ring import ring_attention
+from .shapes import ShapeError
 from .ulysses import ulysses_attention
 
 
@@ -137,9 +138,14 @@ def hdp_attention(q: Tensor, k: Tensor, v: Tensor, layout: str = "thd") -> Tenso
     if layout == "thd":
         return fn(q, k, v)
     if layout == "bhsd":
-        if q.shape[0] != 1:
-            raise ValueError("layout bhsd: an HDP micro-batch is one packed row (batch size 1)")
-        out = fn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1))
+        given = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or (q.shape[0], k.shape[0], v.shape[0]) != (1, 1, 1):
+            raise ShapeError(f"layout bhsd: q (1, H, T, hd), k and v (1, G, T, hd) (an HDP micro-batch is one packed "
+                             f"row: batch size 1); got {given}")
+        try:
+            out = fn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1))
+        except ShapeError as e:  # the kernels name (rows, heads, head_dim): say what was passed
+            raise ShapeError(f"{e} (layout bhsd: shapes above as (T, heads, hd); got {given})") from None
         return out.transpose(0, 1).unsqueeze(0)
     raise ValueError(f"layout {layout!r}: 'thd' or 'bhsd'")
 

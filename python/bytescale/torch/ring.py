@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .attention import Rows, _acc_dtype, block_backward, block_forward, merge
+from .shapes import check_qkv
 
 # gloo matches point-to-point messages by (peer, tag): one tag per stream of messages
 TAG_FWD_KV, TAG_BWD_KV, TAG_BWD_DKV = 11, 12, 13
@@ -120,8 +121,8 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring):
     G, hd = k.shape[1], k.shape[2]
     width = 2 * G * hd
     mine = ring.rows[me]
-    if q.shape[0] != mine.n or k.shape[0] != mine.n:
-        raise ValueError(f"ring attention: {q.shape[0]} local rows, the plan gives this rank {mine.n}")
+    check_qkv("ring attention", q, k, v, mine.n,
+              f"the rows the plan gives this rank (member {me} of ring {ring.ranks})")
     cur = torch.cat([k.reshape(-1), v.reshape(-1)])  # the block in hand: K then V, flat
     out = lse = None
     for t in range(D):
@@ -247,4 +248,6 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Ring) -> Tensor:
     0). Every member of `ring` must call it at the same point of its schedule (the plan's global
     order guarantees it), for the forward and, through autograd, for the backward. Uses the default
     process group's point-to-point operations (gloo on CPU, NCCL on CUDA)."""
+    check_qkv("ring attention", q, k, v, ring.n(ring.me),
+              f"the rows the plan gives this rank (member {ring.me} of ring {ring.ranks})")
     return _RingAttention.apply(q, k, v, ring)

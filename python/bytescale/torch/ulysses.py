@@ -43,6 +43,7 @@ from torch import Tensor
 
 from .attention import Rows, _acc_dtype, block_backward, block_forward
 from .ring import Ring, RingStats, _exchange, ring_backward, ring_forward
+from .shapes import check_qkv
 
 # point-to-point tags of the four all-to-alls (the ring's are 11-13)
 TAG_A2A_FWD_IN, TAG_A2A_FWD_OUT, TAG_A2A_BWD_IN, TAG_A2A_BWD_OUT = 21, 22, 23, 24
@@ -242,6 +243,8 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: Ulysses) -> Tensor
     differentiable. q (T, H, hd), k and v (T, G, hd): this member's rows after RoPE (T =
     rows the plan gives it, possibly 0), every head. Every member of the item calls it at the same
     point of its schedule, forward and (through autograd) backward."""
-    if q.shape[0] != group.n[group.j] or k.shape[0] != q.shape[0]:
-        raise ValueError(f"Ulysses attention: {q.shape[0]} local rows, the plan gives this rank {group.n[group.j]}")
+    kind = "a2a attention" if group.r == 1 else "hybrid attention"
+    check_qkv(kind, q, k, v, group.n[group.j],
+              f"the rows the plan gives this rank (member {group.g * group.u + group.j} of item {group.ranks})",
+              min_heads=group.u)
     return _UlyssesAttention.apply(q, k, v, group)
