@@ -12,7 +12,9 @@
 """
 
 import math
+import queue
 import sys
+import threading
 import types
 
 import numpy as np
@@ -21,7 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import bytescale.torch as bt  # noqa: E402
-from bytescale.torch import attention, fused, launch, ring as ringmod  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from bytescale.torch import attention, fused, launch, ring as ringmod, ulysses as ulymod  # noqa: E402
 from bytescale.torch.attention import reference_attention  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
@@ -115,6 +118,88 @@ def test_model_follows_device_and_dtype(default_dtype):
         h.sum().backward()
     check_follows(rec, (torch.float64,))
     assert model.param("layers.0.wq").grad.device.type == "meta"
+
+
+class Mailbox:
+    """An in-process stand-in for the default group's point-to-point messages, for members run as
+    threads (threading.local names the calling member's rank): a send queues its tensor under
+    (source, destination, tag), a receive's wait() takes the oldest and copies it in, so messages
+    between two members with one tag match in order, as gloo's do."""
+
+    def __init__(self):
+        self.boxes, self.lock, self.local = {}, threading.Lock(), threading.local()
+
+    def box(self, key):
+        with self.lock:
+            return self.boxes.setdefault(key, queue.Queue())
+
+    def exchange(self, ops):
+        me, works = self.local.rank, []
+        for op in ops:
+            if op.op is dist.isend:
+                self.box((me, op.peer, op.tag)).put(op.tensor.clone())
+            else:
+                works.append(types.SimpleNamespace(wait=lambda b=self.box((op.peer, me, op.tag)), t=op.tensor:
+                                                   t.copy_(b.get(timeout=120))))
+        return works
+
+
+def run_threads(D, fn):
+    """fn(rank) on D threads at once; returns their results, re-raising the first failure."""
+    res, errs = [None] * D, []
+
+    def body(r):
+        try:
+            res[r] = fn(r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below with its member
+            errs.append((r, e))
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(D)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errs:
+        raise AssertionError(f"member {errs[0][0]}") from errs[0][1]
+    return res
+
+
+@pytest.mark.parametrize("dtype,default,allowed", [
+    (torch.float64, torch.float32, (torch.float64,)),
+    (torch.bfloat16, torch.float64, (torch.bfloat16, torch.float32)),
+])
+@pytest.mark.parametrize("kind", ["ring", "a2a", "hybrid"])
+def test_ring_and_ulysses_follow_device_and_dtype(kind, dtype, default, allowed, default_dtype, monkeypatch):
+    """Ring attention (D = 3), an a2a item (D = 4) and a hybrid of 2 x 2 (a GQA group cut by the head
+    split: H 6, G 3), forward and backward, their members as threads on 'meta' tensors with an
+    in-process transport: every tensor they make (message buffers, partial sums, head shards) is on
+    the inputs' device in their dtype or the statistics' fp32."""
+    mail = Mailbox()
+    monkeypatch.setattr(ringmod, "_exchange", mail.exchange)
+    monkeypatch.setattr(ulymod, "_exchange", mail.exchange)
+    default_dtype(default)
+    D = 3 if kind == "ring" else 4
+    H, G, hd = (6, 3, 8) if kind != "ring" else (4, 2, 8)
+    rows, _ = ring_layout([37, 6], D)
+
+    def member(r):
+        mail.local.rank = r
+        n = rows[r].n
+        q = torch.empty(n, H, hd, dtype=dtype, device="meta", requires_grad=True)
+        k = torch.empty(n, G, hd, dtype=dtype, device="meta", requires_grad=True)
+        v = torch.empty(n, G, hd, dtype=dtype, device="meta", requires_grad=True)
+        with Recorder() as rec:
+            if kind == "ring":
+                out = bt.ring_attention(q, k, v, bt.Ring(list(range(D)), r, rows))
+            else:
+                grp = bt.Ulysses(list(range(D)), r, rows, D if kind == "a2a" else 2)
+                out = bt.ulysses_attention(q, k, v, grp)
+            out.backward(torch.empty_like(out))
+        check_follows(rec, allowed)
+        return out.device.type, q.grad.dtype, k.grad.device.type
+
+    for got in run_threads(D, member):
+        assert got == ("meta", dtype, "meta")
 
 
 # ---- the fused-kernel dispatch --------------------------------------------------------------------------
