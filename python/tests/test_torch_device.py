@@ -275,9 +275,12 @@ def test_selection(monkeypatch):
         fused.select_kernel("flash")
     # no flash-attn: torch's flash attention where the op exists, else the blockwise kernel
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # import raises ImportError
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_flash_attention", "op", raising=False)
+    op = types.SimpleNamespace(default=types.SimpleNamespace(_schema="(Tensor query, ..., *, float? scale=None)"))
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_flash_attention", op, raising=False)
     got = fused.select_kernel("auto")
-    assert isinstance(got, fused.TorchFlash) and got.op == "op"
+    assert isinstance(got, fused.TorchFlash) and got.op is op
+    op.default._schema = "(Tensor query, Tensor key, Tensor value, float dropout_p=0., bool is_causal=False)"
+    assert not isinstance(fused.select_kernel("auto"), fused.TorchFlash)  # torch 2.0: no scale=
     monkeypatch.delattr(torch.ops.aten, "_scaled_dot_product_flash_attention")
     if not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention"):
         assert not fused.select_kernel("auto").fused
@@ -559,3 +562,135 @@ def test_ring_stream_path(world):
         bwd = everything[len(fwd):]
         assert bwd.count(("wait_stream", "comm", "compute")) == bwd.count(("enter", "comm")) >= world
         assert compute > 0 and wait > 0  # the event pairs were read back (1 ms each here)
+
+
+# ---- on a GPU (skipped without one: scripts/gpu_check.sh runs them where CUDA is) --------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+GPU = "cuda"  # the device of the tests below
+GPU_TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+
+
+def dense_grads(q, k, v, dout, pos, seg):
+    """Dense attention's output and gradients in fp64 on the CPU, from the same (rounded) inputs."""
+    q, k, v = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    out = reference_attention(q, k, v, pos, seg, pos, seg)
+    out.backward(dout.detach().cpu().double())
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_varlen(dtype, monkeypatch):
+    """A pack on the GPU through the process's KERNEL (fused where it takes the dtype): output and
+    gradients against dense fp64 attention, and the fused kernel ran where it should."""
+    calls = []
+    if attention.KERNEL.fused:
+        real = attention.KERNEL.varlen
+        monkeypatch.setattr(attention.KERNEL, "varlen", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(3)
+    lens = [1, 130, 700, 3, 290]
+    T, H, G, hd = sum(lens), 8, 2, 64
+    q, dout = (torch.randn(T, H, hd, generator=g).to(GPU, dtype) for _ in range(2))
+    k, v = (torch.randn(T, G, hd, generator=g).to(GPU, dtype) for _ in range(2))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]))
+    qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+    out = bt.varlen_attention(qq, kk, vv, cu)
+    out.backward(dout)
+    rows = attention.cu_seqlens_rows(cu)
+    want = dense_grads(q, k, v, dout, *rows._cpu)
+    for x, y in zip((out, qq.grad, kk.grad, vv.grad), want):
+        assert x.device.type == GPU and x.dtype == dtype
+        assert rel(x.detach().cpu().double(), y) < GPU_TOL[dtype]
+    assert bool(calls) == (attention.KERNEL.fused and attention.KERNEL.accepts(q))
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_ring_and_stream_path_threads(dtype, monkeypatch):
+    """A ring of 3 members as threads on one GPU, the Mailbox as transport, through the real stream
+    path (side stream, events) and KERNEL: forward and backward (ring_forward / ring_backward called
+    directly: autograd would run every member's backward on its one CUDA thread) against dense fp64
+    attention of the whole item."""
+    mail = Mailbox()
+    monkeypatch.setattr(ringmod, "_exchange", mail.exchange)
+    D, segs, H, G, hd = 3, [900, 77], 8, 2, 64
+    rows, idx = ring_layout(segs, D)
+    g = torch.Generator().manual_seed(4)
+    T = sum(segs)
+    q, dout = (torch.randn(T, H, hd, generator=g).to(GPU, dtype) for _ in range(2))
+    k, v = (torch.randn(T, G, hd, generator=g).to(GPU, dtype) for _ in range(2))
+    gpos = torch.cat([torch.arange(n) for n in segs])
+    gseg = torch.cat([torch.full((n,), i) for i, n in enumerate(segs)])
+    want = dense_grads(q, k, v, dout, gpos, gseg)
+
+    def member(r):
+        mail.local.rank = r
+        i = idx[r].to(GPU)
+        ring = bt.Ring(list(range(D)), r, rows)
+        out, lse = ringmod.ring_forward(q[i], k[i], v[i], ring)
+        grads = ringmod.ring_backward(dout[i], q[i], k[i], v[i], out, lse, ring)
+        if GPU == "cuda":
+            torch.cuda.synchronize()
+        return [x.cpu().double() for x in (out, *grads)], ring.stats.compute, ring.stats.wait
+
+    for r, (got, compute, wait) in enumerate(run_threads(D, member)):
+        for x, y in zip(got, want):
+            assert rel(x, y[idx[r]]) < GPU_TOL[dtype] * 3, r
+        assert compute > 0 and wait >= 0
+
+
+@cuda
+def test_cuda_model_matches_cpu():
+    """The tiny model's loss and gradients on the GPU (fp32) against the same on the CPU (fp64)."""
+    cfg = bt.LlamaConfig.named("tiny")
+    lens = [300, 45]
+    T = sum(lens)
+    pos = torch.cat([torch.arange(n) for n in lens])
+    seg = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])
+    g = torch.Generator().manual_seed(8)
+    tokens = torch.randint(0, cfg.vocab_size, (T,), generator=g)
+    targets = torch.randint(0, cfg.vocab_size, (T,), generator=g)
+    mb = types.SimpleNamespace(rows=bt.Rows(pos, seg), ring=None, ulysses=None)
+    res = {}
+    for dev, dt in (("cpu", torch.float64), (GPU, torch.float32)):
+        model = bt.Llama(cfg, dtype=dt, device=dev)
+        with torch.no_grad():
+            model.flat.copy_(bt.Llama(cfg, dtype=torch.float64).init_weights(2).flat.to(dev, dt))
+        with bt.microbatch_context(mb):
+            loss = model.loss_sum(tokens.to(dev), targets.to(dev), pos.to(dev))
+        loss.backward()
+        res[dev] = (float(loss), torch.cat([p.grad.reshape(-1) for _, p in model.named_flat_parameters()]))
+    assert abs(res[GPU][0] - res["cpu"][0]) / abs(res["cpu"][0]) < 1e-5
+    assert rel(res[GPU][1].cpu().double(), res["cpu"][1]) < 1e-4
+
+
+def nccl_worker(rank, world):
+    """Ring and a2a attention over NCCL, one GPU per rank, fp32: against dense attention."""
+    segs, H, G, hd = [1000, 33], 8, 2, 64
+    g = torch.Generator().manual_seed(11)
+    T = sum(segs)
+    q, dout = (torch.randn(T, H, hd, generator=g) for _ in range(2))
+    k, v = (torch.randn(T, G, hd, generator=g) for _ in range(2))
+    gpos = torch.cat([torch.arange(n) for n in segs])
+    gseg = torch.cat([torch.full((n,), i) for i, n in enumerate(segs)])
+    want = dense_grads(q, k, v, dout, gpos, gseg)
+    rows, idx = ring_layout(segs, world)
+    i = idx[rank]
+    errs = []
+    for kind in ("ring", "a2a"):
+        qq, kk, vv = (x[i].to(GPU).requires_grad_() for x in (q, k, v))
+        if kind == "ring":
+            out = bt.ring_attention(qq, kk, vv, bt.Ring(list(range(world)), rank, rows))
+        else:
+            out = bt.ulysses_attention(qq, kk, vv, bt.Ulysses(list(range(world)), rank, rows, world))
+        out.backward(dout[i].to(GPU))
+        errs.append(max(rel(x.detach().cpu().double(), y[i]) for x, y in zip((out, qq.grad, kk.grad, vv.grad), want)))
+    return errs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_nccl_ring_and_a2a():
+    world = min(4, torch.cuda.device_count())
+    for rank, errs in enumerate(launch.spawn(nccl_worker, world, backend="nccl")):
+        assert max(errs) < 1e-4, (rank, errs)

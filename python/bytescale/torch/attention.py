@@ -183,7 +183,7 @@ def fused_block_forward(q: Tensor, k: Tensor, v: Tensor, calls, scale: Optional[
     out = torch.zeros(Tq, H, hd, dtype=q.dtype, device=q.device)
     lse = torch.full((Tq, H), -math.inf, dtype=_acc_dtype(q.dtype), device=q.device)
     for c in calls:
-        qi, ki = c.qi.to(q.device), c.ki.to(q.device)
+        qi, ki, _, _ = c.on(q.device)
         o, l = kernel.varlen(q.index_select(0, qi), k.index_select(0, ki), v.index_select(0, ki), c, scale)
         o, l = merge(out.index_select(0, qi), lse.index_select(0, qi), o, l.to(lse.dtype))
         out.index_copy_(0, qi, o)

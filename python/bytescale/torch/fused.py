@@ -32,7 +32,8 @@ from torch import Tensor
 
 class Call(NamedTuple):
     """One varlen call of a block's plan. qi, ki: row indices (CPU int64) of the packed queries and
-    keys, sequence after sequence; cu_q, cu_k: cumulative sequence lengths (CPU int64, starting at 0)."""
+    keys, sequence after sequence; cu_q, cu_k: cumulative sequence lengths (CPU int64, starting at 0);
+    dev: their copies per device (on(device)), made once per block plan, not per call."""
 
     causal: bool
     qi: Tensor
@@ -41,6 +42,15 @@ class Call(NamedTuple):
     cu_k: Tensor
     max_q: int
     max_k: int
+    dev: dict
+
+    def on(self, device) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(qi, ki, cu_q, cu_k) on `device`, the cumulative lengths int32 (what varlen kernels take)."""
+        key = str(device)
+        if key not in self.dev:
+            self.dev[key] = (self.qi.to(device), self.ki.to(device), self.cu_q.to(device, torch.int32),
+                             self.cu_k.to(device, torch.int32))
+        return self.dev[key]
 
 
 def runs(pos: Tensor, seg: Tensor) -> List[Tuple[int, int, int, int]]:
@@ -84,7 +94,7 @@ def _call(causal: bool, pairs) -> Optional[Call]:
             nk += ke - kb
         lk.append(nk)
     cu_q, cu_k = torch.tensor(lq).cumsum(0), torch.tensor(lk).cumsum(0)
-    return Call(causal, torch.cat(qi), torch.cat(ki), cu_q, cu_k, max(lq), max(lk))
+    return Call(causal, torch.cat(qi), torch.cat(ki), cu_q, cu_k, max(lq), max(lk), {})
 
 
 def plan_block(qpos: Tensor, qseg: Tensor, kpos: Tensor, kseg: Tensor) -> Optional[List[Call]]:
@@ -147,8 +157,7 @@ class FlashVarlen(Kernel):
 
     def varlen(self, q, k, v, call, scale):
         dev = q.device
-        cu_q = call.cu_q.to(dev, torch.int32)
-        cu_k = call.cu_k.to(dev, torch.int32)
+        _, _, cu_q, cu_k = call.on(dev)
         out, lse, _ = self.fn(q, k, v, cu_q, cu_k, call.max_q, call.max_k, dropout_p=0.0, softmax_scale=scale,
                               causal=call.causal, return_attn_probs=True)
         if lse.dim() == 3:  # flash-attn before 2.4: (sequences, H, max_q), padded per sequence
@@ -206,8 +215,17 @@ def select_kernel(choice: Optional[str] = None) -> Kernel:
             if choice == "flash_attn":
                 raise
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
-    if op is not None:
+    if op is not None and _takes_scale(op):
         return TorchFlash(op)
     if choice == "aten":
-        raise ImportError(f"torch {torch.__version__} has no aten._scaled_dot_product_flash_attention")
+        raise ImportError(f"torch {torch.__version__} has no aten._scaled_dot_product_flash_attention with scale= "
+                          f"(torch >= 2.1)")
     return Kernel()
+
+
+def _takes_scale(op) -> bool:
+    """Whether torch's flash attention op takes `scale=` (torch 2.1 on; 2.0's has no softmax scale)."""
+    try:
+        return "scale" in str(op.default._schema)
+    except AttributeError:
+        return False
