@@ -13,6 +13,12 @@
 3. Ring against all-to-all: the same sequence on the same 2 ranks as a ring item and as an a2a
    (Ulysses) item, forward + backward of one attention layer, slowest rank, median of repeats, with
    the bytes each rank sends. `--sections a2a` runs only this one (no C engine, no dataset).
+4. Kernel (`--sections kernel`, one process): varlen attention of one causal sequence, forward +
+   backward, through the attention kernel this process chose (bytescale.torch.attention.KERNEL,
+   printed first) against the blockwise kernel. On CPU both are the blockwise kernel.
+
+`--device cuda` runs sections 2-4 on GPUs (2 and 3 with NCCL, one GPU per process, so they need 2
+GPUs), `--dtype bf16` or `fp16` in the dtype the fused kernels take.
 
     make && BYTESCALE_LIB=build/libbytescale.so.0 /usr/bin/python3 bench/torch_hdp.py \\
         --binary build/bytescale --data data/go-byte
@@ -35,10 +41,25 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import bytescale.torch as bt  # noqa: E402
-from bytescale.torch import launch  # noqa: E402
+from bytescale.torch import attention, fused, launch  # noqa: E402
 from bytescale.torch.attention import Rows, block_backward, block_forward, merge  # noqa: E402
 
 POLICIES = ("static", "balance")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def on(device: str) -> torch.device:
+    """This process's device: its GPU (launch.init set it) or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
+def slowest(t0: float, dev: torch.device) -> float:
+    """Seconds since t0 on the slowest rank (the GPU's queued work finished first)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t = torch.tensor([time.perf_counter() - t0], device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
 
 
 def c_engine(args, policy, out):
@@ -90,9 +111,10 @@ def policies_worker(rank, world, args, plan_dirs):
     return times, detail
 
 
-def overlap_worker(rank, world, lengths, heads, repeats):
+def overlap_worker(rank, world, lengths, heads, repeats, device="cpu", dtype="fp32"):
     """Ring attention (D = 2, one sequence) vs the same blocks computed locally, per length."""
     H, G, hd = heads
+    dev, dt = on(device), DTYPES[dtype]
     out = []
     for s in lengths:
         plan = bt.StepPlan(2, [0], [0], [s], [((0, 1), ((0, 0, s),))], labelled=0)
@@ -103,6 +125,7 @@ def overlap_worker(rank, world, lengths, heads, repeats):
         k, v = torch.randn(n, G, hd, generator=g), torch.randn(n, G, hd, generator=g)
         ko, vo = torch.randn(rows[1 - rank].n, G, hd), torch.randn(rows[1 - rank].n, G, hd)
         dout = torch.randn(n, H, hd, generator=g)
+        q, k, v, ko, vo, dout = (x.to(dev, dt) for x in (q, k, v, ko, vo, dout))
         ring = bt.Ring([0, 1], rank, rows)
         ring_t, local_t = [], []
         for _ in range(repeats):
@@ -111,29 +134,26 @@ def overlap_worker(rank, world, lengths, heads, repeats):
             dist.barrier()
             t0 = time.perf_counter()
             bt.ring_attention(qq, kk, vv, ring).backward(dout)
-            t = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            ring_t.append(float(t))
+            ring_t.append(slowest(t0, dev))
             # the same blocks without messages: own block, the other member's, merge, both backwards
             dist.barrier()
             t0 = time.perf_counter()
             o1, l1 = block_forward(q, k, v, rows[rank], rows[rank])
             o2, l2 = block_forward(q, ko, vo, rows[rank], rows[1 - rank])
             o, lse = merge(o1, l1, o2, l2)
-            delta = (dout * o).sum(-1)
+            delta = (dout.to(lse.dtype) * o.to(lse.dtype)).sum(-1)
             block_backward(dout, q, k, v, lse, delta, rows[rank], rows[rank])
             block_backward(dout, q, ko, vo, lse, delta, rows[rank], rows[1 - rank])
-            t = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            local_t.append(float(t))
+            local_t.append(slowest(t0, dev))
         out.append((s, statistics.median(ring_t), statistics.median(local_t)))
     return out
 
 
-def a2a_worker(rank, world, lengths, heads, repeats):
+def a2a_worker(rank, world, lengths, heads, repeats, device="cpu", dtype="fp32"):
     """One sequence on 2 ranks as a ring and as an a2a item: (tokens, ring s, a2a s, ring bytes,
     a2a bytes) per length, seconds of the slowest rank, bytes this rank sent per repeat."""
     H, G, hd = heads
+    dev, dt = on(device), DTYPES[dtype]
     out = []
     for s in lengths:
         plan = bt.StepPlan(2, [0], [0], [s], [((0, 1), ((0, 0, s),))], labelled=0)
@@ -142,6 +162,7 @@ def a2a_worker(rank, world, lengths, heads, repeats):
         n = rows[rank].n
         q, dout = torch.randn(n, H, hd, generator=g), torch.randn(n, H, hd, generator=g)
         k, v = torch.randn(n, G, hd, generator=g), torch.randn(n, G, hd, generator=g)
+        q, dout, k, v = (x.to(dev, dt) for x in (q, dout, k, v))
         stats = {"ring": bt.RingStats(), "a2a": bt.RingStats()}
         fns = {"ring": lambda a, b, c: bt.ring_attention(a, b, c, bt.Ring([0, 1], rank, rows, stats["ring"])),
                "a2a": lambda a, b, c: bt.ulysses_attention(a, b, c, bt.Ulysses([0, 1], rank, rows, 2, stats["a2a"]))}
@@ -152,9 +173,7 @@ def a2a_worker(rank, world, lengths, heads, repeats):
                 dist.barrier()
                 t0 = time.perf_counter()
                 fn(qq, kk, vv).backward(dout)
-                t = torch.tensor([time.perf_counter() - t0])
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                times[kind].append(float(t))
+                times[kind].append(slowest(t0, dev))
         out.append((s, statistics.median(times["ring"]), statistics.median(times["a2a"]),
                     stats["ring"].bytes_sent // repeats, stats["a2a"].bytes_sent // repeats))
     return out
@@ -172,12 +191,29 @@ def main():
     ap.add_argument("--lengths", default="2048,4096,8192", help="ring overlap: sequence lengths")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--overlap-models", default="tiny,small", help="ring overlap: attention shapes of these models")
-    ap.add_argument("--sections", default="policies,overlap,a2a", help="which tables: policies, overlap, a2a")
+    ap.add_argument("--sections", default="policies,overlap,a2a",
+                    help="which tables: policies, overlap, a2a, kernel")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="overlap, a2a, kernel: on the CPU (gloo) or GPUs (NCCL, one per process)")
+    ap.add_argument("--dtype", default="fp32", choices=tuple(DTYPES), help="overlap, a2a, kernel: the tensors' dtype")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sections = set(args.sections.split(","))
-    if sections - {"policies", "overlap", "a2a"}:
-        ap.error(f"--sections {args.sections}: a comma-separated list of policies, overlap, a2a")
+    if sections - {"policies", "overlap", "a2a", "kernel"}:
+        ap.error(f"--sections {args.sections}: a comma-separated list of policies, overlap, a2a, kernel")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: torch sees no CUDA device here")
+        if "policies" in sections:
+            ap.error("--device cuda: the policies table runs the CPU trainer beside the C engine; "
+                     "pick --sections overlap,a2a,kernel")
+        if sections & {"overlap", "a2a"} and torch.cuda.device_count() < 2:
+            ap.error(f"--device cuda: overlap and a2a run 2 processes on one GPU each (NCCL allows no two ranks "
+                     f"on one GPU); this machine has {torch.cuda.device_count()}: pick --sections kernel")
+    elif args.dtype != "fp32":
+        ap.error(f"--dtype {args.dtype}: on the CPU the bench runs fp32")
+    print(f"attention kernel: {attention.KERNEL.name} (bytescale.torch.attention.KERNEL; "
+          f"BYTESCALE_ATTN_KERNEL=reference forces the blockwise kernel); device {args.device}, dtype {args.dtype}")
     if "policies" in sections:
         policies_table(args)
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -185,6 +221,8 @@ def main():
         overlap_table(args, lengths)
     if "a2a" in sections:
         a2a_table(args, lengths)
+    if "kernel" in sections:
+        kernel_table(args, lengths)
     return 0
 
 
@@ -220,7 +258,8 @@ def overlap_table(args, lengths):
     for name in args.overlap_models.split(","):
         c = bt.LlamaConfig.named(name)
         overlap[name] = launch.spawn(overlap_worker, 2, args=(lengths, (c.n_heads, c.n_kv_heads, c.head_dim),
-                                                              args.repeats))[0]
+                                                              args.repeats, args.device, args.dtype),
+                                     backend=backend(args))[0]
     print(f"\n## Ring overlap: D = 2, one causal sequence, forward + backward of one attention layer, slowest rank, "
           f"median of {args.repeats}\n")
     print("| attention shape | tokens | ring s | same blocks locally s | ratio |")
@@ -239,10 +278,61 @@ def a2a_table(args, lengths):
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in args.overlap_models.split(","):
         c = bt.LlamaConfig.named(name)
-        rows = launch.spawn(a2a_worker, 2, args=(lengths, (c.n_heads, c.n_kv_heads, c.head_dim), args.repeats))[0]
+        rows = launch.spawn(a2a_worker, 2, args=(lengths, (c.n_heads, c.n_kv_heads, c.head_dim), args.repeats,
+                                                 args.device, args.dtype), backend=backend(args))[0]
         for s, r, a, rb, ab in rows:
             print(f"| {name} (H {c.n_heads}, G {c.n_kv_heads}, hd {c.head_dim}) | {s} | {r:.4f} | {a:.4f} | "
                   f"{a / r:.3f} | {rb / 1024:,.0f} | {ab / 1024:,.0f} |")
+
+
+def backend(args) -> str:
+    return "nccl" if args.device == "cuda" else "gloo"
+
+
+def kernel_time(fn, q, k, v, dout, repeats: int) -> float:
+    """Median seconds of forward + backward of fn(q, k, v) (the device's queue drained each time)."""
+    times = []
+    for _ in range(repeats):
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        if q.is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(qq, kk, vv).backward(dout)
+        if q.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def kernel_table(args, lengths):
+    """One process: varlen attention of one causal sequence through KERNEL and through the blockwise
+    kernel, forward + backward (the backward is the blockwise kernel's in both)."""
+    dev, dt = on(args.device), DTYPES[args.dtype]
+    chosen = attention.KERNEL
+    print(f"\n## Kernel: one causal sequence, forward + backward of one attention layer, one process, "
+          f"{args.device} {args.dtype}, median of {args.repeats}\n")
+    print(f"KERNEL = {chosen.name}\n")
+    print("| attention shape | tokens | KERNEL s | fused on these tensors | blockwise s | blockwise / KERNEL |")
+    print("|---|---:|---:|---|---:|---:|")
+    for name in args.overlap_models.split(","):
+        c = bt.LlamaConfig.named(name)
+        H, G, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        for s in lengths:
+            g = torch.Generator().manual_seed(s)
+            q, dout = (torch.randn(s, H, hd, generator=g).to(dev, dt) for _ in range(2))
+            k, v = (torch.randn(s, G, hd, generator=g).to(dev, dt) for _ in range(2))
+            cu = torch.tensor([0, s])
+            fn = lambda a, b, c_: bt.varlen_attention(a, b, c_, cu)  # noqa: E731
+            kernel_time(fn, q, k, v, dout, 1)  # warm-up (kernel compilation, allocator)
+            t_chosen = kernel_time(fn, q, k, v, dout, args.repeats)
+            attention.KERNEL = fused.Kernel()
+            try:
+                t_ref = kernel_time(fn, q, k, v, dout, args.repeats)
+            finally:
+                attention.KERNEL = chosen
+            print(f"| {name} (H {H}, G {G}, hd {hd}) | {s} | {t_chosen:.4f} | "
+                  f"{'yes' if chosen.fused and chosen.accepts(q) else 'no (blockwise)'} | {t_ref:.4f} | "
+                  f"{t_ref / t_chosen:.2f} |")
 
 
 if __name__ == "__main__":

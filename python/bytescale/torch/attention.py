@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import fused
 from .shapes import check_qkv
 
 # Tile sizes: big enough that each matmul amortises torch's per-call overhead, small enough that
@@ -48,6 +49,7 @@ class Rows:
         self._cpu = (pos.detach().to("cpu", torch.int64), seg.detach().to("cpu", torch.int64))
         self._dev = {}
         self._tiles = {}
+        self._plans = []  # [(key Rows, fused.plan_block's calls)], the blocks this Rows queried
 
     def on(self, device: torch.device) -> Tuple[Tensor, Tensor]:
         """pos and seg on `device` (cached)."""
@@ -67,6 +69,15 @@ class Rows:
                 out.append((b, e, int(s.min()), int(s.max()), int(p.min()), int(p.max())))
             self._tiles[size] = out
         return self._tiles[size]
+
+    def fused_plan(self, keys: "Rows"):
+        """fused.plan_block of these rows (as queries) over `keys` (cached per key Rows object)."""
+        for kr, calls in self._plans:
+            if kr is keys:
+                return calls
+        calls = fused.plan_block(*self._cpu, *keys._cpu)
+        self._plans.append((keys, calls))
+        return calls
 
     def __len__(self) -> int:
         return self.n
@@ -140,13 +151,50 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> Tuple[int, int, int]:
     return H, G, hd
 
 
+# The forward kernel of this process, chosen once (fused.select_kernel): a fused varlen kernel that
+# returns the log-sum-exp where one is importable on CUDA, else the blockwise kernel below.
+KERNEL = fused.select_kernel()
+
+
 def block_forward(q: Tensor, k: Tensor, v: Tensor, qr: Rows, kr: Rows,
                   scale: Optional[float] = None) -> Tuple[Tensor, Tensor]:
     """Attention of queries q (rows qr) over keys k, v (rows kr), without autograd.
 
     Returns (out (Tq, H, hd) in q's dtype, lse (Tq, H) in the accumulation dtype). A query that sees
-    no key gets out 0 and lse -inf (merge() treats it as "saw nothing").
+    no key gets out 0 and lse -inf (merge() treats it as "saw nothing"). Runs KERNEL where it takes
+    q (device, dtype, head size) and the block decomposes into causal and full sequences
+    (fused.plan_block), else the blockwise kernel (reference_block_forward).
     """
+    H, G, hd = _check_shapes(q, k, v)
+    if KERNEL.fused and q.shape[0] > 0 and k.shape[0] > 0 and KERNEL.accepts(q):
+        calls = qr.fused_plan(kr)
+        if calls is not None:
+            return fused_block_forward(q, k, v, calls, scale)
+    return reference_block_forward(q, k, v, qr, kr, scale)
+
+
+def fused_block_forward(q: Tensor, k: Tensor, v: Tensor, calls, scale: Optional[float] = None,
+                        kernel=None) -> Tuple[Tensor, Tensor]:
+    """block_forward through a fused kernel's varlen calls (fused.plan_block), merged by log-sum-exp:
+    a query run in both the causal call (its own chunk) and the full call (earlier chunks) gets the
+    union of the two. Queries in no call see nothing (out 0, lse -inf)."""
+    kernel = KERNEL if kernel is None else kernel
+    Tq, H, hd = q.shape
+    scale = 1.0 / math.sqrt(hd) if scale is None else scale
+    out = torch.zeros(Tq, H, hd, dtype=q.dtype, device=q.device)
+    lse = torch.full((Tq, H), -math.inf, dtype=_acc_dtype(q.dtype), device=q.device)
+    for c in calls:
+        qi, ki, _, _ = c.on(q.device)
+        o, l = kernel.varlen(q.index_select(0, qi), k.index_select(0, ki), v.index_select(0, ki), c, scale)
+        o, l = merge(out.index_select(0, qi), lse.index_select(0, qi), o, l.to(lse.dtype))
+        out.index_copy_(0, qi, o)
+        lse.index_copy_(0, qi, l)
+    return out, lse
+
+
+def reference_block_forward(q: Tensor, k: Tensor, v: Tensor, qr: Rows, kr: Rows,
+                            scale: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+    """block_forward's blockwise kernel (online softmax over tiles), for any rows, device and dtype."""
     H, G, hd = _check_shapes(q, k, v)
     Tq, Tk, r = q.shape[0], k.shape[0], H // G
     acc_t = _acc_dtype(q.dtype)

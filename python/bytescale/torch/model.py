@@ -166,10 +166,12 @@ class HDPAttention(nn.Module):
 
 def rope_tables(pos: Tensor, head_dim: int, theta: float, dtype: torch.dtype, device) -> Tuple[Tensor, Tensor]:
     """cos, sin (T, head_dim/2) for global positions, computed in double as the C engine does (a
-    position of 10^6 in fp32 would be off by hundredths of a radian), then cast."""
-    i = torch.arange(head_dim // 2, dtype=torch.float64)
-    freq = torch.pow(torch.tensor(theta, dtype=torch.float64), -2.0 * i / head_dim)
-    a = pos.to("cpu", torch.float64)[:, None] * freq[None, :]
+    position of 10^6 in fp32 would be off by hundredths of a radian), then cast. On pos's device (no
+    copy to the host per micro-batch), except where that device has no double (MPS)."""
+    at = pos.device if pos.device.type != "mps" else torch.device("cpu")
+    i = torch.arange(head_dim // 2, dtype=torch.float64, device=at)
+    freq = torch.pow(torch.tensor(theta, dtype=torch.float64, device=at), -2.0 * i / head_dim)
+    a = pos.to(at, torch.float64)[:, None] * freq[None, :]
     return torch.cos(a).to(device, dtype), torch.sin(a).to(device, dtype)
 
 

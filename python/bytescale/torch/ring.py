@@ -26,6 +26,7 @@ know every block's size from the plan).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import List, Optional, Sequence
 
@@ -41,13 +42,47 @@ TAG_FWD_KV, TAG_BWD_KV, TAG_BWD_DKV = 11, 12, 13
 
 
 class RingStats:
-    """Seconds spent computing ring blocks and waiting for ring messages, bytes sent, blocks run."""
+    """Seconds spent computing ring blocks and waiting for ring messages, bytes sent, blocks run.
+    On CUDA the seconds are CUDA event pairs until read: reading `compute` or `wait` waits for them
+    (once per read, not per block)."""
 
     def __init__(self):
-        self.compute = 0.0
-        self.wait = 0.0
+        self._compute = 0.0
+        self._wait = 0.0
         self.bytes_sent = 0
         self.steps = 0
+        self.pending = []  # [("compute" | "wait", start event, end event)] not yet added (CUDA)
+
+    def flush(self):
+        """Add the recorded CUDA event pairs' times to compute and wait (waits for the events)."""
+        for what, t0, t1 in self.pending:
+            t1.synchronize()
+            sec = t0.elapsed_time(t1) / 1000.0
+            if what == "compute":
+                self._compute += sec
+            else:
+                self._wait += sec
+        self.pending = []
+
+    @property
+    def compute(self) -> float:
+        self.flush()
+        return self._compute
+
+    @compute.setter
+    def compute(self, x: float):
+        self.flush()
+        self._compute = x
+
+    @property
+    def wait(self) -> float:
+        self.flush()
+        return self._wait
+
+    @wait.setter
+    def wait(self, x: float):
+        self.flush()
+        self._wait = x
 
     def reset(self):
         self.__init__()
@@ -110,6 +145,86 @@ def _wait(works, ring: Ring):
     ring.stats.wait += time.perf_counter() - t0
 
 
+# Transport's stream path: None = where the tensors are on CUDA; True forces it (the tests run it on
+# CPU tensors with stand-in streams, to check its ordering without a GPU)
+STREAMS: Optional[bool] = None
+_COMM_STREAMS = {}
+
+
+def comm_stream(device: torch.device):
+    """The side stream ring messages are posted from on a CUDA device (one per device, made once)."""
+    key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+    if key not in _COMM_STREAMS:
+        _COMM_STREAMS[key] = torch.cuda.Stream(device=key)
+    return _COMM_STREAMS[key]
+
+
+class Transport:
+    """A ring's messages and the compute between them, for one forward or backward.
+
+    CPU (gloo): post() hands the step's sends and receives to gloo, which moves them on its own
+    threads while the block computes; wait() blocks the host until they are done (the blocks it
+    received are then ready). This is the path the tests run.
+
+    CUDA (NCCL): the same calls, plus streams. post() makes the side stream `comm` wait for the
+    compute stream (the blocks it sends are written), posts the messages from `comm` (NCCL's
+    batch_isend_irecv; its kernels run on NCCL's stream, ordered after `comm`), queues their
+    completion on `comm` and records an event there; the host does not wait. wait() makes the
+    compute stream wait for that event just before the received blocks are used, so the block in
+    hand computes while the next one moves. Compute and wait seconds come from CUDA events read when
+    the stats are (RingStats.flush), not from a device sync per block.
+    """
+
+    def __init__(self, ring: Ring, like: Tensor):
+        self.ring = ring
+        self.streams = like.is_cuda if STREAMS is None else STREAMS
+        if self.streams:
+            self.compute = torch.cuda.current_stream(like.device)
+            self.comm = comm_stream(like.device)
+
+    def post(self, ops: List[dist.P2POp]):
+        """Start a step's messages; returns what wait() needs."""
+        if not self.streams:
+            return _exchange(ops)
+        if not ops:
+            return None
+        self.comm.wait_stream(self.compute)
+        with torch.cuda.stream(self.comm):
+            for w in _exchange(ops):
+                w.wait()  # NCCL: the current stream (comm) waits for the messages; the host does not
+            done = torch.cuda.Event()
+            done.record(self.comm)
+        for op in ops:
+            op.tensor.record_stream(self.comm)  # the allocator keeps them until comm is past them
+        return done
+
+    def wait(self, handle):
+        """The messages posted by post() are done as far as the compute that follows can tell."""
+        if not self.streams:
+            return _wait(handle, self.ring)
+        if handle is None:
+            return
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record(self.compute)
+        self.compute.wait_event(handle)
+        t1.record(self.compute)
+        self.ring.stats.pending.append(("wait", t0, t1))
+
+    @contextlib.contextmanager
+    def timed(self):
+        """Time the block computed inside: host seconds on CPU, CUDA events on the compute stream."""
+        if not self.streams:
+            t0 = time.perf_counter()
+            yield
+            self.ring.stats.compute += time.perf_counter() - t0
+            return
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record(self.compute)
+        yield
+        t1.record(self.compute)
+        self.ring.stats.pending.append(("compute", t0, t1))
+
+
 def _block_buf(ring: Ring, j: int, width: int, like: Tensor) -> Tensor:
     """A receive buffer for member j's K/V (or dK/dV) block: rows x (2 * G * hd), flat."""
     return torch.empty(ring.n(j) * width, dtype=like.dtype, device=like.device)
@@ -125,6 +240,7 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring):
               f"the rows the plan gives this rank (member {me} of ring {ring.ranks})")
     cur = torch.cat([k.reshape(-1), v.reshape(-1)])  # the block in hand: K then V, flat
     out = lse = None
+    tr = Transport(ring, q)
     for t in range(D):
         j = (me - t) % D
         ops, nxt = [], None
@@ -136,20 +252,17 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring):
             if ring.n(j) > 0:
                 ops.append(dist.P2POp(dist.isend, cur, ring.next, tag=TAG_FWD_KV))
                 ring.stats.bytes_sent += cur.numel() * cur.element_size()
-        works = _exchange(ops)
-        t0 = time.perf_counter()
-        nj = ring.n(j)
-        kb = cur[:nj * G * hd].view(nj, G, hd)
-        vb = cur[nj * G * hd:].view(nj, G, hd)
-        o, l = block_forward(q, kb, vb, mine, ring.rows[j])
-        if out is None:
-            out, lse = o, l
-        else:
-            out, lse = merge(out, lse, o, l)
-        if q.is_cuda:
-            torch.cuda.current_stream().synchronize()  # the block's time, not its launch
-        ring.stats.compute += time.perf_counter() - t0
-        _wait(works, ring)
+        works = tr.post(ops)
+        with tr.timed():
+            nj = ring.n(j)
+            kb = cur[:nj * G * hd].view(nj, G, hd)
+            vb = cur[nj * G * hd:].view(nj, G, hd)
+            o, l = block_forward(q, kb, vb, mine, ring.rows[j])
+            if out is None:
+                out, lse = o, l
+            else:
+                out, lse = merge(out, lse, o, l)
+        tr.wait(works)  # the next block (and the send of this one) before the next step uses them
         ring.stats.steps += 1
         if t < D - 1:
             cur = nxt if nxt is not None else k.new_empty(0)
@@ -167,6 +280,7 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     delta = (dout.to(acc_t) * out.to(acc_t)).sum(-1)  # (T, H): rowsum(dout * out), as the C model computes
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)
     cur = torch.cat([k.reshape(-1), v.reshape(-1)])
+    tr = Transport(ring, q)
     partial = None  # the dK/dV sum computed last step, for the block (me - t + 1) mod D
     for t in range(D):
         j = (me - t) % D
@@ -189,18 +303,15 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                 ring.stats.bytes_sent += cur.numel() * cur.element_size()
         # sends first, then receives, in one order on every rank (NCCL matches in posting order)
         ops.sort(key=lambda op: (op.op is not dist.isend, op.tag != TAG_BWD_DKV))
-        works = _exchange(ops)
-        t0 = time.perf_counter()
-        nj = ring.n(j)
-        kb = cur[:nj * G * hd].view(nj, G, hd)
-        vb = cur[nj * G * hd:].view(nj, G, hd)
-        dqj, dkj, dvj = block_backward(dout, q, kb, vb, lse, delta, mine, ring.rows[j])
-        dq += dqj
-        acc = torch.cat([dkj.reshape(-1), dvj.reshape(-1)])
-        if q.is_cuda:
-            torch.cuda.current_stream().synchronize()
-        ring.stats.compute += time.perf_counter() - t0
-        _wait(works, ring)  # the incoming partial, last step's send, and the next K/V block
+        works = tr.post(ops)
+        with tr.timed():
+            nj = ring.n(j)
+            kb = cur[:nj * G * hd].view(nj, G, hd)
+            vb = cur[nj * G * hd:].view(nj, G, hd)
+            dqj, dkj, dvj = block_backward(dout, q, kb, vb, lse, delta, mine, ring.rows[j])
+            dq += dqj
+            acc = torch.cat([dkj.reshape(-1), dvj.reshape(-1)])
+        tr.wait(works)  # the incoming partial, last step's send, and the next K/V block
         if inc is not None:
             acc += inc
         partial = acc
@@ -216,7 +327,7 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     if mine.n > 0:
         home = torch.empty(mine.n * width, dtype=acc_t, device=q.device)
         ops.append(dist.P2POp(dist.irecv, home, ring.prev, tag=TAG_BWD_DKV))
-    _wait(_exchange(ops), ring)
+    tr.wait(tr.post(ops))
     n = mine.n * G * hd
     if home is None:
         home = torch.zeros(0, dtype=acc_t, device=q.device)

@@ -147,10 +147,8 @@ class HDPTrainer:
         loss_sum, compute = self.forward_backward(plan, mbs)
         sync = self.sync()
         # the loss: every rank's sum of token losses over the batch's labelled tokens
-        total = torch.tensor([loss_sum], dtype=torch.float64)
+        total = torch.tensor([loss_sum], dtype=torch.float64, device=self.flat_grad.device)
         if self.world > 1:
-            if dist.get_backend() == "nccl":
-                total = total.cuda()
             dist.all_reduce(total)
         loss = float(total.item()) / max(1, plan.labelled)
         norm = math.sqrt(float(self.flat_grad.double().pow(2).sum()))

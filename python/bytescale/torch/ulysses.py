@@ -102,6 +102,7 @@ class Ulysses:
         # every group's rows in (segment, position) order: the ring (hybrid) masks any group's block
         groups = [_sorted_rows(rows[gg * u:(gg + 1) * u]) for gg in range(self.r)]
         self.rows, self.perm = groups[self.g]
+        self._perm_dev = None
         self.ring = None
         if self.r > 1:
             self.ring = Ring([self.ranks[gg * u + self.j] for gg in range(self.r)], self.g,
@@ -109,6 +110,12 @@ class Ulysses:
 
     def __repr__(self):
         return f"Ulysses(ranks={self.ranks}, u={self.u}, r={self.r}, group={self.g}, member={self.j})"
+
+    def rows_perm(self, device) -> Tensor:
+        """self.perm on `device` (cached): indexing device tensors with a device index, no copy per call."""
+        if self._perm_dev is None or self._perm_dev.device != torch.device(device):
+            self._perm_dev = self.perm.to(device)
+        return self._perm_dev
 
     # ---- the all-to-all ------------------------------------------------------------------------------
 
@@ -157,7 +164,7 @@ class Ulysses:
             for i in range(self.u):
                 at = self.n[i] * sum(mine[:t]) * hd
                 pieces.append(got[i][at:at + self.n[i] * w * hd].view(self.n[i], w, hd))
-            out.append(torch.cat(pieces)[self.perm])  # (N, w, hd): member order, then sorted
+            out.append(torch.cat(pieces)[self.rows_perm(xs[0].device)])  # (N, w, hd): member order, then sorted
         return out
 
     def to_seq(self, ys: List[Tensor], kinds: List[str], heads: List[int], H: int, G: int, tag: int) -> List[Tensor]:
@@ -168,7 +175,7 @@ class Ulysses:
         unsorted = []
         for y in ys:
             z = torch.empty_like(y)
-            z[self.perm] = y  # back to member order
+            z[self.rows_perm(y.device)] = y  # back to member order
             unsorted.append(z)
         starts = [0]
         for n in self.n:
@@ -200,6 +207,12 @@ def _kv_index(H: int, G: int, u: int, j: int) -> Optional[Tensor]:
     return want
 
 
+def grp_kv_heads(H: int, G: int, u: int, j: int) -> int:
+    """K/V heads member j of u holds (g1 - g0 of head_split), known without reading a device tensor."""
+    _, _, g0, g1 = head_split(H, G, u, j)
+    return g1 - g0
+
+
 class _UlyssesAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, grp):
@@ -208,6 +221,7 @@ class _UlyssesAttention(torch.autograd.Function):
         qh, kh, vh = grp.to_heads([q, k, v], ["q", "kv", "kv"], H, G, TAG_A2A_FWD_IN)
         idx = _kv_index(H, G, grp.u, grp.j)
         if idx is not None:  # (N, w, hd): one K/V head per local query head
+            idx = idx.to(q.device)
             kh, vh = kh[:, idx].contiguous(), vh[:, idx].contiguous()
         if grp.ring is None:
             oh, lse = block_forward(qh, kh, vh, grp.rows, grp.rows)
@@ -231,7 +245,7 @@ class _UlyssesAttention(torch.autograd.Function):
             dq, dk, dv = ring_backward(doh, qh, kh, vh, oh, lse, grp.ring)
         dq, dk, dv = dq.to(acc_t), dk.to(acc_t), dv.to(acc_t)
         if idx is not None:  # fold the widened K/V heads' gradients back onto the heads they copy
-            gw = int(idx.max()) + 1
+            gw = grp_kv_heads(H, G, grp.u, grp.j)
             dk = dk.new_zeros(dk.shape[0], gw, dk.shape[2]).index_add_(1, idx, dk)
             dv = dv.new_zeros(dv.shape[0], gw, dv.shape[2]).index_add_(1, idx, dv)
         dq, dk, dv = grp.to_seq([dq, dk, dv], ["q", "kv", "kv"], [H, G, G], H, G, TAG_A2A_BWD_OUT)
