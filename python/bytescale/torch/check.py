@@ -35,16 +35,17 @@ def plan_fingerprint(plan) -> int:
     planned sequences (documents, starts, lengths), the items (ranks in order, segments) in the
     global order, each item's Ulysses group size and the labelled-token count. The same plan gives the
     same number in every process (no per-process hash seed); returned as a signed int64."""
-    items = []
+    # one int64 stream; every variable-length part follows its length, so two plans give the same
+    # stream only if they are the same plan
+    words = [plan.n_ranks, plan.labelled, len(plan.seq_len), len(plan.items)]
+    words += plan.seq_doc
+    words += plan.seq_start
+    words += plan.seq_len
     for k, (ranks, segs) in enumerate(plan.items):
-        items.append([len(ranks), *ranks, plan.item_ulysses(k), len(segs)])
-        items.append([x for seg in segs for x in seg])
-    parts = [[plan.n_ranks, plan.labelled, len(plan.seq_len), len(plan.items)], plan.seq_doc, plan.seq_start,
-             plan.seq_len] + items
-    h = hashlib.blake2b(digest_size=8)
-    for p in parts:
-        h.update(np.asarray(p, dtype="<i8").tobytes())
-        h.update(b"|")  # keeps [1, 2] [3] apart from [1] [2, 3]
+        words += [len(ranks), *ranks, plan.item_ulysses(k), len(segs)]
+        for seg in segs:
+            words += seg
+    h = hashlib.blake2b(np.asarray(words, dtype="<i8").tobytes(), digest_size=8)
     return int(np.frombuffer(h.digest(), dtype="<i8")[0])
 
 
