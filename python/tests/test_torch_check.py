@@ -9,7 +9,6 @@ group's timeout bounds a regression. Idle ranks: a user's own loop where a rank 
 same plan on one process.
 """
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -133,7 +132,8 @@ def test_plan_for_four_ranks_on_two():
 
 def test_plan_for_one_rank_on_two():
     msg = run_bad_case("one_on_two")
-    assert msg.startswith("bytescale.torch: the plan is for 1 rank but the world has 2 processes: plan with ranks=2"), msg
+    assert msg.startswith("bytescale.torch: the plan is for 1 rank but the world has 2 processes: plan with "
+                          "ranks=2"), msg
 
 
 def test_ranks_that_do_not_cover_the_plan():

@@ -7,9 +7,9 @@ A rank that runs another plan than its peers would wait in a ring or all-to-all 
 or meet a gradient all-reduce of another size (gloo aborts the process); a plan for more ranks than
 the world names ranks that do not exist; a plan for fewer leaves ranks idle while their share of the
 batch is never trained. So each rank puts a few integers (its rank, the plan's rank count, the rank
-count it expects, a 64-bit fingerprint of the plan, the plan's items and tokens) into one all_gather on the default group, and every rank judges the same gathered table
-the same way: all pass, or all raise the same PlanCheckError naming the ranks that disagree and what
-differs. No rank raises before the collective, so no rank is left waiting for one that has.
+count it expects, a 64-bit fingerprint of the plan, the plan's items and tokens) into one all_gather
+on the default group, and every rank judges the same gathered table the same way: all pass, or all
+raise the same PlanCheckError naming the ranks that disagree and what differs. No rank raises before the collective, so no rank is left waiting for one that has.
 """
 
 from __future__ import annotations

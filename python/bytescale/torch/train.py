@@ -169,8 +169,9 @@ class HDPTrainer:
     def step(self, plan: StepPlan, mbs: List[MicroBatch], apply: bool = True) -> StepResult:
         """One training step on this rank's micro-batches of `plan` (every rank calls it, also one
         without items). `mbs` from microbatches() was checked there (check.py); any other list is
-        checked here, so every rank must pass the same kind. apply=False stops after the gradients (summed over ranks, unclipped, in
-        flat_grad / .grad); apply_update(result) then takes the optimizer step."""
+        checked here, so every rank must pass the same kind. apply=False stops after the gradients
+        (summed over ranks, unclipped, in flat_grad / .grad); apply_update(result) then takes the
+        optimizer step."""
         t0 = time.perf_counter()
         if getattr(mbs, "checked", None) is not plan:  # a list microbatches() did not check for this plan
             check_plan(plan, dist.get_rank() if dist.is_initialized() else 0)
