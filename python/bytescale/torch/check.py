@@ -9,7 +9,8 @@ the world names ranks that do not exist; a plan for fewer leaves ranks idle whil
 batch is never trained. So each rank puts a few integers (its rank, the plan's rank count, the rank
 count it expects, a 64-bit fingerprint of the plan, the plan's items and tokens) into one all_gather
 on the default group, and every rank judges the same gathered table the same way: all pass, or all
-raise the same PlanCheckError naming the ranks that disagree and what differs. No rank raises before the collective, so no rank is left waiting for one that has.
+raise the same PlanCheckError naming the ranks that disagree and what differs. No rank raises before
+the collective, so no rank is left waiting for one that has.
 """
 
 from __future__ import annotations
