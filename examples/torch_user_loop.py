@@ -157,13 +157,10 @@ def train(rank, world, args):
             loss.backward()
             total += loss.detach().double()
             n_mb, n_rows = n_mb + 1, n_rows + len(mb.tokens)
-        # 4. gradients summed over the ranks (no division by the world size), then the optimizer
-        for p in model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            if world > 1:
-                dist.all_reduce(p.grad)
+        # 4. gradients summed over the ranks (no division by the world size; a rank that ran no
+        # micro-batch joins with zeros), then the optimizer
         if world > 1:
+            bt.all_reduce_gradients(model)
             dist.all_reduce(total)
         opt.step()
         losses.append(float(total))

@@ -31,6 +31,9 @@ from .step import (Batch, FunctionSource, MicroBatch, StepPlan, TokenSource, bro
                    member_pieces, microbatches, plan_chunk, plan_step)
 from .train import HDPTrainer, StepResult, lr_schedule
 from .ulysses import Ulysses, head_split, ulysses_attention
+from .check import PlanCheckError, check_plan, plan_fingerprint
+from .step import MicroBatches
+from .train import all_reduce_gradients
 
 __all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge", "varlen_attention",
            "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint", "Dataset",
@@ -39,3 +42,4 @@ __all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge"
            "StepPlan", "TokenSource", "broadcast_plan", "labelled_tokens", "member_pieces", "microbatches",
            "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule", "Ulysses", "head_split",
            "ulysses_attention"]
+__all__ += ["PlanCheckError", "check_plan", "plan_fingerprint", "MicroBatches", "all_reduce_gradients"]

@@ -4,7 +4,7 @@ rank's micro-batches in the plan's global order.
     batch = Batch(docs, starts, lengths)               # sequence k: tokens [starts[k], +lengths[k]) of docs[k]
     plan = plan_step(batch, source, ranks=world, capacity=C, policy="elastic") if rank == 0 else None
     plan = broadcast_plan(plan)                        # every rank: the same StepPlan
-    for mb in microbatches(plan, rank, source):        # packs and ring members, in the global order
+    for mb in microbatches(plan, rank, source):        # checks the plan (check.py), then this rank's items
         with microbatch_context(mb):
             loss = model.loss_sum(mb.tokens, mb.targets, mb.pos) / plan.labelled
         loss.backward()
@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .attention import Rows
+from .check import check_plan
 from .ring import Ring, RingStats
 from .ulysses import Ulysses
 
@@ -266,11 +267,28 @@ class MicroBatch:
         return int(self.tokens.shape[0])
 
 
+class MicroBatches(list):
+    """microbatches()'s list of MicroBatch; `checked` is the plan that check_plan passed for it (None:
+    not checked), so HDPTrainer.step does not check the same plan twice."""
+
+    checked: Optional[StepPlan] = None
+
+
 def microbatches(plan: StepPlan, rank: int, source: TokenSource, device=None,
-                 ring_stats: Optional[RingStats] = None) -> List[MicroBatch]:
+                 ring_stats: Optional[RingStats] = None, *, check: bool = True,
+                 hdp: Optional[int] = None) -> List[MicroBatch]:
     """This rank's micro-batches in the global order, with their tokens read from `source`: for each
-    piece the tokens plus one past it (the label of its last row; -1 at the document's end)."""
-    out = []
+    piece the tokens plus one past it (the label of its last row; -1 at the document's end).
+
+    Every rank calls it once per step, also a rank without items, before any message of the step:
+    first it checks (check.py, one all_gather of a few integers on the default group) that every
+    rank holds the same plan and that the plan fits the world (`hdp`: the HDP dimension of a
+    TP x PP x HDP layout, `rank` then this process's HDP rank); if not, every rank raises the same
+    PlanCheckError. check=False skips that (one process looking at any rank's share)."""
+    out = MicroBatches()
+    if check:
+        check_plan(plan, rank, hdp=hdp)
+        out.checked = plan
     stats = ring_stats if ring_stats is not None else RingStats()
     for k in plan.schedule(rank):
         ranks, segs = plan.items[k]

@@ -21,13 +21,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import List, Optional
+from typing import Iterable, List, Optional, Union
 
 import torch
 import torch.distributed as dist
 
 from .model import Llama, microbatch_context
 from .ring import RingStats
+from .check import check_plan
 from .step import MicroBatch, StepPlan
 
 
@@ -40,6 +41,34 @@ def lr_schedule(step: int, lr: float, min_lr: float, warmup: int, total: int) ->
         return min_lr
     progress = (step - warmup) / (total - warmup)
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def all_reduce_gradients(parameters: Union[torch.nn.Module, Iterable[torch.Tensor]], group=None) -> None:
+    """Sum the gradients of `parameters` (a module's, or an iterable) over the ranks of `group` (default:
+    every rank), in place: the gradient all-reduce of a user's own loop (HDPTrainer does its own, bucket
+    by bucket). SUM, no division by the world: the loss scaled by 1 / plan.labelled already makes the
+    sum the gradient of the batch's mean token loss. A parameter whose gradient is None (every one on a
+    rank that ran no micro-batch this step) gets zeros first, so every rank joins the same all-reduce
+    with the same sizes and ends with the summed gradient. One all-reduce per dtype and device, over a
+    flat copy of the gradients in the parameters' order (the same on every rank)."""
+    if isinstance(parameters, torch.nn.Module):
+        parameters = parameters.parameters()
+    params = [p for p in parameters if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+        return
+    kinds = {}
+    for p in params:
+        kinds.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+    for grads in kinds.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
 
 
 @dataclasses.dataclass
@@ -139,9 +168,13 @@ class HDPTrainer:
 
     def step(self, plan: StepPlan, mbs: List[MicroBatch], apply: bool = True) -> StepResult:
         """One training step on this rank's micro-batches of `plan` (every rank calls it, also one
-        without items). apply=False stops after the gradients (summed over ranks, unclipped, in
-        flat_grad / .grad); apply_update(result) then takes the optimizer step."""
+        without items). `mbs` from microbatches() was checked there (check.py); any other list is
+        checked here, so every rank must pass the same kind. apply=False stops after the gradients
+        (summed over ranks, unclipped, in flat_grad / .grad); apply_update(result) then takes the
+        optimizer step."""
         t0 = time.perf_counter()
+        if getattr(mbs, "checked", None) is not plan:  # a list microbatches() did not check for this plan
+            check_plan(plan, dist.get_rank() if dist.is_initialized() else 0)
         self.flat_grad.zero_()
         self.ring_stats.reset()
         loss_sum, compute = self.forward_backward(plan, mbs)
