@@ -81,9 +81,12 @@ class Ulysses:
     rows    D Rows (or (pos, seg) pairs): member m's rows, in the order it holds them
     u       Ulysses group size: D for an a2a item, 2 <= u < D dividing D for a hybrid
     stats   a RingStats where wait / bytes are accumulated (and the hybrid's ring blocks)
+    group   the process group the messages go on (None: the default group; `ranks` are the default
+            group's ranks either way)
     """
 
-    def __init__(self, ranks: Sequence[int], me: int, rows: Sequence, u: int, stats: Optional[RingStats] = None):
+    def __init__(self, ranks: Sequence[int], me: int, rows: Sequence, u: int, stats: Optional[RingStats] = None,
+                 group=None):
         self.ranks = [int(r) for r in ranks]
         D = len(self.ranks)
         if D < 2 or len(set(self.ranks)) != D:
@@ -96,6 +99,7 @@ class Ulysses:
         self.u, self.r = u, D // u
         self.g, self.j = divmod(me, u)
         self.stats = stats if stats is not None else RingStats()
+        self.pg = group
         self.group = self.ranks[self.g * u:(self.g + 1) * u]  # global ranks of this member's group
         self.n = [rows[self.g * u + i].n for i in range(u)]  # rows each member of the group holds
         # every group's rows in (segment, position) order: the ring (hybrid) masks any group's block
@@ -104,7 +108,7 @@ class Ulysses:
         self.ring = None
         if self.r > 1:
             self.ring = Ring([self.ranks[gg * u + self.j] for gg in range(self.r)], self.g,
-                             [gr for gr, _ in groups], self.stats)
+                             [gr for gr, _ in groups], self.stats, group)
 
     def __repr__(self):
         return f"Ulysses(ranks={self.ranks}, u={self.u}, r={self.r}, group={self.g}, member={self.j})"
@@ -122,9 +126,9 @@ class Ulysses:
                 continue
             got[i] = parts[i].new_empty(sizes[i])
             if sizes[i] > 0:
-                ops.append(dist.P2POp(dist.irecv, got[i], self.group[i], tag=tag))
+                ops.append(dist.P2POp(dist.irecv, got[i], self.group[i], self.pg, tag=tag))
             if parts[i].numel() > 0:
-                ops.append(dist.P2POp(dist.isend, parts[i], self.group[i], tag=tag))
+                ops.append(dist.P2POp(dist.isend, parts[i], self.group[i], self.pg, tag=tag))
                 self.stats.bytes_sent += parts[i].numel() * parts[i].element_size()
         t0 = time.perf_counter()
         for w in _exchange(ops):
