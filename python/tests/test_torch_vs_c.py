@@ -56,13 +56,14 @@ def corpus(tmp):
     return out
 
 
-def c_train(tmp, data, ranks, capacity):
-    """Two steps of `bytescale train` (mpirun when ranks > 1): checkpoints after each, plans, metrics."""
-    run = tmp / f"c{ranks}"
+def c_train(tmp, data, ranks, capacity, extra=()):
+    """Two steps of `bytescale train` (mpirun when ranks > 1): checkpoints after each, plans, metrics.
+    extra: more flags (--tp, --pp: ranks is then the process count)."""
+    run = tmp / ("c" + "".join(str(a) for a in (ranks,) + tuple(extra)).replace("-", ""))
     args = [binary(), "train", "--data", str(data), "--model", "tiny", "--context", "256", "--capacity", str(capacity),
             "--tokens", "2K", "--steps", "2", "--warmup", "1", "--lr", "1e-3", "--clip", "0", "--seed", "7",
             "--ckpt-dir", str(run / "ck"), "--ckpt-every", "1", "--ckpt-keep", "0", "--save-plans", str(run / "plans"),
-            "--metrics", str(run / "m.jsonl")]
+            "--metrics", str(run / "m.jsonl"), *map(str, extra)]
     env = dict(os.environ, BS_QUIET="1", OPENBLAS_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     if ranks > 1:
