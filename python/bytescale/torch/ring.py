@@ -2,9 +2,10 @@
 
 The same algorithm as the C engine (src/runtime/ring_attn.c, docs/runtime.md "Ring attention"), on
 the DEFAULT process group with point-to-point messages (no per-ring process groups: creating one
-per ad-hoc ring is slow and, with NCCL, costs buffers per group). Every rank runs its items in the
-plan's global order, so a rank only ever waits for the members of its current ring and no two ranks
-can wait on each other in a cycle; no barrier is needed.
+per ad-hoc ring is slow and, with NCCL, costs buffers per group), or, beside tensor parallelism and
+pipeline stages, on the hdp group a 3D Layout made once (parallel.py; `Ring(group=)`). Every rank
+runs its items in the plan's global order, so a rank only ever waits for the members of its current
+ring and no two ranks can wait on each other in a cycle; no barrier is needed.
 
 Member m of a ring of D holds chunks m and 2D-1-m of every segment of the item (plan_chunk). Per
 layer:
