@@ -56,7 +56,9 @@ def step(layout, plan, source, dtype):
     hdp = layout.hdp_rank if layout is not None else 0
     mbs = bt.microbatches(plan, hdp, source, ring_stats=trainer.ring_stats, layout=layout)
     res = trainer.step(plan, mbs, apply=False)
-    return res.loss, res.grad_norm, trainer.flat_grad.double().clone(), model.full_index()
+    # the whole model's parameters and gradient on world rank 0 (what a 3D checkpoint needs)
+    whole = (bt.gather_whole(model, model.flat), bt.gather_whole(model, trainer.flat_grad))
+    return res.loss, res.grad_norm, trainer.flat_grad.double().clone(), model.full_index(), whole
 
 
 def worker(rank, world, tp, pp):
@@ -77,8 +79,8 @@ def worker(rank, world, tp, pp):
 def reference(dtype):
     source, batch = source_and_batch()
     plan = bt.plan_step(batch, source, ranks=1, capacity=4 * CAPACITY, policy="balance")
-    loss, norm, grad, _ = step(None, plan, source, dtype)
-    return loss, norm, grad
+    loss, norm, grad, _, (params, _) = step(None, plan, source, dtype)
+    return loss, norm, grad, params
 
 
 def whole_gradient(results, key, n):
@@ -86,7 +88,7 @@ def whole_gradient(results, key, n):
     g = torch.full((n,), float("nan"), dtype=torch.float64)
     parts = {}
     for r in results:
-        _, _, grad, idx = r[key]
+        _, _, grad, idx, _ = r[key]
         stage, hdp, tp = r["where"]
         if hdp == 0:
             g[idx] = grad
@@ -121,12 +123,17 @@ def test_3d_step_matches_one_process(tp, pp, hdp):
         if (kind, torch.float64) not in results[0]:
             continue
         for dtype, tol in TOL.items():
-            ref_loss, ref_norm, ref_grad = reference(dtype)
+            ref_loss, ref_norm, ref_grad, ref_params = reference(dtype)
             losses = {r[kind, dtype][0] for r in results}
             assert len(losses) == 1, f"processes disagree on the loss: {losses}"
             loss_err = abs(results[0][kind, dtype][0] - ref_loss) / ref_loss
             norm_err = abs(results[0][kind, dtype][1] - ref_norm) / ref_norm
-            grad_err = tensor_errors(whole_gradient(results, (kind, dtype), n), ref_grad)
+            grad = whole_gradient(results, (kind, dtype), n)
+            grad_err = tensor_errors(grad, ref_grad)
+            params, gathered = results[0][kind, dtype][4]  # gather_whole on world rank 0
+            assert torch.equal(params, ref_params), "the parts' initial weights are not the whole model's"
+            assert torch.equal(gathered.double(), grad)
+            assert all(r[kind, dtype][4] == (None, None) for r in results[1:])
             lines.append(f"{kind} {str(dtype)[6:]}: loss {loss_err:.1e} grad {grad_err:.1e} norm {norm_err:.1e}")
             assert loss_err <= tol and norm_err <= tol, (kind, dtype, loss_err, norm_err)
             assert grad_err <= tol, (kind, dtype, grad_err)

@@ -284,3 +284,34 @@ def tp_part(n: int, tp: int, r: int, what: str) -> range:
     """Rank r's contiguous 1/tp of n (heads, columns, vocabulary rows); refuses a tp that does not divide."""
     return _part(n, tp, r, what)
 
+
+
+def gather_whole(model, local: Tensor, dst: int = 0):
+    """The whole model's flat vector (fp32 or the local dtype, on the CPU) assembled on world rank
+    `dst` from every part's `local` (a vector in the part's flat layout: its parameters, gradients or
+    an optimizer moment), through each part's full_index; HDP rank 0 of every part sends its copy.
+    Every process calls it; `dst` gets the vector, the others None. With the whole model (no layout)
+    it returns `local` itself on every process. What a checkpoint of a 3D job needs (the C engine's
+    world rank 0 gathers the same way, docs/runtime.md "Optimizer and checkpoints")."""
+    lay = model.parallel
+    if lay is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return local.detach().cpu()
+    mine = (model.full_index(), local.detach().cpu()) if lay.hdp_rank == 0 else None
+    parts = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    if dist.get_backend() == "nccl":
+        # gather_object needs the current device's id on NCCL; all_gather_object is simpler to get right
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        parts = everyone if dist.get_rank() == dst else None
+    else:
+        dist.gather_object(mine, parts, dst=dst)
+    if parts is None:
+        return None
+    whole = torch.full((model.cfg.n_params,), float("nan"), dtype=local.dtype)
+    for p in parts:
+        if p is not None:
+            whole[p[0]] = p[1]
+    if torch.isnan(whole).any():
+        raise RuntimeError("gather_whole: the parts do not cover the whole model (every stage and tp rank "
+                           "of the layout must hold a part)")
+    return whole
