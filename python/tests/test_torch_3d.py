@@ -1,5 +1,5 @@
 """HDP beside tensor parallelism and pipeline stages (docs/torch.md, "3D"): a step of the tiny model
-on a (tp, pp, hdp) layout of 4 processes, (2, 1, 2), (1, 2, 2) and (2, 2, 1), against the one-process
+on a (tp, pp, hdp) layout of 4 processes, (2, 1, 2), (1, 2, 2) and (2, 2, 1), and of 8, (2, 2, 2), against the one-process
 step of the same batch (loss and every gradient of the whole model, gathered from the parts through
 Llama.full_index), with the planner's plans (balance, PP-Balance when pp > 1: rings, several items
 per rank so the 1F1B order interleaves) and the same plans with their 2-rank items as a2a items
@@ -109,7 +109,7 @@ def tensor_errors(got, ref):
     return worst
 
 
-@pytest.mark.parametrize("tp,pp,hdp", [(2, 1, 2), (1, 2, 2), (2, 2, 1)])
+@pytest.mark.parametrize("tp,pp,hdp", [(2, 1, 2), (1, 2, 2), (2, 2, 1), (2, 2, 2)])
 def test_3d_step_matches_one_process(tp, pp, hdp):
     results = launch.spawn(worker, tp * pp * hdp, args=(tp, pp))
     assert sorted(r["where"] for r in results) == sorted(

@@ -1,5 +1,5 @@
-"""Across implementations in 3D: bytescale.torch on a (tp, pp, hdp) Layout against `mpirun -np 4
-bytescale train --tp T --pp P` (docs/torch.md, "3D"): same weights (checkpoint 1), same batch and
+"""Across implementations in 3D: bytescale.torch on a (tp, pp, hdp) Layout against `mpirun -np N
+bytescale train --tp T --pp P` (N = 4, and 8 for tp 2 x pp 2 x hdp 2) (docs/torch.md, "3D"): same weights (checkpoint 1), same batch and
 plan (--save-plans: the C engine's PP-Balance plan for its HDP ranks), the loss, the gradient norm
 and every gradient of the whole model (the C engine's from two consecutive checkpoints' AdamW
 moments, as test_torch_vs_c.py; torch's gathered from the parts through Llama.full_index).
@@ -38,11 +38,11 @@ def torch_step(rank, world, data, ckpt1, plan_file, tp, pp):
     return out
 
 
-@pytest.mark.parametrize("tp,pp,capacity", [(2, 1, 128), (1, 2, 128), (2, 2, 256)],
-                         ids=["tp2-hdp2", "pp2-hdp2", "tp2-pp2"])
-def test_3d_matches_c_engine(tmp_path, tp, pp, capacity):
+@pytest.mark.parametrize("tp,pp,hdp,capacity", [(2, 1, 2, 128), (1, 2, 2, 128), (2, 2, 1, 256), (2, 2, 2, 128)],
+                         ids=["tp2-hdp2", "pp2-hdp2", "tp2-pp2", "tp2-pp2-hdp2"])
+def test_3d_matches_c_engine(tmp_path, tp, pp, hdp, capacity):
     data = corpus(tmp_path)
-    world = 4
+    world = tp * pp * hdp
     run, metrics = c_train(tmp_path, data, world, capacity, ("--tp", tp, "--pp", pp))
     ck1 = bt.read_checkpoint(run / "ck" / "ckpt-000001.bin")
     ck2 = bt.read_checkpoint(run / "ck" / "ckpt-000002.bin")
@@ -50,7 +50,6 @@ def test_3d_matches_c_engine(tmp_path, tp, pp, capacity):
         np.float32(1) - B1)
     results = launch.spawn(torch_step, world, args=(str(data), str(run / "ck" / "ckpt-000001.bin"),
                                                     str(run / "plans" / "plan-000002.json"), tp, pp))
-    hdp = world // (tp * pp)
     assert results[0]["labelled"] == metrics[1]["targets"]
     assert (results[0]["rings"] > 0) == (hdp > 1), "rings expected exactly where there are 2 HDP ranks"
     assert max(r["items"] for r in results) >= 2 * pp, "too few items per rank for 1F1B to interleave"
