@@ -61,6 +61,19 @@ def step(layout, plan, source, dtype):
     return res.loss, res.grad_norm, trainer.flat_grad.double().clone(), model.full_index(), whole
 
 
+def train(layout, plan, source, steps=2):
+    """fp64 parameters after `steps` clipped AdamW steps on the same plan (the global gradient norm
+    decides the clipping), gathered into the whole model's vector on world rank 0."""
+    model = bt.Llama(bt.LlamaConfig.named("tiny"), dtype=torch.float64, parallel=layout).init_weights(seed=3)
+    trainer = bt.HDPTrainer(model, lr=1e-2, warmup=1, schedule_steps=10, clip=0.05)
+    hdp = layout.hdp_rank if layout is not None else 0
+    scales = []
+    for _ in range(steps):
+        mbs = bt.microbatches(plan, hdp, source, ring_stats=trainer.ring_stats, layout=layout)
+        scales.append(trainer.step(plan, mbs).clip_scale)
+    return bt.gather_whole(model, model.flat), scales
+
+
 def worker(rank, world, tp, pp):
     layout = bt.Layout(tp=tp, pp=pp)
     source, batch = source_and_batch()
@@ -73,6 +86,7 @@ def worker(rank, world, tp, pp):
     for kind, p in kinds:
         for dtype in TOL:
             out[kind, dtype] = step(layout, p, source, dtype)
+    out["trained"] = train(layout, plan, source)
     return out
 
 
@@ -137,6 +151,14 @@ def test_3d_step_matches_one_process(tp, pp, hdp):
             lines.append(f"{kind} {str(dtype)[6:]}: loss {loss_err:.1e} grad {grad_err:.1e} norm {norm_err:.1e}")
             assert loss_err <= tol and norm_err <= tol, (kind, dtype, loss_err, norm_err)
             assert grad_err <= tol, (kind, dtype, grad_err)
+    source, batch = source_and_batch()
+    ref_params, ref_scales = train(None, bt.plan_step(batch, source, ranks=1, capacity=4 * CAPACITY), source)
+    params, scales = results[0]["trained"]
+    assert all(s < 1 for s in ref_scales), "the test wants clipped steps"
+    assert max(abs(a - b) / b for a, b in zip(scales, ref_scales)) < 1e-10
+    param_err = tensor_errors(params, ref_params)
+    assert param_err < 1e-10, param_err
+    lines.append(f"params after 2 clipped AdamW steps fp64 {param_err:.1e}")
     print(f"\ntp {tp} pp {pp} hdp {hdp} vs one process: " + "; ".join(lines))
 
 
