@@ -231,3 +231,47 @@ def test_column_row_parallel_match_dense():
         assert torch.allclose(dx, x.grad, rtol=1e-12, atol=1e-12)
         assert torch.allclose(dw1, w1.grad[rows.start:rows.stop], rtol=1e-12, atol=1e-12)
         assert torch.allclose(dw2, w2.grad[:, cols.start:cols.stop], rtol=1e-12, atol=1e-12)
+
+
+def random_batch(rng, source_lengths):
+    docs = rng.choice(len(source_lengths), int(rng.integers(3, 9)), replace=False)
+    lens = [int(rng.integers(1, min(2 * CAPACITY, int(source_lengths[d])) + 1)) for d in docs]
+    return bt.Batch([int(d) for d in docs], [0] * len(docs), lens)
+
+
+def random_plans_worker(rank, world, n_plans):
+    """n_plans random batches on a (2, 2, 2) layout, every policy (PP-Balance for balance), every
+    other plan's 2-rank items as a2a items: each step's fp64 loss (every process runs it to the end)."""
+    layout = bt.Layout(tp=2, pp=2)
+    source, _ = source_and_batch()
+    lengths = [source.doc_length(d) for d in range(60)]
+    rng = np.random.default_rng(77)
+    model = bt.Llama(bt.LlamaConfig.named("tiny"), dtype=torch.float64, parallel=layout).init_weights(seed=3)
+    trainer = bt.HDPTrainer(model, clip=0)
+    out = []
+    for i in range(n_plans):
+        batch = random_batch(rng, lengths)
+        policy = ("static", "naive", "balance", "elastic")[i % 4]
+        plan = bt.broadcast_plan(bt.plan_step(batch, source, ranks=2, capacity=CAPACITY, policy=policy, pp=2)
+                                 if rank == 0 else None)
+        if i % 2:
+            plan = as_a2a(plan)
+        mbs = bt.microbatches(plan, layout.hdp_rank, source, ring_stats=trainer.ring_stats, layout=layout)
+        out.append((batch, trainer.step(plan, mbs, apply=False).loss, plan.n_rings))
+    return out
+
+
+def test_3d_random_plans_finish_with_one_process_losses():
+    """No plan deadlocks the 1F1B stages, the rings and all-to-alls on the hdp groups and the tp
+    all-reduces together, and every step's loss is the one-process loss of its batch."""
+    got = launch.spawn(random_plans_worker, 8, args=(8,))
+    source, _ = source_and_batch()
+    model = bt.Llama(bt.LlamaConfig.named("tiny"), dtype=torch.float64).init_weights(seed=3)
+    trainer = bt.HDPTrainer(model, clip=0)
+    assert sum(r for _, _, r in got[0]) > 0, "no ring in any plan: the test needs rings"
+    for batch, loss, _ in got[0]:
+        plan = bt.plan_step(batch, source, ranks=1, capacity=4 * CAPACITY)
+        ref = trainer.step(plan, bt.microbatches(plan, 0, source), apply=False).loss
+        assert abs(loss - ref) / ref < 1e-12, (loss, ref)
+    for r in got[1:]:
+        assert [l for _, l, _ in r] == [l for _, l, _ in got[0]]
