@@ -1,11 +1,13 @@
 """HDP beside tensor parallelism and pipeline stages (docs/torch.md, "3D"): a step of the tiny model
-on a (tp, pp, hdp) layout of 4 processes, (2, 1, 2), (1, 2, 2) and (2, 2, 1), and of 8, (2, 2, 2), against the one-process
-step of the same batch (loss and every gradient of the whole model, gathered from the parts through
-Llama.full_index), with the planner's plans (balance, PP-Balance when pp > 1: rings, several items
-per rank so the 1F1B order interleaves) and the same plans with their 2-rank items as a2a items
-(Ulysses inside the tp shard's heads). fp64 shows the algorithms agree to rounding (1e-10), fp32
-within 1e-5 relative to each tensor's largest value. Also the layout's arithmetic, the C engine's
-stage split and pipeline order, and the tp layers alone against dense ones.
+on a (tp, pp, hdp) layout of 4 processes, (2, 1, 2), (1, 2, 2) and (2, 2, 1), and of 8, (2, 2, 2),
+against the one-process step of the same batch (loss and every gradient of the whole model, gathered
+from the parts through Llama.full_index and gather_whole), with the planner's plans (balance,
+PP-Balance when pp > 1: rings, several items per rank so the 1F1B order interleaves) and the same
+plans with their 2-rank items as a2a items (Ulysses inside the tp shard's heads), and the parameters
+after 2 clipped AdamW steps; random plans of every policy on (2, 2, 2) finish with the one-process
+loss. fp64 shows the algorithms agree to rounding (1e-10), fp32 within 1e-5 relative to each
+tensor's largest value. Also the layout's arithmetic, the C engine's stage split and pipeline
+order, and the tp layers alone against dense ones.
 """
 
 import dataclasses

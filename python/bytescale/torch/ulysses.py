@@ -29,7 +29,8 @@ and the widened gradients folded back.
 
 All messages are point-to-point on the DEFAULT process group (gloo has no list all_to_all in torch
 1.13, and NCCL's own all_to_all is the same grouped send/receive), or on a 3D Layout's hdp group
-(`Ulysses(group=)`), so no process group is made per item; the plan's global order keeps them deadlock-free as it does rings (docs/torch.md).
+(`Ulysses(group=)`), so no process group is made per item; the plan's global order keeps them
+deadlock-free as it does rings (docs/torch.md).
 """
 
 from __future__ import annotations
