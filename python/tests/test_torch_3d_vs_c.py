@@ -1,8 +1,9 @@
 """Across implementations in 3D: bytescale.torch on a (tp, pp, hdp) Layout against `mpirun -np N
 bytescale train --tp T --pp P` (N = 4, and 8 for tp 2 x pp 2 x hdp 2; docs/torch.md, "3D"): same
 weights (checkpoint 1), same batch and plan (--save-plans: the C engine's PP-Balance plan for its
-HDP ranks), the loss, the gradient norm and every gradient of the whole model (the C engine's from two consecutive checkpoints' AdamW
-moments, as test_torch_vs_c.py; torch's gathered from the parts through Llama.full_index).
+HDP ranks), the loss, the gradient norm and every gradient of the whole model (the C engine's from
+two consecutive checkpoints' AdamW moments, as test_torch_vs_c.py; torch's gathered from the parts
+through Llama.full_index).
 """
 
 import json
