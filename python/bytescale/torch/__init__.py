@@ -27,8 +27,8 @@ from .attention import Rows, block_backward, block_forward, local_attention, mer
 from .checkpoint import Checkpoint, CheckpointError, load_params, read_checkpoint, write_checkpoint
 from .data import Dataset, DatasetError, Sampler
 from .model import HDPAttention, Llama, LlamaConfig, hdp_attention, microbatch_context
-from .parallel import (ColumnParallelLinear, Layout, RowParallelLinear, column_parallel, copy_to_tp, gather_whole,
-                       reduce_from_tp, row_parallel, split_layers, vocab_embedding, vocab_parallel_cross_entropy)
+from .parallel import (ColumnParallelLinear, Layout, RowParallelLinear, column_parallel, column_parallel_group,
+                       copy_to_tp, gather_whole, reduce_from_tp, row_parallel, split_layers, vocab_embedding, vocab_parallel_cross_entropy)
 from .pipeline import PipeStats, pipeline_slots, run_stage, stage_order
 from .ring import Ring, RingStats, ring_attention
 from .step import (Batch, FunctionSource, MicroBatch, StepPlan, TokenSource, broadcast_plan, labelled_tokens,
@@ -43,5 +43,6 @@ __all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge"
            "StepPlan", "TokenSource", "broadcast_plan", "labelled_tokens", "member_pieces", "microbatches",
            "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule", "Ulysses", "head_split",
            "ulysses_attention", "ColumnParallelLinear", "Layout", "RowParallelLinear", "column_parallel",
-           "copy_to_tp", "gather_whole", "reduce_from_tp", "row_parallel", "split_layers", "vocab_embedding",
-           "vocab_parallel_cross_entropy", "PipeStats", "pipeline_slots", "run_stage", "stage_order"]
+           "column_parallel_group", "copy_to_tp", "gather_whole", "reduce_from_tp", "row_parallel", "split_layers",
+           "vocab_embedding", "vocab_parallel_cross_entropy", "PipeStats", "pipeline_slots", "run_stage",
+           "stage_order"]

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import local_attention
-from .parallel import (copy_to_tp, row_parallel, tp_part, vocab_embedding,
+from .parallel import (column_parallel_group, copy_to_tp, row_parallel, tp_part, vocab_embedding,
                        vocab_parallel_cross_entropy)
 from .ring import ring_attention
 from .ulysses import ulysses_attention
@@ -357,15 +357,17 @@ class Llama(nn.Module):
             p = f"layers.{l}."
             # the bucket of layer l (buckets()): its backward is done when this input's gradient is
             x = self._mark(x, nb - 1 - (l - self.layers[0]))
-            n = copy_to_tp(rmsnorm(x, P[p + "attn_norm"], c.norm_eps), g)  # one sum of dn for wq, wk, wv
-            q = (n @ P[p + "wq"].t()).view(T, self.n_heads, c.head_dim)
-            k = (n @ P[p + "wk"].t()).view(T, self.n_kv_heads, c.head_dim)
-            v = (n @ P[p + "wv"].t()).view(T, self.n_kv_heads, c.head_dim)
+            # column parallel: one sum of dn for wq, wk, wv, behind their weight gradients
+            n = rmsnorm(x, P[p + "attn_norm"], c.norm_eps)
+            q, k, v = column_parallel_group(n, [P[p + "wq"], P[p + "wk"], P[p + "wv"]], g)
+            q = q.view(T, self.n_heads, c.head_dim)
+            k = k.view(T, self.n_kv_heads, c.head_dim)
+            v = v.view(T, self.n_kv_heads, c.head_dim)
             a = self.attention(rope(q, cos, sin), rope(k, cos, sin), v)
             x = x + row_parallel(a.reshape(T, self.n_heads * c.head_dim), P[p + "wo"], g)
-            n = copy_to_tp(rmsnorm(x, P[p + "mlp_norm"], c.norm_eps), g)
-            h = F.silu(n @ P[p + "w_gate"].t()) * (n @ P[p + "w_up"].t())
-            x = x + row_parallel(h, P[p + "w_down"], g)
+            n = rmsnorm(x, P[p + "mlp_norm"], c.norm_eps)
+            gate, up = column_parallel_group(n, [P[p + "w_gate"], P[p + "w_up"]], g)
+            x = x + row_parallel(F.silu(gate) * up, P[p + "w_down"], g)
         if not self.last:
             return x
         x = self._mark(x, 0)

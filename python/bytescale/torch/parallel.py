@@ -186,9 +186,44 @@ def reduce_from_tp(x: Tensor, group) -> Tensor:
     return x if group is None else _ReduceFromTP.apply(x, group)
 
 
+class _ColumnParallel(torch.autograd.Function):
+    """y_i = x @ W_i^T for column-parallel weights that share the replicated input x. Backward: the
+    input's gradient sum_i dy_i @ W_i is this rank's part; its sum over the tp group is STARTED, the
+    weight gradients dy_i^T @ x computed meanwhile, and the sum waited for after them (Megatron's
+    overlap, the C engine's column_backward): the weight gradients never read the sum."""
+
+    @staticmethod
+    def forward(ctx, x, group, *ws):
+        ctx.group = group
+        ctx.save_for_backward(x, *ws)
+        return tuple(x @ w.t() for w in ws)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        x, *ws = ctx.saved_tensors
+        dys = [dy if dy is not None else x.new_zeros(x.shape[0], w.shape[0]) for dy, w in zip(dys, ws)]
+        dx = dys[0] @ ws[0]
+        for dy, w in zip(dys[1:], ws[1:]):
+            dx = dx + dy @ w
+        work = dist.all_reduce(dx, group=ctx.group, async_op=True) if dx.numel() > 0 else None
+        dws = [dy.t() @ x for dy in dys]
+        if work is not None:
+            work.wait()
+        return (dx, None, *dws)
+
+
+def column_parallel_group(x: Tensor, ws: Sequence[Tensor], group) -> List[Tensor]:
+    """x (T, in) replicated, ws[i] (out_i/T, in) this rank's rows of column-parallel weights that
+    share the input (wq, wk, wv; w_gate, w_up): this rank's columns of each x @ W_i^T. The input's
+    gradient is summed over the group once, behind the weight gradients."""
+    if group is None:
+        return [x @ w.t() for w in ws]
+    return list(_ColumnParallel.apply(x, group, *ws))
+
+
 def column_parallel(x: Tensor, w: Tensor, group) -> Tensor:
     """x (T, in) replicated, w (out/T, in) this rank's rows: this rank's columns of x @ W^T."""
-    return copy_to_tp(x, group) @ w.t()
+    return column_parallel_group(x, [w], group)[0]
 
 
 def row_parallel(x: Tensor, w: Tensor, group) -> Tensor:
@@ -205,8 +240,8 @@ def _part(n: int, tp: int, r: int, what: str) -> range:
 class ColumnParallelLinear(nn.Module):
     """y = x @ W^T without bias, W (out, in) split by output rows over the tp group: rank r holds rows
     [r out/T, (r+1) out/T) and returns its columns of y. The backward sums the input's gradient over
-    the group (copy_to_tp). Apply several column layers that share an input to one copy_to_tp(x) and
-    the sum happens once (what the model does for wq, wk, wv)."""
+    the group, overlapped with the weight's gradient (column_parallel_group: several weights that
+    share an input, summed once, as the model does for wq, wk, wv)."""
 
     def __init__(self, in_features: int, out_features: int, layout: Layout, dtype=torch.float32, device=None):
         super().__init__()
