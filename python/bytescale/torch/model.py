@@ -314,12 +314,13 @@ class Llama(nn.Module):
             # every whole tensor is drawn in order (a part of the model gets the whole model's numbers)
             for name, shape, _ in self.cfg.tensors():
                 if len(shape) == 1:
-                    w = torch.ones(shape, dtype=torch.float64)
-                else:
-                    std = small if name.endswith(".wo") or name.endswith(".w_down") else 0.02
-                    w = torch.randn(shape, generator=g, dtype=torch.float64) * std
+                    if name in self._params:
+                        self._params[name].fill_(1.0)
+                    continue
+                std = small if name.endswith(".wo") or name.endswith(".w_down") else 0.02
+                w = torch.randn(shape, generator=g, dtype=torch.float64)
                 if name in self._params:
-                    self._params[name].copy_(self._local(name, w).to(self.flat.dtype))
+                    self._params[name].copy_(self._local(name, w).to(self.flat.dtype) * std)
         return self
 
     def _local(self, name: str, whole: Tensor) -> Tensor:
