@@ -59,12 +59,13 @@ def corpus(tmp):
 
 def c_train(tmp, data, procs, capacity, extra=(), case=None):
     """Two steps of `bytescale train` (mpirun when procs > 1): checkpoints after each, plans, metrics.
-    extra: more flags (--policy, --tp, --cost); procs: every MPI process (tp x HDP ranks)."""
-    run = tmp / (case or f"c{procs}")
+    extra: more flags (--policy, --tp, --pp, --cost); procs: every MPI process (tp x pp x HDP ranks);
+    case: the run's directory name (default: made from procs and extra)."""
+    run = tmp / (case or ("c" + "".join(str(a) for a in (procs,) + tuple(extra)).replace("-", "").replace("/", "")))
     args = [binary(), "train", "--data", str(data), "--model", "tiny", "--context", "256", "--capacity", str(capacity),
             "--tokens", "2K", "--steps", "2", "--warmup", "1", "--lr", "1e-3", "--clip", "0", "--seed", "7",
             "--ckpt-dir", str(run / "ck"), "--ckpt-every", "1", "--ckpt-keep", "0", "--save-plans", str(run / "plans"),
-            "--metrics", str(run / "m.jsonl"), *extra]
+            "--metrics", str(run / "m.jsonl"), *map(str, extra)]
     env = dict(os.environ, BS_QUIET="1", OPENBLAS_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     if procs > 1:

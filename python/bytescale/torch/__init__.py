@@ -3,7 +3,8 @@
 The plans bytescale makes (one call into the C planner on rank 0) run on torch.distributed: packs of
 short sequences with blockwise variable-length attention, long sequences as rings of ranks with
 ring attention, as Ulysses (all-to-all) groups, or as rings of Ulysses groups (hybrid items), over
-point-to-point messages of the default process group, token-level loss over the
+point-to-point messages of the default process group (or, beside the user's tensor parallelism
+and pipeline stages, of a 3D Layout's hdp groups), token-level loss over the
 whole global batch, gradients summed bucket by bucket. gloo on CPU, NCCL on CUDA; torch >= 1.13.
 
     import bytescale.torch as bt
@@ -26,6 +27,9 @@ from .attention import Rows, block_backward, block_forward, local_attention, mer
 from .checkpoint import Checkpoint, CheckpointError, load_params, read_checkpoint, write_checkpoint
 from .data import Dataset, DatasetError, Sampler
 from .model import HDPAttention, Llama, LlamaConfig, hdp_attention, microbatch_context
+from .parallel import (ColumnParallelLinear, Layout, RowParallelLinear, column_parallel, column_parallel_group,
+                       copy_to_tp, gather_whole, reduce_from_tp, row_parallel, split_layers, vocab_embedding, vocab_parallel_cross_entropy)
+from .pipeline import PipeStats, pipeline_slots, run_stage, stage_order
 from .ring import Ring, RingStats, ring_attention
 from .step import (Batch, FunctionSource, MicroBatch, StepPlan, TokenSource, broadcast_plan, labelled_tokens,
                    member_pieces, microbatches, plan_chunk, plan_step)
@@ -41,5 +45,8 @@ __all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge"
            "microbatch_context", "Ring", "RingStats", "ring_attention", "Batch", "FunctionSource", "MicroBatch",
            "StepPlan", "TokenSource", "broadcast_plan", "labelled_tokens", "member_pieces", "microbatches",
            "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule", "Ulysses", "head_split",
-           "ulysses_attention"]
+           "ulysses_attention", "ColumnParallelLinear", "Layout", "RowParallelLinear", "column_parallel",
+           "column_parallel_group", "copy_to_tp", "gather_whole", "reduce_from_tp", "row_parallel", "split_layers",
+           "vocab_embedding", "vocab_parallel_cross_entropy", "PipeStats", "pipeline_slots", "run_stage",
+           "stage_order"]
 __all__ += ["PlanCheckError", "check_plan", "plan_fingerprint", "MicroBatches", "all_reduce_gradients"]

@@ -148,13 +148,18 @@ def write_checkpoint(path: str, sections: Sequence[Tuple[str, bytes]]) -> None:
 
 
 def load_params(model, ck: Checkpoint) -> None:
-    """Copy the checkpoint's `params` (the C engine's flat fp32 layout) into model.flat."""
+    """Copy the checkpoint's `params` (the C engine's flat fp32 layout of the whole model) into
+    model.flat; a part of the model (Llama(parallel=...)) takes its own pieces (full_index)."""
     p = ck.floats("params")
-    if p.size != model.flat.numel():
-        raise CheckpointError(f"{ck.path}: {p.size} parameters, the model has {model.flat.numel()} "
+    whole = model.cfg.n_params
+    if p.size != whole:
+        raise CheckpointError(f"{ck.path}: {p.size} parameters, the model has {whole} "
                               f"({model.cfg.name or 'its shape'}): not this model's checkpoint")
+    t = torch.from_numpy(p.copy())
+    if model.flat.numel() != whole:
+        t = t[model.full_index()]
     with torch.no_grad():
-        model.flat.copy_(torch.from_numpy(p.copy()).to(model.flat.dtype))
+        model.flat.copy_(t.to(model.flat.dtype))
 
 
 def model_config_json(cfg) -> dict:

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import local_attention
+from .parallel import (column_parallel_group, copy_to_tp, row_parallel, tp_part, vocab_embedding,
+                       vocab_parallel_cross_entropy)
 from .ring import ring_attention
 from .shapes import ShapeError
 from .ulysses import ulysses_attention
@@ -206,18 +208,54 @@ class _Boundary(torch.autograd.Function):
 class Llama(nn.Module):
     """The reference LLaMA (module docstring). `attention` replaces the attention call (default:
     hdp_attention, which needs a microbatch_context); `dtype` the parameters' (fp32 as the C engine,
-    or fp64 for exactness tests)."""
+    or fp64 for exactness tests).
+
+    `parallel` (a parallel.Layout): this process's part of the model in a 3D layout, as the C
+    engine's LlamaShard (docs/model.md, "Sharding"): its stage's layers (the first stage also the
+    embedding, the last the final norm and the head) and of those its tp rank's share, Megatron-style:
+    query and K/V heads (wq, wk, wv by rows, wo by columns), the MLP (w_gate, w_up by rows, w_down by
+    columns), the vocabulary (tok_emb and lm_head by rows, a vocabulary-parallel cross-entropy); norm
+    gains replicated. Names stay the whole model's (layers.<l>.wq with the global l); `full_index()`
+    says where every local parameter lies in the whole model's flat vector."""
 
     def __init__(self, cfg: LlamaConfig, attention: Optional[nn.Module] = None, dtype: torch.dtype = torch.float32,
-                 device=None):
+                 device=None, parallel=None):
         super().__init__()
         self.cfg = cfg
         self.attention = attention if attention is not None else HDPAttention()
-        self.layout = []  # (name, offset, shape, decays)
-        at = 0
+        self.parallel = parallel
+        tp, r = (parallel.tp, parallel.tp_rank) if parallel is not None else (1, 0)
+        self.tp_group = parallel.tp_group if parallel is not None else None
+        self.layers = parallel.stage_layers(cfg.n_layers) if parallel is not None else range(cfg.n_layers)
+        self.first, self.last = self.layers[0] == 0, self.layers[-1] == cfg.n_layers - 1
+        # this rank's heads, MLP columns and vocabulary rows (contiguous 1/tp of each)
+        heads = tp_part(cfg.n_heads, tp, r, "n_heads")
+        kv = tp_part(cfg.n_kv_heads, tp, r, "n_kv_heads")
+        ff = tp_part(cfg.d_ff, tp, r, "d_ff")
+        vocab = tp_part(cfg.vocab_size, tp, r, "vocab_size")
+        self.n_heads, self.n_kv_heads, self.v0 = len(heads), len(kv), vocab.start
+        hd = cfg.head_dim
+        q_rows = range(heads.start * hd, heads.stop * hd)
+        kv_rows = range(kv.start * hd, kv.stop * hd)
+        # (name, whole shape, "rows" / "cols" / "all", the range of rows or columns held)
+        cut = {"tok_emb": ("rows", vocab), "lm_head": ("rows", vocab), "wq": ("rows", q_rows),
+               "wk": ("rows", kv_rows), "wv": ("rows", kv_rows), "wo": ("cols", q_rows), "w_gate": ("rows", ff),
+               "w_up": ("rows", ff), "w_down": ("cols", ff)}
+        self.layout = []  # (name, offset, local shape, decays)
+        self._cut = {}  # name -> (offset in the whole flat vector, whole shape, kind, range)
+        at = full = 0
         for name, shape, decay in cfg.tensors():
-            self.layout.append((name, at, shape, decay))
-            at += math.prod(shape)
+            short = name.split(".")[-1]
+            layer = int(name.split(".")[1]) if name.startswith("layers.") else None
+            held = (layer in self.layers) if layer is not None else (
+                self.first if name == "tok_emb" else self.last)
+            kind, rng = cut.get(short, ("all", None))
+            if held:
+                local = shape if kind == "all" else ((len(rng), shape[1]) if kind == "rows" else (shape[0], len(rng)))
+                self.layout.append((name, at, local, decay))
+                self._cut[name] = (full, shape, kind, rng)
+                at += math.prod(local)
+            full += math.prod(shape)
         self.flat = torch.zeros(at, dtype=dtype, device=device)
         # every parameter is a view into self.flat: nn.Parameter shares the storage it is given
         self._params: Dict[str, nn.Parameter] = {}
@@ -226,6 +264,31 @@ class Llama(nn.Module):
             self._params[name] = p
             self.register_parameter(name.replace(".", "_"), p)
         self.grad_hook: Optional[Callable[[int], None]] = None  # set by the trainer (gradient buckets)
+
+    def full_index(self) -> Tensor:
+        """(len(flat),) int64: where each local parameter lies in the whole model's flat vector (the
+        C engine's llama_shard_runs, element by element): whole[full_index()] is this part."""
+        out = []
+        for name, _, _, _ in self.layout:
+            full, shape, kind, rng = self._cut[name]
+            if kind == "all":
+                out.append(torch.arange(full, full + math.prod(shape)))
+            elif kind == "rows":
+                out.append(torch.arange(full + rng.start * shape[1], full + rng.stop * shape[1]))
+            else:
+                cols = torch.arange(rng.start, rng.stop)
+                out.append((full + torch.arange(shape[0])[:, None] * shape[1] + cols[None, :]).reshape(-1))
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+    def replicated(self) -> Tensor:
+        """(len(flat),) bool: parameters every tp rank holds whole (the norm gains when tp > 1): the
+        global gradient norm counts them on tp rank 0 only."""
+        mask = torch.zeros(self.flat.numel(), dtype=torch.bool)
+        if self.tp_group is not None:
+            for name, off, shape, _ in self.layout:
+                if self._cut[name][2] == "all":
+                    mask[off:off + math.prod(shape)] = True
+        return mask
 
     # -- parameters ------------------------------------------------------------------------------------
 
@@ -239,13 +302,14 @@ class Llama(nn.Module):
 
     def buckets(self) -> List[Tuple[int, int]]:
         """Flat ranges of the gradient buckets, in the order the backward finishes them: the head
-        (final_norm, lm_head), then layers L-1 .. 0, then the embedding (the C engine's buckets)."""
+        (final_norm, lm_head), then layers L-1 .. 0, then the embedding (the C engine's buckets; a
+        stage's shard has the ones it holds)."""
         off = {name: (o, o + math.prod(s)) for name, o, s, _ in self.layout}
-        L = self.cfg.n_layers
-        out = [(off["final_norm"][0], off["lm_head"][1])]
-        for l in reversed(range(L)):
+        out = [(off["final_norm"][0], off["lm_head"][1])] if self.last else []
+        for l in reversed(self.layers):
             out.append((off[f"layers.{l}.attn_norm"][0], off[f"layers.{l}.w_down"][1]))
-        out.append(off["tok_emb"])
+        if self.first:
+            out.append(off["tok_emb"])
         return out
 
     def init_weights(self, seed: int = 0) -> "Llama":
@@ -255,14 +319,26 @@ class Llama(nn.Module):
         g = torch.Generator().manual_seed(seed)
         small = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         with torch.no_grad():
-            for name, _, shape, _ in self.layout:
-                p = self._params[name]
+            # every whole tensor is drawn in order (a part of the model gets the whole model's numbers)
+            for name, shape, _ in self.cfg.tensors():
                 if len(shape) == 1:
-                    p.fill_(1.0)
-                else:
-                    std = small if name.endswith(".wo") or name.endswith(".w_down") else 0.02
-                    p.copy_(torch.randn(shape, generator=g, dtype=torch.float64).to(p.dtype) * std)
+                    if name in self._params:
+                        self._params[name].fill_(1.0)
+                    continue
+                std = small if name.endswith(".wo") or name.endswith(".w_down") else 0.02
+                w = torch.randn(shape, generator=g, dtype=torch.float64)
+                if name in self._params:
+                    self._params[name].copy_(self._local(name, w).to(self.flat.dtype) * std)
         return self
+
+    def _local(self, name: str, whole: Tensor) -> Tensor:
+        """This part's piece of a whole tensor `name`."""
+        _, _, kind, rng = self._cut[name]
+        if kind == "rows":
+            return whole[rng.start:rng.stop]
+        if kind == "cols":
+            return whole[:, rng.start:rng.stop]
+        return whole
 
     # -- forward ---------------------------------------------------------------------------------------
 
@@ -271,43 +347,65 @@ class Llama(nn.Module):
 
     def hidden(self, tokens: Tensor, pos: Tensor) -> Tensor:
         """The final normalised hidden states (T, d_model) of one micro-batch's rows (tokens (T,),
-        global positions (T,)); attention through self.attention."""
+        global positions (T,)); attention through self.attention. The whole model's stages only."""
+        return self.stage_forward(tokens, pos)
+
+    def stage_forward(self, tokens: Tensor, pos: Tensor, x: Optional[Tensor] = None) -> Tensor:
+        """This stage's layers on one micro-batch: from the tokens (the first stage) or from the
+        previous stage's output x (T, d_model); returns the next stage's input, or on the last stage
+        the final normalised hidden states. Under tp every rank of the group returns the same."""
         c = self.cfg
         P = self._params
-        T = tokens.shape[0]
-        x = F.embedding(tokens, P["tok_emb"])
+        g = self.tp_group
+        T = pos.shape[0]
+        if self.first:
+            x = vocab_embedding(tokens, P["tok_emb"], self.v0, g)
         cos, sin = rope_tables(pos, c.head_dim, c.rope_theta, x.dtype, x.device)
-        for l in range(c.n_layers):
+        nb = len(self.layers) + (1 if self.last else 0)
+        for l in self.layers:
             p = f"layers.{l}."
-            # bucket 1 + (L-1-l) is layer l's: its backward is done when this input's gradient is
-            x = self._mark(x, 1 + (c.n_layers - 1 - l))
+            # the bucket of layer l (buckets()): its backward is done when this input's gradient is
+            x = self._mark(x, nb - 1 - (l - self.layers[0]))
+            # column parallel: one sum of dn for wq, wk, wv, behind their weight gradients
             n = rmsnorm(x, P[p + "attn_norm"], c.norm_eps)
-            q = (n @ P[p + "wq"].t()).view(T, c.n_heads, c.head_dim)
-            k = (n @ P[p + "wk"].t()).view(T, c.n_kv_heads, c.head_dim)
-            v = (n @ P[p + "wv"].t()).view(T, c.n_kv_heads, c.head_dim)
+            q, k, v = column_parallel_group(n, [P[p + "wq"], P[p + "wk"], P[p + "wv"]], g)
+            q = q.view(T, self.n_heads, c.head_dim)
+            k = k.view(T, self.n_kv_heads, c.head_dim)
+            v = v.view(T, self.n_kv_heads, c.head_dim)
             a = self.attention(rope(q, cos, sin), rope(k, cos, sin), v)
-            x = x + a.reshape(T, c.n_heads * c.head_dim) @ P[p + "wo"].t()
+            x = x + row_parallel(a.reshape(T, self.n_heads * c.head_dim), P[p + "wo"], g)
             n = rmsnorm(x, P[p + "mlp_norm"], c.norm_eps)
-            x = x + (F.silu(n @ P[p + "w_gate"].t()) * (n @ P[p + "w_up"].t())) @ P[p + "w_down"].t()
+            gate, up = column_parallel_group(n, [P[p + "w_gate"], P[p + "w_up"]], g)
+            x = x + row_parallel(F.silu(gate) * up, P[p + "w_down"], g)
+        if not self.last:
+            return x
         x = self._mark(x, 0)
         return rmsnorm(x, P["final_norm"], c.norm_eps)
 
     def loss_sum(self, tokens: Tensor, targets: Tensor, pos: Tensor, chunk: int = 8192) -> Tensor:
         """Sum of the token cross-entropies over rows with a target (targets -1: none), through the
         output head in chunks of rows (never all the logits of a long micro-batch at once when the
-        vocabulary is large)."""
-        h = self.hidden(tokens, pos)
+        vocabulary is large). The whole model's stages only (else stage_forward, then head_loss)."""
+        return self.head_loss(self.hidden(tokens, pos), targets, chunk)
+
+    def head_loss(self, h: Tensor, targets: Tensor, chunk: int = 8192) -> Tensor:
+        """The last stage's loss: the sum of the token cross-entropies of hidden states h (T, d_model),
+        vocabulary-parallel under tp (the same on every rank of the group)."""
         W = self._params["lm_head"]
+        g = self.tp_group
+        hc = copy_to_tp(h, g)
         rows = max(1, min(chunk, (1 << 22) // self.cfg.vocab_size))
         # an empty micro-batch (a ring member without rows) still needs a loss that depends on its
         # hidden states: its backward must run every layer's ring attention, or the ring stalls
         total = None
         for b in range(0, max(1, h.shape[0]), rows):
-            logits = h[b:b + rows] @ W.t()
+            logits = hc[b:b + rows] @ W.t()
             if targets.shape[0] == 0:
                 part = logits.sum()
-            else:
+            elif g is None:
                 part = F.cross_entropy(logits, targets[b:b + rows], ignore_index=-1, reduction="sum")
+            else:
+                part = vocab_parallel_cross_entropy(logits, targets[b:b + rows], self.v0, g).sum()
             total = part if total is None else total + part
         return total
 

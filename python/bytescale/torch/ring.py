@@ -2,9 +2,10 @@
 
 The same algorithm as the C engine (src/runtime/ring_attn.c, docs/runtime.md "Ring attention"), on
 the DEFAULT process group with point-to-point messages (no per-ring process groups: creating one
-per ad-hoc ring is slow and, with NCCL, costs buffers per group). Every rank runs its items in the
-plan's global order, so a rank only ever waits for the members of its current ring and no two ranks
-can wait on each other in a cycle; no barrier is needed.
+per ad-hoc ring is slow and, with NCCL, costs buffers per group), or, beside tensor parallelism and
+pipeline stages, on the hdp group a 3D Layout made once (parallel.py; `Ring(group=)`). Every rank
+runs its items in the plan's global order, so a rank only ever waits for the members of its current
+ring and no two ranks can wait on each other in a cycle; no barrier is needed.
 
 Member m of a ring of D holds chunks m and 2D-1-m of every segment of the item (plan_chunk). Per
 layer:
@@ -101,9 +102,12 @@ class Ring:
     me      this rank's index in `ranks`
     rows    D Rows objects (or (pos, seg) pairs): member j's rows, in the order member j holds them
     stats   where compute / wait / bytes are accumulated (a RingStats; one is made if omitted)
+    group   the process group the messages go on (None: the default group); `ranks` are the default
+            group's ranks either way (a 3D layout passes its hdp group, parallel.py)
     """
 
-    def __init__(self, ranks: Sequence[int], me: int, rows: Sequence, stats: Optional[RingStats] = None):
+    def __init__(self, ranks: Sequence[int], me: int, rows: Sequence, stats: Optional[RingStats] = None,
+                 group=None):
         self.ranks = [int(r) for r in ranks]
         self.D = len(self.ranks)
         if self.D < 2 or len(set(self.ranks)) != self.D:
@@ -117,6 +121,7 @@ class Ring:
         self.prev = self.ranks[(me - 1) % self.D]
         self.next = self.ranks[(me + 1) % self.D]
         self.stats = stats if stats is not None else RingStats()
+        self.group = group
 
     def n(self, j: int) -> int:
         """Rows member j holds."""
@@ -133,9 +138,9 @@ def _exchange(ops: List[dist.P2POp]):
     by one avoids the coalescing machinery newer torch versions put behind batch_isend_irecv."""
     if not ops:
         return []
-    if dist.get_backend() == "nccl":
+    if dist.get_backend(ops[0].group) == "nccl":
         return dist.batch_isend_irecv(ops)
-    return [op.op(op.tensor, op.peer, tag=op.tag) for op in ops]
+    return [op.op(op.tensor, op.peer, group=op.group, tag=op.tag) for op in ops]
 
 
 def _wait(works, ring: Ring):
@@ -248,9 +253,9 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring):
             jn = (me - t - 1) % D
             if ring.n(jn) > 0:
                 nxt = _block_buf(ring, jn, width, k)
-                ops.append(dist.P2POp(dist.irecv, nxt, ring.prev, tag=TAG_FWD_KV))
+                ops.append(dist.P2POp(dist.irecv, nxt, ring.prev, ring.group, tag=TAG_FWD_KV))
             if ring.n(j) > 0:
-                ops.append(dist.P2POp(dist.isend, cur, ring.next, tag=TAG_FWD_KV))
+                ops.append(dist.P2POp(dist.isend, cur, ring.next, ring.group, tag=TAG_FWD_KV))
                 ring.stats.bytes_sent += cur.numel() * cur.element_size()
         works = tr.post(ops)
         with tr.timed():
@@ -288,18 +293,18 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         if t > 0:
             jp = (me - t + 1) % D  # last step's block: its partial goes on to the next member
             if ring.n(jp) > 0:
-                ops.append(dist.P2POp(dist.isend, partial, ring.next, tag=TAG_BWD_DKV))
+                ops.append(dist.P2POp(dist.isend, partial, ring.next, ring.group, tag=TAG_BWD_DKV))
                 ring.stats.bytes_sent += partial.numel() * partial.element_size()
             if ring.n(j) > 0:  # block j's partial from the members before this one
                 inc = torch.empty(ring.n(j) * width, dtype=acc_t, device=q.device)
-                ops.append(dist.P2POp(dist.irecv, inc, ring.prev, tag=TAG_BWD_DKV))
+                ops.append(dist.P2POp(dist.irecv, inc, ring.prev, ring.group, tag=TAG_BWD_DKV))
         if t < D - 1:
             jn = (me - t - 1) % D
             if ring.n(jn) > 0:
                 nxt = _block_buf(ring, jn, width, k)
-                ops.append(dist.P2POp(dist.irecv, nxt, ring.prev, tag=TAG_BWD_KV))
+                ops.append(dist.P2POp(dist.irecv, nxt, ring.prev, ring.group, tag=TAG_BWD_KV))
             if ring.n(j) > 0:
-                ops.append(dist.P2POp(dist.isend, cur, ring.next, tag=TAG_BWD_KV))
+                ops.append(dist.P2POp(dist.isend, cur, ring.next, ring.group, tag=TAG_BWD_KV))
                 ring.stats.bytes_sent += cur.numel() * cur.element_size()
         # sends first, then receives, in one order on every rank (NCCL matches in posting order)
         ops.sort(key=lambda op: (op.op is not dist.isend, op.tag != TAG_BWD_DKV))
@@ -322,11 +327,11 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     ops, home = [], None
     jp = (me + 1) % D
     if ring.n(jp) > 0:
-        ops.append(dist.P2POp(dist.isend, partial, ring.next, tag=TAG_BWD_DKV))
+        ops.append(dist.P2POp(dist.isend, partial, ring.next, ring.group, tag=TAG_BWD_DKV))
         ring.stats.bytes_sent += partial.numel() * partial.element_size()
     if mine.n > 0:
         home = torch.empty(mine.n * width, dtype=acc_t, device=q.device)
-        ops.append(dist.P2POp(dist.irecv, home, ring.prev, tag=TAG_BWD_DKV))
+        ops.append(dist.P2POp(dist.irecv, home, ring.prev, ring.group, tag=TAG_BWD_DKV))
     tr.wait(tr.post(ops))
     n = mine.n * G * hd
     if home is None:

@@ -102,6 +102,8 @@ class StepPlan:
     ulysses                       per item, its Ulysses group size u: 0 for a ring or a pack, the item's
                                   rank count for an a2a item, 2 <= u < D dividing D for a hybrid (a ring
                                   of D / u groups); empty: every item is a ring or a pack
+    barriers                      item indices where a wave starts (megatron-hcp's plans), for the
+                                  pipeline order (pipeline_slots); empty: none
     """
 
     n_ranks: int
@@ -114,6 +116,7 @@ class StepPlan:
     capacity: int = 0
     makespan: float = 0.0
     ulysses: List[int] = dataclasses.field(default_factory=list)
+    barriers: List[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         if self.ulysses and len(self.ulysses) != len(self.items):
@@ -167,7 +170,8 @@ class StepPlan:
                    items=[(tuple(it.ranks), tuple(tuple(s) for s in it.segments)) for it in plan.items],
                    labelled=int(labelled), policy=plan.policy, capacity=plan.capacity, makespan=plan.makespan,
                    ulysses=[_item_ulysses(len(it.ranks), getattr(it, "a2a", False), getattr(it, "ulysses", 0))
-                            for it in plan.items])
+                            for it in plan.items],
+                   barriers=[int(b) for b in getattr(plan, "barriers", [])])
 
     @classmethod
     def from_plan_file(cls, d: dict, doc_offsets: Sequence[int], doc_lengths: Sequence[int]) -> "StepPlan":
@@ -186,7 +190,8 @@ class StepPlan:
                    labelled=labelled, policy=str(d.get("policy", "")), capacity=int(d.get("capacity", 0)),
                    makespan=float(d.get("makespan", 0.0)),
                    ulysses=[_item_ulysses(len(it["ranks"]), it.get("a2a", 0), it.get("ulysses", 0))
-                            for it in d["items"]])
+                            for it in d["items"]],
+                   barriers=[int(b) for b in d.get("barriers", [])])
 
 
 def _item_ulysses(D: int, a2a, ulysses) -> int:
@@ -276,18 +281,23 @@ class MicroBatches(list):
 
 def microbatches(plan: StepPlan, rank: int, source: TokenSource, device=None,
                  ring_stats: Optional[RingStats] = None, *, check: bool = True,
-                 hdp: Optional[int] = None) -> List[MicroBatch]:
+                 hdp: Optional[int] = None, layout=None) -> List[MicroBatch]:
     """This rank's micro-batches in the global order, with their tokens read from `source`: for each
     piece the tokens plus one past it (the label of its last row; -1 at the document's end).
 
     Every rank calls it once per step, also a rank without items, before any message of the step:
     first it checks (check.py, one all_gather of a few integers on the default group) that every
     rank holds the same plan and that the plan fits the world (`hdp`: the HDP dimension of a
-    TP x PP x HDP layout, `rank` then this process's HDP rank); if not, every rank raises the same
-    PlanCheckError. check=False skips that (one process looking at any rank's share)."""
+    TP x PP x HDP layout, `rank` then this process's HDP rank; a `layout` gives it); if not, every
+    rank raises the same PlanCheckError. check=False skips that (one process looking at any rank's
+    share).
+
+    With a 3D `layout` (parallel.Layout) `rank` is the HDP rank (layout.hdp_rank; the plan's ranks
+    are HDP ranks), and rings and all-to-alls run on the layout's hdp group with this process's
+    stage and tp rank of the item's HDP ranks as peers."""
     out = MicroBatches()
     if check:
-        check_plan(plan, rank, hdp=hdp)
+        check_plan(plan, rank, hdp=layout.hdp if layout is not None and hdp is None else hdp)
         out.checked = plan
     stats = ring_stats if ring_stats is not None else RingStats()
     for k in plan.schedule(rank):
@@ -316,10 +326,12 @@ def microbatches(plan: StepPlan, rank: int, source: TokenSource, device=None,
         if D > 1:
             members = [Rows(*map(torch.from_numpy, plan.member_rows(k, j))) if j != m else rows for j in range(D)]
             u = plan.item_ulysses(k)
+            peers = layout.hdp_to_world(ranks) if layout is not None else ranks
+            pg = layout.hdp_group if layout is not None else None
             if u:
-                group = Ulysses(ranks, m, members, u, stats)
+                group = Ulysses(peers, m, members, u, stats, pg)
             else:
-                ring = Ring(ranks, m, members, stats)
+                ring = Ring(peers, m, members, stats, pg)
         else:
             cu = torch.from_numpy(np.concatenate([[0], np.cumsum([n for _, _, n in segs])]).astype(np.int64))
         out.append(MicroBatch(k, t(tokens), t(targets), t(pos), t(seg), rows, ring, cu,

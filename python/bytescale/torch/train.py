@@ -107,7 +107,12 @@ class HDPTrainer:
         self.step_count = 0
         self.overlap = overlap
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        # a 3D layout: gradients are summed over the hdp group (the processes holding the same part)
+        self.par = model.parallel
+        self.sync_group = self.par.hdp_group if self.par is not None else None
+        self.sync_size = self.par.hdp if self.par is not None else self.world
         self.ring_stats = RingStats()
+        self.pipe_stats = None
         # gradients live in one flat buffer with the parameters' layout: every .grad is a view, so
         # autograd accumulates in place and a bucket is a contiguous slice
         self.flat_grad = torch.zeros_like(model.flat)
@@ -116,10 +121,11 @@ class HDPTrainer:
         decay = [model.param(n) for n, _, _, d in model.layout if d]
         no_decay = [model.param(n) for n, _, _, d in model.layout if not d]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        if zero and self.world > 1:
+        if zero and self.sync_size > 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
+            kw = {"process_group": self.sync_group} if self.sync_group is not None else {}
             self.opt = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, lr=lr, betas=betas,
-                                               eps=eps)
+                                               eps=eps, **kw)
         else:
             self.opt = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
         self._buckets = model.buckets()
@@ -129,9 +135,9 @@ class HDPTrainer:
 
     def _launch(self, b: int) -> None:
         """Start bucket b's all-reduce (once per step)."""
-        if self.world > 1 and b not in self._pending:
+        if self.sync_size > 1 and b not in self._pending:
             lo, hi = self._buckets[b]
-            self._pending[b] = dist.all_reduce(self.flat_grad[lo:hi], async_op=True)
+            self._pending[b] = dist.all_reduce(self.flat_grad[lo:hi], group=self.sync_group, async_op=True)
 
     def forward_backward(self, plan: StepPlan, mbs: List[MicroBatch]):
         """Accumulate this rank's gradients of the global mean loss; returns (loss_sum, compute s)."""
@@ -139,10 +145,17 @@ class HDPTrainer:
         loss_sum = 0.0
         t0 = time.perf_counter()
         wait0 = self.ring_stats.wait
+        if self.par is not None and self.par.pp > 1:
+            from .pipeline import PipeStats, run_stage
+            self.pipe_stats = PipeStats()
+            hook = self._launch if (self.overlap and self.sync_size > 1) else None
+            loss_sum = run_stage(self.model, plan, mbs, scale, hook, self.pipe_stats)
+            wait0 -= self.pipe_stats.p2p_wait  # blocked on a neighbouring stage: not compute
+            mbs = []
         for i, mb in enumerate(mbs):
             last = i == len(mbs) - 1
             # during the last micro-batch, every finished bucket starts its all-reduce at once
-            self.model.grad_hook = self._launch if (last and self.overlap and self.world > 1) else None
+            self.model.grad_hook = self._launch if (last and self.overlap and self.sync_size > 1) else None
             with microbatch_context(mb):
                 ls = self.model.loss_sum(mb.tokens, mb.targets, mb.pos)
             (ls * scale).backward()
@@ -156,7 +169,7 @@ class HDPTrainer:
     def sync(self) -> float:
         """Finish the gradient all-reduce (start the buckets not started yet); seconds spent here."""
         t0 = time.perf_counter()
-        if self.world > 1:
+        if self.sync_size > 1:
             for b in range(len(self._buckets)):
                 self._launch(b)
             for w in self._pending.values():
@@ -174,17 +187,33 @@ class HDPTrainer:
         optimizer step."""
         t0 = time.perf_counter()
         if getattr(mbs, "checked", None) is not plan:  # a list microbatches() did not check for this plan
-            check_plan(plan, dist.get_rank() if dist.is_initialized() else 0)
+            if self.par is not None:  # 3D: the plan's ranks are HDP ranks
+                check_plan(plan, self.par.hdp_rank, hdp=self.par.hdp)
+            else:
+                check_plan(plan, dist.get_rank() if dist.is_initialized() else 0)
         self.flat_grad.zero_()
         self.ring_stats.reset()
         loss_sum, compute = self.forward_backward(plan, mbs)
         sync = self.sync()
-        # the loss: every rank's sum of token losses over the batch's labelled tokens
-        total = torch.tensor([loss_sum], dtype=torch.float64, device=self.flat_grad.device)
+        # the loss: every rank's sum of token losses over the batch's labelled tokens (in 3D, the last
+        # stage's, the same on its tp ranks: counted by tp rank 0)
+        counts = self.par is None or (self.par.last and self.par.tp_rank == 0)
+        # the gradient norm: in 3D every part once (hdp rank 0), replicated norm gains on tp rank 0
+        sq = 0.0
+        if self.par is not None:
+            if self.par.hdp_rank == 0:
+                g2 = self.flat_grad.double().pow(2)
+                if self.par.tp_rank != 0:
+                    g2 = g2[~self.model.replicated().to(g2.device)]
+                sq = float(g2.sum())
+        total = torch.tensor([loss_sum if counts else 0.0, sq], dtype=torch.float64, device=self.flat_grad.device)
         if self.world > 1:
             dist.all_reduce(total)
-        loss = float(total.item()) / max(1, plan.labelled)
-        norm = math.sqrt(float(self.flat_grad.double().pow(2).sum()))
+        loss = float(total[0].item()) / max(1, plan.labelled)
+        if self.par is not None:
+            norm = math.sqrt(float(total[1].item()))
+        else:
+            norm = math.sqrt(float(self.flat_grad.double().pow(2).sum()))
         scale = 1.0 if self.clip <= 0 or norm <= self.clip else self.clip / norm
         lr = lr_schedule(self.step_count, self.lr, self.min_lr, self.warmup, self.schedule_steps)
         result = StepResult(loss=loss, grad_norm=norm, clip_scale=scale, lr=lr, seconds=0.0, compute=compute,

@@ -28,8 +28,9 @@ u = 2: heads 0-2 use K/V heads 0, 0, 1), its K/V are widened to one per query he
 and the widened gradients folded back.
 
 All messages are point-to-point on the DEFAULT process group (gloo has no list all_to_all in torch
-1.13, and NCCL's own all_to_all is the same grouped send/receive), so no process group is made per
-item; the plan's global order keeps them deadlock-free as it does rings (docs/torch.md).
+1.13, and NCCL's own all_to_all is the same grouped send/receive), or on a 3D Layout's hdp group
+(`Ulysses(group=)`), so no process group is made per item; the plan's global order keeps them
+deadlock-free as it does rings (docs/torch.md).
 """
 
 from __future__ import annotations
@@ -82,9 +83,12 @@ class Ulysses:
     rows    D Rows (or (pos, seg) pairs): member m's rows, in the order it holds them
     u       Ulysses group size: D for an a2a item, 2 <= u < D dividing D for a hybrid
     stats   a RingStats where wait / bytes are accumulated (and the hybrid's ring blocks)
+    group   the process group the messages go on (None: the default group; `ranks` are the default
+            group's ranks either way)
     """
 
-    def __init__(self, ranks: Sequence[int], me: int, rows: Sequence, u: int, stats: Optional[RingStats] = None):
+    def __init__(self, ranks: Sequence[int], me: int, rows: Sequence, u: int, stats: Optional[RingStats] = None,
+                 group=None):
         self.ranks = [int(r) for r in ranks]
         D = len(self.ranks)
         if D < 2 or len(set(self.ranks)) != D:
@@ -97,6 +101,7 @@ class Ulysses:
         self.u, self.r = u, D // u
         self.g, self.j = divmod(me, u)
         self.stats = stats if stats is not None else RingStats()
+        self.pg = group
         self.group = self.ranks[self.g * u:(self.g + 1) * u]  # global ranks of this member's group
         self.n = [rows[self.g * u + i].n for i in range(u)]  # rows each member of the group holds
         # every group's rows in (segment, position) order: the ring (hybrid) masks any group's block
@@ -106,7 +111,7 @@ class Ulysses:
         self.ring = None
         if self.r > 1:
             self.ring = Ring([self.ranks[gg * u + self.j] for gg in range(self.r)], self.g,
-                             [gr for gr, _ in groups], self.stats)
+                             [gr for gr, _ in groups], self.stats, group)
 
     def __repr__(self):
         return f"Ulysses(ranks={self.ranks}, u={self.u}, r={self.r}, group={self.g}, member={self.j})"
@@ -130,9 +135,9 @@ class Ulysses:
                 continue
             got[i] = parts[i].new_empty(sizes[i])
             if sizes[i] > 0:
-                ops.append(dist.P2POp(dist.irecv, got[i], self.group[i], tag=tag))
+                ops.append(dist.P2POp(dist.irecv, got[i], self.group[i], self.pg, tag=tag))
             if parts[i].numel() > 0:
-                ops.append(dist.P2POp(dist.isend, parts[i], self.group[i], tag=tag))
+                ops.append(dist.P2POp(dist.isend, parts[i], self.group[i], self.pg, tag=tag))
                 self.stats.bytes_sent += parts[i].numel() * parts[i].element_size()
         t0 = time.perf_counter()
         for w in _exchange(ops):
