@@ -32,7 +32,7 @@ def plan():
 
 @pytest.fixture(scope="module")
 def mbs():
-    out = bt.microbatches(plan(), 0, source())
+    out = bt.microbatches(plan(), 0, source(), check=False)  # one process looks at rank 0's share of 4
     assert [len(m.tokens) for m in out] == [80, 81, 81, 41]
     assert out[1].ring is not None and out[2].ulysses is not None and out[3].ulysses.r == 2
     return out
