@@ -1,5 +1,5 @@
 // profile_act.c: activation bytes, the cost model's act_token, act_const, act_shared_token and
-// act_shared_const (profile.h, docs/profile.md). Not timed: read from the engine's own accounting
+// act_shared_const (profile.h, docs/profile.md "Memory"). Not timed: read from the engine's own accounting
 // (llama_activation_bytes, llama_resident_bytes), so the planner's capacity is the engine's.
 #include <math.h>
 

@@ -1,5 +1,5 @@
 // profile_head.c: the embedding, output head and loss, the cost model's head_token and head_const
-// (profile.h, docs/profile.md). Nothing is timed here: the head is what the layer measurement's
+// (profile.h, docs/profile.md "The head"). Nothing is timed here: the head is what the layer measurement's
 // smaller model took beyond its layers (profile_layer.c), so it is fitted right after the layer.
 #include <math.h>
 

@@ -1,5 +1,5 @@
 // profile_layer.c: one layer's compute time T(s), the cost model's attn_pair, lin_token and
-// layer_const (profile.h, docs/profile.md "Compute: T(s)").
+// layer_const (profile.h, docs/profile.md "Compute: T(s) of one layer").
 //
 // Measured on the engine itself: llama_forward_backward on one causal sequence of s tokens, with two
 // layer counts A < B, so (B - A) layers' time is the difference and the embedding, head and loss

@@ -1,5 +1,5 @@
 // profile_link.c: the link between two ranks at ring-block sizes, the cost model's ring_bw,
-// ring_lat, ring_bw_intra and ring_lat_intra (profile.h, docs/profile.md). One process measures
+// ring_lat, ring_bw_intra and ring_lat_intra (profile.h, docs/profile.md "Links"). One process measures
 // nothing here: those fields stay the `cpu` profile's.
 #include <math.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 // profile_tier.c: the offload tier's write and read bandwidth, the cost model's offload_bw
-// (profile.h, docs/profile.md).
+// (profile.h, docs/profile.md "The offload tier").
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
