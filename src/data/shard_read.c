@@ -19,6 +19,14 @@
 #include "bytescale/shard.h"
 #include "data/format.h"
 
+// (shard.h) Here, not beside the writer: a reader checks every file's width, and the writer builds on
+// the reader (it reads the index it appends beside), so the two never need each other.
+uint32_t token_width(uint32_t vocab) {
+    if (vocab <= 256) return 1;
+    if (vocab <= 65536) return 2;
+    return 4;
+}
+
 // ---- the index -------------------------------------------------------------------------------
 
 // Split path into the index file and its directory: a directory means <dir>/index.bin.

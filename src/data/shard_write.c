@@ -1,5 +1,7 @@
 // shard_write.c: write token shards and the document index (layout in docs/data-format.md), beside
 // the dataset already in the directory, then switch to the new one by renaming its index into place.
+// It reads what is there with shard_read.c (the index it appends beside, the token width), never
+// the other way round.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,12 +18,6 @@
 #include "data/format.h"
 
 enum { CONVERT_TOKENS = 1 << 18 };  // ids converted to file bytes per write
-
-uint32_t token_width(uint32_t vocab) {
-    if (vocab <= 256) return 1;
-    if (vocab <= 65536) return 2;
-    return 4;
-}
 
 static void join_path(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
 

@@ -208,7 +208,8 @@ int tokenizer_open_gpt2(Tokenizer **out, const char *ranks_path) {
     if (rc == 0) rc = build_table(t, ranks_path);
     if (rc == 0) rc = compile_pattern(t);
     if (rc != 0) {
-        tokenizer_free(t);
+        tokenizer_gpt2_free(t);  // not tokenizer_free: that is tokenizer.c's, which calls this file
+        free(t);
         return -1;
     }
     t->vocab = t->n_ranks + 1;

@@ -1,32 +1,10 @@
-// tokenizer.c: the token array, the byte tokenizer, and the calls that dispatch to the byte or
-// GPT-2 tokenizer (tok_bpe.c).
+// tokenizer.c: the byte tokenizer, and the calls that dispatch to the byte or GPT-2 tokenizer
+// (tok_bpe.c). The token array both append to is tokens.c.
 #include <stdlib.h>
 #include <string.h>
 
 #include "bytescale/error.h"
 #include "data/tok_internal.h"
-
-int tokens_reserve(Tokens *t, int64_t extra) {
-    if (t->n + extra <= t->cap) return 0;
-    int64_t cap = t->cap ? t->cap : 1024;
-    while (cap < t->n + extra) cap *= 2;
-    uint32_t *ids = bs_realloc(t->ids, (size_t)cap * sizeof *ids);
-    if (!ids) return -1;
-    t->ids = ids;
-    t->cap = cap;
-    return 0;
-}
-
-int tokens_push(Tokens *t, uint32_t id) {
-    if (t->n == t->cap && tokens_reserve(t, 1) != 0) return -1;
-    t->ids[t->n++] = id;
-    return 0;
-}
-
-void tokens_free(Tokens *t) {
-    free(t->ids);
-    memset(t, 0, sizeof *t);
-}
 
 int tokenizer_open(Tokenizer **out, const char *name, const char *ranks_path) {
     *out = NULL;

@@ -261,7 +261,8 @@ int profile_measure_ring(Profile *p, Comm *comm, Progress *pr, int64_t *done) {
     bench_free(&b);
     if (rc != 0) return bs_fail_ctx("measuring the ring step of model %s", c->model->name);
 
-    double x[PROFILE_MAX_RING], y[PROFILE_MAX_RING], step, rate;
+    // zeroed past n: the fit reads only n points, but gcc cannot always see that across files
+    double x[PROFILE_MAX_RING] = {0}, y[PROFILE_MAX_RING] = {0}, step, rate;
     for (int i = 0; i < n; i++) x[i] = p->ring[i].pairs, y[i] = p->ring[i].measured;
     if (profile_fit_ring_step(x, y, n, &step, &rate) != 0) return -1;
     p->cm.attn_step = step, p->ring_rate = rate;

@@ -80,8 +80,6 @@ int train_config_check(const TrainConfig *c) {
     return 0;
 }
 
-int train_plans_offload(const TrainConfig *c) { return !tier_is(c, "off"); }
-
 // ---- making a trainer ---------------------------------------------------------------------------------
 
 // A test aid: BS_OFFLOAD_FAIL=write:N or read:N puts a failing tier around the real one, so the
@@ -469,23 +467,6 @@ void trainer_free(Trainer *t) {
 }
 
 // ---- the data -------------------------------------------------------------------------------------------
-
-int64_t train_count_targets(const DocIndex *ix, const GlobalBatch *b) {
-    int64_t n = 0;
-    for (int64_t i = 0; i < b->n; i++) {
-        const Sequence *s = &b->seqs[i];
-        if (s->id < 0 || s->id >= ix->n_docs)
-            return bs_fail("batch sequence %lld: document %lld out of range [0, %lld)", (long long)i, (long long)s->id,
-                           (long long)ix->n_docs);
-        const DocEntry *d = &ix->docs[s->id];
-        if (s->len < 1 || s->src < d->start || s->src + s->len > d->start + d->len)
-            return bs_fail("batch sequence %lld: tokens [%lld, %lld) are not inside document %lld [%lld, %lld)",
-                           (long long)i, (long long)s->src, (long long)(s->src + s->len), (long long)s->id,
-                           (long long)d->start, (long long)(d->start + d->len));
-        n += s->len - 1 + (s->src + s->len < d->start + d->len);
-    }
-    return n;
-}
 
 static uint32_t crc_u64(uint32_t crc, uint64_t x) {
     uint8_t b[8];

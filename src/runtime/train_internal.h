@@ -3,10 +3,13 @@
 #ifndef BYTESCALE_TRAIN_INTERNAL_H
 #define BYTESCALE_TRAIN_INTERNAL_H
 
+#include <string.h>
+
 #include "bytescale/train.h"
 
-// Whether the run's plans may offload (--offload-tier other than off).
-int train_plans_offload(const TrainConfig *c);
+// Whether the run's plans may offload (--offload-tier other than off). Here, not in train.c: the
+// planning in train_prefetch.c asks it too, and train_prefetch.c must not need train.c.
+static inline int train_plans_offload(const TrainConfig *c) { return strcmp(c->offload_tier, "off") != 0; }
 // Rank 0: plan batch b with the run's policy for all ranks, validate it and pack it into t->wire.
 int train_plan_batch(Trainer *t, const GlobalBatch *b);
 // Rank 0's plan (t->wire) to every rank, unpacked into slot `slot` (t->plans, with the batch's

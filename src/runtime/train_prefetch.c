@@ -26,6 +26,25 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+// (train.h) Here, beside the planning that puts it in the broadcast: train.c counts a plan made
+// elsewhere with it too, and uses this file, never the other way round.
+int64_t train_count_targets(const DocIndex *ix, const GlobalBatch *b) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < b->n; i++) {
+        const Sequence *s = &b->seqs[i];
+        if (s->id < 0 || s->id >= ix->n_docs)
+            return bs_fail("batch sequence %lld: document %lld out of range [0, %lld)", (long long)i, (long long)s->id,
+                           (long long)ix->n_docs);
+        const DocEntry *d = &ix->docs[s->id];
+        if (s->len < 1 || s->src < d->start || s->src + s->len > d->start + d->len)
+            return bs_fail("batch sequence %lld: tokens [%lld, %lld) are not inside document %lld [%lld, %lld)",
+                           (long long)i, (long long)s->src, (long long)(s->src + s->len), (long long)s->id,
+                           (long long)d->start, (long long)(d->start + d->len));
+        n += s->len - 1 + (s->src + s->len < d->start + d->len);
+    }
+    return n;
+}
+
 int train_plan_batch(Trainer *t, const GlobalBatch *b) {
     PlanConfig pc = {.n_ranks = t->hdp,
                      .capacity = t->capacity,
