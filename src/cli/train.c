@@ -20,6 +20,8 @@
 #include "nn/blas_core.h"
 
 static void usage(FILE *f) {
+    char trains[256];  // from the table of policies (policy.c), the one list
+    policy_names(trains, sizeof trains, POLICY_TRAINS);
     TrainConfig d = train_defaults();
     fprintf(f,
             "usage: bytescale train [flags]\n"
@@ -36,11 +38,10 @@ static void usage(FILE *f) {
             "  --context N          longest sequence: longer documents are cut (default %lld)\n"
             "  --capacity N         C: most tokens one rank holds in a micro-batch; longer sequences train as\n"
             "                       rings over several ranks (default: the context, or what --mem-budget holds)\n"
-            "  --policy NAME        planner: static, naive, naive-eq3min, balance, elastic, megatron-hcp or\n"
-            "                       flexsp (all-to-all groups) (default %s); not wlb (its delay queue needs a\n"
-            "                       data pipeline that carries documents to the next step) nor blocks /\n"
-            "                       blocks-all (block dispatch, which the engine does not run): simulate\n"
-            "                       those (docs/peers.md)\n"
+            "  --policy NAME        one planner of those the engine runs:\n"
+            "                       %s (default %s); not wlb (its delay queue needs a data pipeline that\n"
+            "                       carries documents to the next step) nor blocks / blocks-all (block\n"
+            "                       dispatch, which the engine does not run): plan or simulate those\n"
             "  --lr X               peak learning rate, in (0, 1] (default %g)\n"
             "  --min-lr X           final learning rate of the cosine decay (default: lr / 10)\n"
             "  --warmup N           linear warmup steps (default %lld)\n"
@@ -100,7 +101,7 @@ static void usage(FILE *f) {
             "OPENBLAS_NUM_THREADS=1 for bit-exact resumes, BS_QUIET=1 to hide the progress line.\n"
             "Exit status: 0 done, 1 a failure (files, data, the run; under mpirun the failing rank ends the job),\n"
             "2 a usage error (bad or conflicting flags, a layout the job's processes do not make).\n",
-            d.model, (long long)d.tokens, (long long)d.context, d.policy, d.lr, (long long)d.warmup, d.weight_decay,
+            d.model, (long long)d.tokens, (long long)d.context, trains, d.policy, d.lr, (long long)d.warmup, d.weight_decay,
             d.clip, (unsigned long long)d.seed, d.data, (long long)d.steps, d.ckpt_keep);
 }
 
@@ -173,6 +174,10 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_CONTEXT: return arg_int64(flag, v, &c->context);
     case OPT_CAPACITY: return arg_int64(flag, v, &c->capacity);
     case OPT_POLICY:
+        if (strchr(v, ',') || !strcmp(v, "all") || !strcmp(v, "own") || !strcmp(v, "peers"))
+            return bs_fail("--policy %s: a training job runs one policy; lists and the words own, peers and all "
+                           "are for plan and simulate, which compare policies",
+                           v);
         if (!strcmp(v, "blocks") || !strcmp(v, "blocks-all"))  // plans the engine cannot run (docs/peers.md)
             return bs_fail("--policy %s: its block items (blocks owned one by one, K/V fetched from their owners) do "
                            "not run in the engine, which runs packs, rings, all-to-all and hybrid items; plan or simulate it instead",
