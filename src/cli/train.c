@@ -280,22 +280,27 @@ static void fmt_time(char *buf, size_t cap, double s) {
 }
 
 // The refusal of a context above the capacity where no ring can form (fewer than 2 HDP ranks),
-// naming the flags given: --capacity and --context if given, the default context otherwise.
-static const char *context_refusal(const TrainConfig *c, int context_given) {
-    static char msg[512];
-    char ctx[64];
-    if (context_given) snprintf(ctx, sizeof ctx, "--context %lld", (long long)c->context);
+// naming where the two came from: the flags given, the default context, or the checkpoint resumed
+// (whose settings a resumed run keeps, so only more ranks help there).
+static const char *context_refusal(const TrainConfig *c, int context_given, const char *resume) {
+    static char msg[768];
+    char ctx[64], cap[64];
+    if (resume) snprintf(ctx, sizeof ctx, "the checkpoint's context %lld", (long long)c->context);
+    else if (context_given) snprintf(ctx, sizeof ctx, "--context %lld", (long long)c->context);
     else snprintf(ctx, sizeof ctx, "the context %lld (the default)", (long long)c->context);
+    if (resume) snprintf(cap, sizeof cap, "its capacity %lld", (long long)c->capacity);
+    else snprintf(cap, sizeof cap, "--capacity %lld", (long long)c->capacity);
     snprintf(msg, sizeof msg,
-             "%s exceeds --capacity %lld: a sequence that long trains as a ring over >= 2 HDP ranks, and %s has "
-             "one (run mpirun -np N with more ranks), or raise --capacity to the context",
-             ctx, (long long)c->capacity, c->tp * c->pp > 1 ? "this job" : "one process");
+             "%s exceeds %s: a sequence that long trains as a ring over >= 2 HDP ranks, and %s has one (run "
+             "mpirun -np N with more ranks)%s",
+             ctx, cap, c->tp * c->pp > 1 ? "this job" : "one process",
+             resume ? " (a resumed run keeps its checkpoint's settings)" : ", or raise --capacity to the context");
     return msg;
 }
 
 // The job's layout against the flags, once the number of training processes n is known: the refusals
 // are the command line's (exit 2) and name only the flags in play.
-static int check_layout(const TrainConfig *c, int n, int context_given) {
+static int check_layout(const TrainConfig *c, int n, int context_given, const char *resume) {
     int tp = c->tp > 1 ? c->tp : 1, pp = c->pp > 1 ? c->pp : 1;
     char lay[64];
     cli_layout_flags(lay, sizeof lay, tp, pp);
@@ -313,7 +318,7 @@ static int check_layout(const TrainConfig *c, int n, int context_given) {
     int hdp = n / (tp * pp);
     // offloading may let one rank hold it: the trainer decides that with the cost model (exit 1)
     if (c->capacity && c->context > c->capacity && hdp < 2 && strcmp(c->offload_tier, "off") == 0)
-        return bs_fail("%s", context_refusal(c, context_given));
+        return bs_fail("%s", context_refusal(c, context_given, resume));
     return 0;
 }
 
@@ -411,7 +416,7 @@ int cmd_train(int argc, char **argv) {
         }
     }
     int lead = comm->rank == 0;
-    if (check_layout(&cfg, comm->size, GIVEN(OPT_CONTEXT) != NULL) != 0)
+    if (check_layout(&cfg, comm->size, GIVEN(OPT_CONTEXT) != NULL, resume) != 0)
         cli_rank_usage(comm, "train", bs_errmsg());
 
     Trainer *t = malloc(sizeof *t);  // large, and it must not move: not on the stack
