@@ -42,11 +42,23 @@ typedef struct {
     const char *name;
     const char *summary;
     PolicyFn fn;
+    int peer;    // 1: a peer's scheduler (docs/peers.md); 0: bytescale's own
+    int trains;  // 1: `bytescale train` runs its plans (0: wlb's delay queue, the block peers' dispatch)
 } Policy;
 
 int policy_count(void);
 const Policy *policy_at(int i);
 const Policy *policy_find(const char *name);  // NULL + error listing the names
+
+// The one vocabulary of policy lists (plan, simulate; docs/planner.md "Policy names"): a comma list of
+// names and of the words `own` (bytescale's own policies), `peers` (the peers' schedulers) and `all`
+// (both), in any mix; each policy once, in the order first named. Fills names[0 .. *n) with the
+// table's names (at most max); -1 + an error naming the unknown word and the known ones.
+int policy_expand(const char *list, const char **names, int max, int *n);
+// The table's names of one group as "a, b, c": POLICY_OWN, POLICY_PEERS, POLICY_ALL or POLICY_TRAINS
+// (what `train` runs). Returns buf.
+enum { POLICY_OWN = 1, POLICY_PEERS = 2, POLICY_ALL = 3, POLICY_TRAINS = 4 };
+const char *policy_names(char *buf, size_t size, int group);
 
 // Run a policy and validate the result: the one entry point the CLI, simulator and runtime use.
 int policy_plan(Plan *out, const char *name, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);

@@ -267,8 +267,9 @@ def plan(lengths: SequenceOf[int], *, ranks: int = 512, capacity: int = 8192, po
               each >= 1; sequence k has id k
     ranks     HDP ranks (each a tp x pp group of devices), 1 to 2^20
     capacity  C: tokens one rank holds in a micro-batch without offloading, 1 to 2^24
-    policy    one of bytescale.policies(): static, naive, naive-eq3min, balance, elastic, and the peers'
-              megatron-hcp, wlb, flexsp (docs/peers.md)
+    policy    one of bytescale.policies() (bytescale's own and the peers', docs/peers.md; the default
+              elastic is bytescale's best); one plan per call, so not a list nor the words own, peers,
+              all of `bytescale plan`: compare policies with a loop over bytescale.policies()
     offload   allow selective offloading (naive, balance, elastic)
     context   longest sequence, >= 1: longer ones are cut into context-long pieces that keep their id
               (None: nothing is cut; the static mesh then sizes its rings for the longest sequence)
@@ -282,6 +283,9 @@ def plan(lengths: SequenceOf[int], *, ranks: int = 512, capacity: int = 8192, po
     an argument of the wrong type.
     """
     a = _lengths(lengths)
+    if isinstance(policy, str) and ("," in policy or policy in ("own", "peers", "all")):
+        raise Error(f"policy: {policy!r}: bytescale.plan makes one plan; lists and the words own, peers and all "
+                    f"are `bytescale plan`'s comparison table: loop over bytescale.policies() instead")
     if not isinstance(offload, (bool, np.bool_)):
         raise TypeError(f"offload must be True or False, got {type(offload).__name__}")
     ranks, capacity, pp = _lib.integer(ranks, "ranks"), _lib.integer(capacity, "capacity"), _lib.integer(pp, "pp")

@@ -25,6 +25,9 @@ def raises(fragment, fn, *args, **kwargs):
 def test_library_messages_become_exceptions():
     msg = raises("unknown policy 'bogus'", bytescale.plan, LENGTHS, policy="bogus", **OK)
     assert "balance" in msg  # the message lists the policies
+    # the comparison words of `bytescale plan` are refused with the reason, not as unknown names
+    for word in ("all", "own", "peers", "balance,elastic"):
+        raises(f"policy: '{word}': bytescale.plan makes one plan", bytescale.plan, LENGTHS, policy=word, **OK)
     raises("ranks: 0 is out of range [1, 1048576]", bytescale.plan, LENGTHS, **{**OK, "ranks": 0})
     raises("ranks: 2000000 is out of range", bytescale.plan, LENGTHS, **{**OK, "ranks": 2000000})
     raises("capacity: 0 is out of range [1, 16777216]", bytescale.plan, LENGTHS, **{**OK, "capacity": 0})

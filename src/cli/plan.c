@@ -21,6 +21,8 @@
 // Defaults: the paper's case study (docs/architecture.md, "The paper: evaluation setup"): LLaMA-7B,
 // 1,024 GPUs, 2M context, the Byted dataset, 32M tokens; TP 2 gives 512 HDP ranks of C = 8K tokens
 // each (the baseline's d_cp = 256).
+enum { MAX_POLICIES = 16 };  // one comparison table: every policy of the table (policy.c) fits
+
 typedef struct {
     int32_t ranks, tp, pp;
     int64_t gpus;  // --gpus, 0 when not given: the ranks are then --ranks
@@ -32,6 +34,9 @@ typedef struct {
 } PlanArgs;
 
 static void usage(FILE *f) {
+    char own[256], peers[256];  // from the table of policies (policy.c), the one list
+    policy_names(own, sizeof own, POLICY_OWN);
+    policy_names(peers, sizeof peers, POLICY_PEERS);
     fprintf(f,
             "usage: bytescale plan [flags]\n"
             "\n"
@@ -59,11 +64,10 @@ static void usage(FILE *f) {
             "  --tp N               tensor-parallel degree inside a rank (default 2)\n"
             "  --pp N               pipeline stages per rank (default 1; > 1 plans with PP-Balance)\n"
             "policy:\n"
-            "  --policy NAME        static, naive, naive-eq3min, balance, elastic (balance with rings widened\n"
-            "                       past ceil(s/C) where ranks would idle), the peers' schedulers\n"
-            "                       megatron-hcp, wlb, flexsp, blocks, blocks-all (docs/peers.md), or all for a\n"
-            "                       comparison table\n"
-            "                       (default elastic: bytescale's best, README)\n"
+            "  --policy LIST        one policy, or several for a comparison table, comma-separated: bytescale's\n"
+            "                       own (%s),\n"
+            "                       the peers' schedulers (%s; docs/peers.md),\n"
+            "                       or the words own, peers, all (default elastic: bytescale's best, README)\n"
             "  --block-size B       blocks, blocks-all: tokens per block (default MagiAttention's: a micro-batch's\n"
             "                       tokens / (8 x its group's ranks); a larger B is capped to that)\n"
             "  --offload            allow selective offloading (default)\n"
@@ -71,7 +75,8 @@ static void usage(FILE *f) {
             "output:\n"
             "  --out FILE           write the plan as JSON (docs/plan-format.md); needs a single policy\n"
             "  --json               print a machine-readable summary instead of the table\n"
-            "  -h, --help           this text\n");
+            "  -h, --help           this text\n",
+            own, peers);
 }
 
 enum { OPT_RANKS = 256, OPT_GPUS, OPT_CAPACITY, OPT_CONTEXT, OPT_MODEL, OPT_HARDWARE, OPT_COST, OPT_TP, OPT_PP,
@@ -184,9 +189,11 @@ static int parse_args(int argc, char **argv, PlanArgs *a) {
             return bs_fail("--%s has no effect with %s (%s); leave it out", name, ignored[i].mode, ignored[i].why);
         }
     }
-    if (strcmp(a->policy, "all") != 0 && !policy_find(a->policy)) return -1;
+    const char *names[MAX_POLICIES];
+    int n;
+    if (policy_expand(a->policy, names, MAX_POLICIES, &n) != 0) return bs_fail_ctx("--policy");
     if (!a->cost && !model_find(a->model)) return bs_fail_ctx("--model");  // a name, not a file: usage
-    if (a->out && !strcmp(a->policy, "all")) return bs_fail("--out writes one plan: pick one --policy, not all");
+    if (a->out && n > 1) return bs_fail("--out writes one plan: '%s' names %d policies, pick one", a->policy, n);
     return 0;
 }
 
@@ -362,13 +369,13 @@ int cmd_plan(int argc, char **argv) {
     fflush(stdout);  // the batch line comes before any planning error
     PlanConfig cfg = {.n_ranks = a.ranks, .capacity = a.capacity, .context = a.context, .pp = a.pp,
                       .offload = a.offload, .block_size = a.block_size};
-    int all = !strcmp(a.policy, "all");
-    Result rs[16];
-    int n = all ? policy_count() : 1;
-    if (n > (int)(sizeof rs / sizeof rs[0]))
-        cli_die("plan", "--policy all compares at most %zu policies", sizeof rs / sizeof rs[0]);
+    const char *names[MAX_POLICIES];
+    int n;
+    if (policy_expand(a.policy, names, MAX_POLICIES, &n) != 0) cli_die("plan", "--policy: %s", bs_errmsg());
+    int all = n > 1;  // a comparison table
+    Result rs[MAX_POLICIES];
     for (int i = 0; i < n; i++) {
-        rs[i].policy = all ? policy_at(i)->name : a.policy;
+        rs[i].policy = names[i];
         double t0 = now_seconds();
         if (policy_plan(&rs[i].plan, rs[i].policy, &b, &cfg, &cm) != 0) cli_die("plan", "%s", bs_errmsg());
         rs[i].seconds = now_seconds() - t0;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytescale/policy.h"
 #include "bytescale/error.h"
 #include "bytescale/json.h"
 #include "bytescale/model.h"
@@ -17,6 +18,9 @@
 enum { MAX_VARIANTS = SIM_SEEDS_MAX_VARIANTS };
 
 static void usage(FILE *f) {
+    char own[256], peers[256];  // from the table of policies (policy.c), the one list
+    policy_names(own, sizeof own, POLICY_OWN);
+    policy_names(peers, sizeof peers, POLICY_PEERS);
     fprintf(f,
             "usage: bytescale simulate [flags]\n"
             "\n"
@@ -47,11 +51,10 @@ static void usage(FILE *f) {
             "                      are the steps of one run: under the table each policy's run tokens/s, its\n"
             "                      per-rank breakdown (busy max/mean, exposed comm, wait, the longest item)\n"
             "                      and the share of the run its first and flushing steps take\n"
-            "  --policy LIST       comma-separated: static, naive-nooff (sharding + dynamic comm), naive\n"
-            "                      (+ offloading), balance (+ balance scheduler), elastic (+ rings wider than\n"
-            "                      ceil(s/C) where ranks would idle), any planner (the peers: megatron-hcp,\n"
-            "                      wlb, flexsp, blocks, blocks-all, docs/peers.md), or all (default: the\n"
-            "                      five above)\n"
+            "  --policy LIST       comma-separated, the words of `bytescale plan`: bytescale's own\n"
+            "                      (%s), the peers' schedulers\n"
+            "                      (%s; docs/peers.md), own, peers, all;\n"
+            "                      here own is also naive-nooff (naive without offloading). Default: own\n"
             "  --block-size B      blocks, blocks-all: tokens per block (default MagiAttention's: a micro-batch's\n"
             "                      tokens / (8 x its group's ranks); a larger B is capped to that)\n"
             "  --plan FILE         simulate this plan file (docs/plan-format.md) instead of planning; the\n"
@@ -69,7 +72,7 @@ static void usage(FILE *f) {
             "  --trace-ranks N     ranks a trace shows, evenly spaced (default 64)\n"
             "  --sweep KIND        contexts (256K, 512K, 1M, 2M) or gpus (x 1/4, 1/2, 1, 2): a table per\n"
             "                      point, <out>/<scenario>-<kind>.csv and a plot (.png, .svg, .gp)\n"
-            "  --grid              the whole paper grid, every policy: <out>/paper-grid.md, .csv, .png, .svg\n"
+            "  --grid              the whole paper grid, each --policy: <out>/paper-grid.md, .csv, .png, .svg\n"
             "  --cells K/N         with --grid: only part K of N (the cells K-1, K-1+N, ... in `--scenario list`\n"
             "                      order), so N processes run the grid side by side; each cell's numbers are\n"
             "                      the whole grid's (scripts/peers_table.py reads several CSVs)\n"
@@ -85,7 +88,8 @@ static void usage(FILE *f) {
             "and no --hardware). A step that does not fit is a warning on stderr, an error with --strict.\n"
             "\n"
             "Exit status: 0 done, 1 a run failed or, with --strict, did not fit in memory (message on\n"
-            "stderr), 2 bad flags. BS_QUIET=1 hides the progress line of sweeps and the grid.\n");
+            "stderr), 2 bad flags. BS_QUIET=1 hides the progress line of sweeps and the grid.\n",
+            own, peers);
 }
 
 static int bad_usage(const char *fmt, const char *arg) { return cli_usage_error("simulate", fmt, arg); }
@@ -108,19 +112,36 @@ static void list_scenarios(void) {
     }
 }
 
-// "static,balance" or "all" -> variants
+// One variant into out, once (by label).
+static int add_variant(const SimVariant *v, SimVariant *out, int *n) {
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(out[i].label, v->label)) return 0;
+    if (*n == MAX_VARIANTS) return bs_fail("--policy: at most %d policies", MAX_VARIANTS);
+    out[(*n)++] = *v;
+    return 0;
+}
+
+// The policy vocabulary of `bytescale plan` (policy_expand), where the word own is the simulator's
+// variants of bytescale's own (naive-nooff among them): "static,balance", "own,flexsp", "all" ->
+// variants, each once, in the order named.
 static int parse_policies(const char *list, SimVariant *out, int *n) {
     *n = 0;
-    if (!strcmp(list, "all")) {
-        for (int i = 0; i < sim_variant_count(); i++) out[(*n)++] = *sim_variant_at(i);
-        return 0;
-    }
     char buf[512];
-    snprintf(buf, sizeof buf, "%s", list);
+    if (snprintf(buf, sizeof buf, "%s", list) >= (int)sizeof buf) return bs_fail("--policy: the list is too long");
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*n == MAX_VARIANTS) return bs_fail("--policy: at most %d policies", MAX_VARIANTS);
-        if (sim_variant_find(tok, &out[*n]) != 0) return bs_fail_ctx("--policy");
-        (*n)++;
+        int own = !strcmp(tok, "own") || !strcmp(tok, "all"), peers = !strcmp(tok, "peers") || !strcmp(tok, "all");
+        for (int i = 0; own && i < sim_variant_count(); i++)
+            if (add_variant(sim_variant_at(i), out, n) != 0) return -1;
+        const char *names[MAX_VARIANTS];
+        int k = 0;
+        if (peers && policy_expand("peers", names, MAX_VARIANTS, &k) != 0) return bs_fail_ctx("--policy");
+        for (int i = 0; i < k; i++) {
+            SimVariant v;
+            if (sim_variant_find(names[i], &v) != 0 || add_variant(&v, out, n) != 0) return bs_fail_ctx("--policy");
+        }
+        if (own || peers) continue;
+        SimVariant v;
+        if (sim_variant_find(tok, &v) != 0 || add_variant(&v, out, n) != 0) return bs_fail_ctx("--policy");
     }
     if (*n == 0) return bs_fail("--policy: no policy in '%s'", list);
     return 0;
@@ -538,7 +559,7 @@ static int simulate_scenario(const Flags *fl, const Scenario *sc, const SimVaria
 int cmd_simulate(int argc, char **argv) {
     Flags fl;
     memset(&fl, 0, sizeof fl);
-    fl.policy = "all";
+    fl.policy = "own";
     fl.seed = 1;
     fl.seeds = SIM_SEEDS_DEFAULT;
     fl.trace_ranks = 64;

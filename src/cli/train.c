@@ -20,6 +20,8 @@
 #include "nn/blas_core.h"
 
 static void usage(FILE *f) {
+    char trains[256];  // from the table of policies (policy.c), the one list
+    policy_names(trains, sizeof trains, POLICY_TRAINS);
     TrainConfig d = train_defaults();
     fprintf(f,
             "usage: bytescale train [flags]\n"
@@ -36,11 +38,10 @@ static void usage(FILE *f) {
             "  --context N          longest sequence: longer documents are cut (default %lld)\n"
             "  --capacity N         C: most tokens one rank holds in a micro-batch; longer sequences train as\n"
             "                       rings over several ranks (default: the context, or what --mem-budget holds)\n"
-            "  --policy NAME        planner: static, naive, naive-eq3min, balance, elastic, megatron-hcp or\n"
-            "                       flexsp (all-to-all groups) (default %s); not wlb (its delay queue needs a\n"
-            "                       data pipeline that carries documents to the next step) nor blocks /\n"
-            "                       blocks-all (block dispatch, which the engine does not run): simulate\n"
-            "                       those (docs/peers.md)\n"
+            "  --policy NAME        one planner of those the engine runs:\n"
+            "                       %s (default %s); not wlb (its delay queue needs a data pipeline that\n"
+            "                       carries documents to the next step) nor blocks / blocks-all (block\n"
+            "                       dispatch, which the engine does not run): plan or simulate those\n"
             "  --lr X               peak learning rate, in (0, 1] (default %g)\n"
             "  --min-lr X           final learning rate of the cosine decay (default: lr / 10)\n"
             "  --warmup N           linear warmup steps (default %lld)\n"
@@ -100,7 +101,7 @@ static void usage(FILE *f) {
             "OPENBLAS_NUM_THREADS=1 for bit-exact resumes, BS_QUIET=1 to hide the progress line.\n"
             "Exit status: 0 done, 1 a failure (files, data, the run; under mpirun the failing rank ends the job),\n"
             "2 a usage error (bad or conflicting flags, a layout the job's processes do not make).\n",
-            d.model, (long long)d.tokens, (long long)d.context, d.policy, d.lr, (long long)d.warmup, d.weight_decay,
+            d.model, (long long)d.tokens, (long long)d.context, trains, d.policy, d.lr, (long long)d.warmup, d.weight_decay,
             d.clip, (unsigned long long)d.seed, d.data, (long long)d.steps, d.ckpt_keep);
 }
 
@@ -173,6 +174,10 @@ static int apply(TrainConfig *c, int opt, const char *v) {
     case OPT_CONTEXT: return arg_int64(flag, v, &c->context);
     case OPT_CAPACITY: return arg_int64(flag, v, &c->capacity);
     case OPT_POLICY:
+        if (strchr(v, ',') || !strcmp(v, "all") || !strcmp(v, "own") || !strcmp(v, "peers"))
+            return bs_fail("--policy %s: a training job runs one policy; lists and the words own, peers and all "
+                           "are for plan and simulate, which compare policies",
+                           v);
         if (!strcmp(v, "blocks") || !strcmp(v, "blocks-all"))  // plans the engine cannot run (docs/peers.md)
             return bs_fail("--policy %s: its block items (blocks owned one by one, K/V fetched from their owners) do "
                            "not run in the engine, which runs packs, rings, all-to-all and hybrid items; plan or simulate it instead",
@@ -275,22 +280,27 @@ static void fmt_time(char *buf, size_t cap, double s) {
 }
 
 // The refusal of a context above the capacity where no ring can form (fewer than 2 HDP ranks),
-// naming the flags given: --capacity and --context if given, the default context otherwise.
-static const char *context_refusal(const TrainConfig *c, int context_given) {
-    static char msg[512];
-    char ctx[64];
-    if (context_given) snprintf(ctx, sizeof ctx, "--context %lld", (long long)c->context);
+// naming where the two came from: the flags given, the default context, or the checkpoint resumed
+// (whose settings a resumed run keeps, so only more ranks help there).
+static const char *context_refusal(const TrainConfig *c, int context_given, const char *resume) {
+    static char msg[768];
+    char ctx[64], cap[64];
+    if (resume) snprintf(ctx, sizeof ctx, "the checkpoint's context %lld", (long long)c->context);
+    else if (context_given) snprintf(ctx, sizeof ctx, "--context %lld", (long long)c->context);
     else snprintf(ctx, sizeof ctx, "the context %lld (the default)", (long long)c->context);
+    if (resume) snprintf(cap, sizeof cap, "its capacity %lld", (long long)c->capacity);
+    else snprintf(cap, sizeof cap, "--capacity %lld", (long long)c->capacity);
     snprintf(msg, sizeof msg,
-             "%s exceeds --capacity %lld: a sequence that long trains as a ring over >= 2 HDP ranks, and %s has "
-             "one (run mpirun -np N with more ranks), or raise --capacity to the context",
-             ctx, (long long)c->capacity, c->tp * c->pp > 1 ? "this job" : "one process");
+             "%s exceeds %s: a sequence that long trains as a ring over >= 2 HDP ranks, and %s has one (run "
+             "mpirun -np N with more ranks)%s",
+             ctx, cap, c->tp * c->pp > 1 ? "this job" : "one process",
+             resume ? " (a resumed run keeps its checkpoint's settings)" : ", or raise --capacity to the context");
     return msg;
 }
 
 // The job's layout against the flags, once the number of training processes n is known: the refusals
 // are the command line's (exit 2) and name only the flags in play.
-static int check_layout(const TrainConfig *c, int n, int context_given) {
+static int check_layout(const TrainConfig *c, int n, int context_given, const char *resume) {
     int tp = c->tp > 1 ? c->tp : 1, pp = c->pp > 1 ? c->pp : 1;
     char lay[64];
     cli_layout_flags(lay, sizeof lay, tp, pp);
@@ -308,7 +318,7 @@ static int check_layout(const TrainConfig *c, int n, int context_given) {
     int hdp = n / (tp * pp);
     // offloading may let one rank hold it: the trainer decides that with the cost model (exit 1)
     if (c->capacity && c->context > c->capacity && hdp < 2 && strcmp(c->offload_tier, "off") == 0)
-        return bs_fail("%s", context_refusal(c, context_given));
+        return bs_fail("%s", context_refusal(c, context_given, resume));
     return 0;
 }
 
@@ -406,7 +416,7 @@ int cmd_train(int argc, char **argv) {
         }
     }
     int lead = comm->rank == 0;
-    if (check_layout(&cfg, comm->size, GIVEN(OPT_CONTEXT) != NULL) != 0)
+    if (check_layout(&cfg, comm->size, GIVEN(OPT_CONTEXT) != NULL, resume) != 0)
         cli_rank_usage(comm, "train", bs_errmsg());
 
     Trainer *t = malloc(sizeof *t);  // large, and it must not move: not on the stack

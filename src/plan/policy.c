@@ -2,6 +2,7 @@
 #include "bytescale/policy.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "bytescale/error.h"
@@ -9,33 +10,33 @@
 
 static const Policy policies[] = {
     {"static", "Megatron-style static DP x CP mesh: d_cp fixed by the context, packed micro-batches on CP rings",
-     policy_static},
+     policy_static, 0, 1},
     {"naive", "ByteScale Algorithm 1 as deployed: rings of Eq. 3's fewest to ceil(s/C) ranks, whichever finishes "
               "first (offloading only where that is no later), best-fit packs, tokens balanced",
-     policy_naive},
+     policy_naive, 0, 1},
     {"naive-eq3min", "Algorithm 1 read literally: every long sequence on Eq. 3's fewest ranks (offloading), "
                      "best-fit packs, tokens balanced",
-     policy_naive_eq3min},
+     policy_naive_eq3min, 0, 1},
     {"balance", "ByteScale Algorithm 2: as naive, but assigned by estimated time (DP-Balance; PP-Balance when pp > 1)",
-     policy_balance},
-    {"elastic", "bytescale's own: balance, then rings widened past ceil(s/C) (up to all ranks) where a ring sets the "
-                "step and ranks would idle; never longer than balance",
-     policy_elastic},
+     policy_balance, 0, 1},
+    {"elastic", "bytescale's own and the default: balance, then rings widened past ceil(s/C) (up to all ranks) where "
+                "a ring sets the step and ranks would idle, each item's kind (ring, all-to-all group, hybrid) chosen "
+                "at its width, the widths chosen by replay under pipelines; never longer than balance",
+     policy_elastic, 0, 1},
     // the peers, as published (docs/peers.md)
     {"megatron-hcp", "Megatron-LM's hybrid DP x CP: power-of-two CP groups balanced by s^2/cp, in waves separated by "
                      "barriers",
-     policy_megatron_hcp},
+     policy_megatron_hcp, 1, 1},
     {"wlb", "WLB-LLM: static DP x CP mesh, micro-batches packed by attention-aware work, outlier documents delayed, "
             "per-document CP sharding",
-     policy_wlb},
+     policy_wlb, 1, 0},
     {"flexsp", "FlexSP: heterogeneous power-of-two Ulysses (all-to-all) groups, at most the heads of a TP shard "
-               "(rings beyond), sized by a MILP (GLPK); simulate "
-               "only, the engine runs no all-to-all",
-     policy_flexsp},
+               "(rings beyond), sized by a MILP (GLPK)",
+     policy_flexsp, 1, 1},
     {"blocks", "MagiAttention / FCP: sequences cut into blocks of B tokens, min-heap dispatched by causal area over "
                "each CP group of the static mesh's d_cp ranks, K/V blocks fetched from their owners; simulate only",
-     policy_blocks},
-    {"blocks-all", "blocks with all ranks as one CP group; simulate only", policy_blocks_all},
+     policy_blocks, 1, 0},
+    {"blocks-all", "blocks with all ranks as one CP group; simulate only", policy_blocks_all, 1, 0},
 };
 enum { N_POLICIES = sizeof policies / sizeof policies[0] };
 
@@ -43,16 +44,59 @@ int policy_count(void) { return N_POLICIES; }
 
 const Policy *policy_at(int i) { return i >= 0 && i < N_POLICIES ? &policies[i] : NULL; }
 
+static int in_group(const Policy *p, int group) {
+    if (group == POLICY_TRAINS) return p->trains;
+    return (group & (p->peer ? POLICY_PEERS : POLICY_OWN)) != 0;
+}
+
+const char *policy_names(char *buf, size_t size, int group) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < N_POLICIES && used < size; i++)
+        if (in_group(&policies[i], group))
+            used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? ", " : "", policies[i].name);
+    return buf;
+}
+
 const Policy *policy_find(const char *name) {
     for (int i = 0; i < N_POLICIES; i++)
         if (name && !strcmp(name, policies[i].name)) return &policies[i];
-    char names[256] = "";
-    for (int i = 0; i < N_POLICIES; i++) {
-        strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
-        strncat(names, policies[i].name, sizeof names - strlen(names) - 1);
-    }
-    bs_fail("unknown policy '%s' (policies: %s)", name ? name : "(null)", names);
+    char names[256];
+    bs_fail("unknown policy '%s' (policies: %s)", name ? name : "(null)", policy_names(names, sizeof names, POLICY_ALL));
     return NULL;
+}
+
+// Adds the table's policies of `group` (or the one named) to names, each once.
+static int add_policy(const Policy *p, const char **names, int max, int *n) {
+    for (int i = 0; i < *n; i++)
+        if (names[i] == p->name) return 0;
+    if (*n == max) return bs_fail("at most %d policies in one list", max);
+    names[(*n)++] = p->name;
+    return 0;
+}
+
+int policy_expand(const char *list, const char **names, int max, int *n) {
+    *n = 0;
+    char buf[512];
+    if (!list || snprintf(buf, sizeof buf, "%s", list) >= (int)sizeof buf) return bs_fail("policy list too long");
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        int group = !strcmp(w, "all")     ? POLICY_ALL
+                    : !strcmp(w, "own")   ? POLICY_OWN
+                    : !strcmp(w, "peers") ? POLICY_PEERS
+                                          : 0;
+        for (int i = 0; group && i < N_POLICIES; i++)
+            if (in_group(&policies[i], group) && add_policy(&policies[i], names, max, n) != 0) return -1;
+        if (group) continue;
+        const Policy *p = policy_find(w);
+        if (!p) {
+            char known[256];
+            return bs_fail("unknown policy '%s' in '%s' (policies: %s; or own, peers, all)", w, list,
+                           policy_names(known, sizeof known, POLICY_ALL));
+        }
+        if (add_policy(p, names, max, n) != 0) return -1;
+    }
+    if (*n == 0) return bs_fail("no policy in '%s'", list);
+    return 0;
 }
 
 static int check_config(const PlanConfig *cfg, const CostModel *cm) {

@@ -13,6 +13,7 @@
 #include "bytescale/hw.h"
 #include "bytescale/model.h"
 #include "bytescale/plan.h"
+#include "bytescale/policy.h"
 
 static char out[1 << 16];
 
@@ -120,6 +121,26 @@ static void test_all_policies_json(void **state) {
     cJSON_Delete(root);
 }
 
+// The vocabulary (policy_expand): `all` combines with names, each policy once; the help lists the table.
+static void test_policy_lists(void **state) {
+    (void)state;
+    int rc = run("--ranks 32 --tokens 1M --context 256K --policy all,megatron-hcp,balance --json --no-offload");
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    cJSON *root = cJSON_Parse(out);
+    assert_non_null(root);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "plans")), policy_count());
+    cJSON_Delete(root);
+    rc = run("--ranks 32 --tokens 1M --context 256K --policy peers,elastic --no-offload");
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, out);
+    for (int i = 0; i < policy_count(); i++)  // a row per named policy, and none other
+        assert_true((strstr(out, policy_at(i)->name) != NULL) ==
+                    (policy_at(i)->peer || !strcmp(policy_at(i)->name, "elastic")));
+    char own[256], peers[256];
+    assert_int_equal(run("--help"), 0);
+    assert_non_null(strstr(out, policy_names(own, sizeof own, POLICY_OWN)));
+    assert_non_null(strstr(out, policy_names(peers, sizeof peers, POLICY_PEERS)));
+}
+
 static void test_lengths_and_cost_file(void **state) {
     (void)state;
     const char *dir = test_tmpdir("cli_plan_files");
@@ -165,7 +186,8 @@ static void test_bad_flags_and_files(void **state) {
     expect_fail(args, "lengths.txt:2");
     snprintf(args, sizeof args, "--cost %s", bad_cost);
     expect_fail(args, "cost.json");
-    expect_fail("--policy all --out x.json", "--out writes one plan");
+    expect_fail("--policy all --out x.json", "--out writes one plan: 'all' names 10 policies, pick one");
+    expect_fail("--policy balance,bogus", "--policy: unknown policy 'bogus' in 'balance,bogus'");
     // --gpus counts whole TP x PP groups, and says so when it cannot
     assert_int_equal(run("--gpus 100 --tp 8"), 2);
     assert_non_null(strstr(out, "--gpus 100 is not a multiple of --tp 8"));
@@ -277,6 +299,7 @@ int main(void) {
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_writes_a_valid_plan),
         cmocka_unit_test(test_all_policies_json),
+        cmocka_unit_test(test_policy_lists),
         cmocka_unit_test(test_block_size),
         cmocka_unit_test(test_lengths_and_cost_file),
         cmocka_unit_test(test_bad_flags_and_files),

@@ -105,6 +105,13 @@ static void test_two_ranks_metrics_trace_resume_on_three(void **state) {
     rc = mpi_run(3, "", "train " COMMON " --steps 6 --metrics " DIR "/b.jsonl --resume " DIR "/ck/ckpt-000004.bin");
     if (rc != 0) fail_msg("resume on 3 ranks: exit %d: %s", rc, cli_err);
     assert_non_null(strstr(cli_out, "3 ranks"));
+    // and on one process, which cannot form its rings: refused by the command line (exit 2), naming
+    // the checkpoint's context and capacity (the resumed run keeps them, so only more ranks help)
+    rc = mpi_run(0, "", "train --steps 6 --resume " DIR "/ck/ckpt-000004.bin");
+    assert_int_equal(rc, 2);
+    if (!strstr(cli_err, "the checkpoint's context 512 exceeds its capacity 256") ||
+        !strstr(cli_err, "a resumed run keeps its checkpoint's settings"))
+        fail_msg("resume on one process: %s", cli_err);
 }
 
 static void test_resumed_on_three_continues(void **state) {

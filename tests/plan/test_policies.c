@@ -372,6 +372,53 @@ static void check_common(const Plan *p, const CostModel *cm) {
     for (int32_t r = 0; r < p->n_ranks; r++) assert_true(p->makespan >= p->rank_busy[r] * (1 - 1e-12));
 }
 
+// ---- the vocabulary of policy lists ----------------------------------------------------------------------
+
+// policy_expand over a list: its names joined by "," ("" on an error, whose message must hold `want`).
+static const char *expand(const char *list, const char *want) {
+    static char buf[512];
+    const char *names[16];
+    int n = -1;
+    buf[0] = '\0';
+    if (policy_expand(list, names, 16, &n) != 0) {
+        if (!want || !strstr(bs_errmsg(), want)) fail_msg("'%s': \"%s\" does not say \"%s\"", list, bs_errmsg(), want);
+        return buf;
+    }
+    for (int i = 0; i < n; i++) snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? "," : "", names[i]);
+    return buf;
+}
+
+static void test_policy_vocabulary(void **state) {
+    (void)state;
+    char own[256], peers[256], all[256], trains[256];
+    policy_names(own, sizeof own, POLICY_OWN);
+    policy_names(peers, sizeof peers, POLICY_PEERS);
+    policy_names(all, sizeof all, POLICY_ALL);
+    policy_names(trains, sizeof trains, POLICY_TRAINS);
+    assert_string_equal(own, "static, naive, naive-eq3min, balance, elastic");
+    assert_string_equal(peers, "megatron-hcp, wlb, flexsp, blocks, blocks-all");
+    assert_string_equal(trains, "static, naive, naive-eq3min, balance, elastic, megatron-hcp, flexsp");
+    // every policy is in exactly one of own and peers, and all is both, in the table's order
+    int n_own = 0, n_peers = 0;
+    for (int i = 0; i < policy_count(); i++) policy_at(i)->peer ? n_peers++ : n_own++;
+    assert_int_equal(n_own + n_peers, policy_count());
+    char joined[512];
+    snprintf(joined, sizeof joined, "%s, %s", own, peers);
+    assert_string_equal(all, joined);
+    // lists: names and words mix, each policy once, in the order first named
+    assert_string_equal(expand("balance", NULL), "balance");
+    assert_string_equal(expand("elastic,balance,elastic", NULL), "elastic,balance");
+    assert_string_equal(expand("own", NULL), "static,naive,naive-eq3min,balance,elastic");
+    assert_string_equal(expand("flexsp,own", NULL), "flexsp,static,naive,naive-eq3min,balance,elastic");
+    assert_string_equal(expand("all,megatron-hcp", NULL),
+                        "static,naive,naive-eq3min,balance,elastic,megatron-hcp,wlb,flexsp,blocks,blocks-all");
+    assert_string_equal(expand("peers,balance", NULL), "megatron-hcp,wlb,flexsp,blocks,blocks-all,balance");
+    // unknown words are named with the known ones; an empty list is refused
+    expand("balance,fancy", "unknown policy 'fancy' in 'balance,fancy' (policies: static,");
+    expand("balance,fancy", "; or own, peers, all)");
+    expand(",", "no policy in ','");
+}
+
 // ---- property test -----------------------------------------------------------------------------------------
 
 static void test_random_batches_all_policies(void **state) {
@@ -572,6 +619,7 @@ int main(void) {
         cmocka_unit_test(test_balance_beats_naive),
         cmocka_unit_test(test_balance_near_bound_at_paper_settings),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_policy_vocabulary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
