@@ -136,6 +136,7 @@ def main():
     over = [r for r in rows if r[0] > a.max]
     for n, f, line, name in rows if a.all else over:
         print(f"{n:5d} {f}:{line} {name}")
+    sys.stdout.flush()
     print(f"{len(over)} function(s) over {a.max} lines in {len(files)} file(s)", file=sys.stderr)
     return 1 if over else 0
 
