@@ -179,7 +179,8 @@ static int get_header(Header *h, In *in, size_t size) {
     }
     h->policy[sizeof h->policy - 1] = '\0';
     size_t rest = size - in->at;
-    uint64_t peer_bytes = h->peers ? (uint64_t)h->n_barriers * 4 + (uint64_t)h->n_delayed * 4 + (uint64_t)h->n_items : 0;
+    uint64_t peer_bytes =
+        h->peers ? (uint64_t)h->n_barriers * 4 + (uint64_t)h->n_delayed * 4 + (uint64_t)h->n_items : 0;
     if (h->blocks) peer_bytes += (uint64_t)h->n_segs * 4;
     if (h->hybrid) peer_bytes += (uint64_t)h->n_items * 4;
     if (h->n_seqs < 0 || h->n_items < 0 || h->n_segs < 0 || h->n_refs < 0 || h->n_barriers < 0 || h->n_delayed < 0 ||
