@@ -54,42 +54,89 @@ static int64_t tokens_flag(const char *flag, const char *v) {
     return x;
 }
 
-int main(int argc, char **argv) {
-    blas_core_reexec("bench_layout3d", argv);  // OpenBLAS's fastest kernels for this CPU (nn/blas_core.h)
+// The flags into the base configuration every layout starts from, and the measured steps; --help
+// prints the usage and exits.
+static void read_flags(int argc, char **argv, TrainConfig *base, int *steps) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: bench_layout3d [--quick] [--model NAME] [--tokens N] [--capacity N] [--steps N] [--data DIR]\n"
                    "                      [--cost FILE]\n"
                    "2 HDP ranks vs --tp 2 (all-reduces blocking, then overlapped) vs --pp 2 on the same batches\n"
                    "(defaults: tiny, 32K tokens, capacity 8K, 6 steps)\n");
-            return 0;
+            exit(0);
         }
     if (!comm_launched_by_mpi()) bench_relaunch_under_mpirun("bench_layout3d", "2", argc, argv);
-    TrainConfig base = train_defaults();
-    snprintf(base.model, sizeof base.model, "tiny");
-    snprintf(base.policy, sizeof base.policy, "balance");
-    base.tokens = 32 << 10;
-    base.context = base.capacity = 8 << 10;
-    base.quiet = 1;
-    int steps = 6;
+    *base = train_defaults();
+    snprintf(base->model, sizeof base->model, "tiny");
+    snprintf(base->policy, sizeof base->policy, "balance");
+    base->tokens = 32 << 10;
+    base->context = base->capacity = 8 << 10;
+    base->quiet = 1;
+    *steps = 6;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--quick")) {
-            base.tokens = 8 << 10, base.context = base.capacity = 2 << 10, steps = 2;
+            base->tokens = 8 << 10, base->context = base->capacity = 2 << 10, *steps = 2;
             continue;
         }
         if (!v) bs_die("unknown flag '%s', or it needs a value (--help: see the file's head)", a);
-        if (!strcmp(a, "--model")) snprintf(base.model, sizeof base.model, "%s", v);
-        else if (!strcmp(a, "--data")) snprintf(base.data, sizeof base.data, "%s", v);
-        else if (!strcmp(a, "--cost")) snprintf(base.cost, sizeof base.cost, "%s", v);
-        else if (!strcmp(a, "--tokens")) base.tokens = tokens_flag(a, v);
-        else if (!strcmp(a, "--capacity")) base.context = base.capacity = tokens_flag(a, v);
-        else if (!strcmp(a, "--steps")) steps = (int)tokens_flag(a, v);
+        if (!strcmp(a, "--model")) snprintf(base->model, sizeof base->model, "%s", v);
+        else if (!strcmp(a, "--data")) snprintf(base->data, sizeof base->data, "%s", v);
+        else if (!strcmp(a, "--cost")) snprintf(base->cost, sizeof base->cost, "%s", v);
+        else if (!strcmp(a, "--tokens")) base->tokens = tokens_flag(a, v);
+        else if (!strcmp(a, "--capacity")) base->context = base->capacity = tokens_flag(a, v);
+        else if (!strcmp(a, "--steps")) *steps = (int)tokens_flag(a, v);
         else bs_die("unknown flag '%s'", a);
         i++;
     }
-    if (steps > MAX_STEPS) steps = MAX_STEPS;
-    base.steps = steps + 1;
+    if (*steps > MAX_STEPS) *steps = MAX_STEPS;
+    base->steps = *steps + 1;
+}
+
+// Measured step i of one layout: its throughput, the tp all-reduces and stage waits averaged over
+// the ranks, the planner's bubble and step estimate, the least core share.
+static void record_step(Rec *x, int i, const Trainer *t, const StepStats *st) {
+    const Plan *p = &t->plans[t->step % 2];
+    double tp = 0, tp_total = 0, wait = 0, core = 1;
+    for (int r = 0; r < st->n_ranks; r++) {
+        tp += st->ranks[r].tp_seconds / st->n_ranks;
+        tp_total += st->ranks[r].tp_total_seconds / st->n_ranks;
+        wait += st->ranks[r].p2p_wait / st->n_ranks;
+        core = fmin(core, st->ranks[r].core_share);
+    }
+    x->tps[i] = st->tokens_per_s;
+    x->tp_share[i] = tp / st->seconds;
+    x->tp_exposed[i] = tp;
+    x->tp_total[i] = tp_total;
+    x->bubble[i] = wait / st->seconds;
+    x->bubble_pred[i] = p->makespan > 0 ? 1 - p->rank_busy[0] / p->makespan : 0;
+    x->est[i] = st->est_seconds / st->seconds;
+    x->core[i] = core;
+}
+
+// The table: every layout's medians over the measured steps (bench_median sorts them in place).
+static void print_table(Rec *rec, const TrainConfig *base, int steps) {
+    printf("layouts on 2 ranks (model %s, %lld tokens/step, capacity %lld, balance; medians of %d steps)\n\n",
+           base->model, (long long)base->tokens, (long long)base->capacity, steps);
+    printf("| layout | tokens/s | vs hdp 2 | tp all-reduce exposed share | exposed ms/step | total ms/step | stage "
+           "wait (bubble) | planned bubble | planned / measured step | least core share |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    double ref = bench_median(rec[0].tps, steps);
+    for (int l = 0; l < N_LAYOUTS; l++) {
+        Rec *x = &rec[l];
+        double tps = bench_median(x->tps, steps);
+        printf("| %s | %.0f | %.2fx | %.1f%% | %.0f | %.0f | %.1f%% | %.1f%% | %.2f | %.2f |\n", LAYOUTS[l].name, tps,
+               tps / ref, 100 * bench_median(x->tp_share, steps), 1e3 * bench_median(x->tp_exposed, steps),
+               1e3 * bench_median(x->tp_total, steps), 100 * bench_median(x->bubble, steps),
+               100 * bench_median(x->bubble_pred, steps), bench_median(x->est, steps), bench_median(x->core, steps));
+    }
+}
+
+int main(int argc, char **argv) {
+    blas_core_reexec("bench_layout3d", argv);  // OpenBLAS's fastest kernels for this CPU (nn/blas_core.h)
+    TrainConfig base;
+    int steps;
+    read_flags(argc, argv, &base, &steps);
     Comm *comm;
     if (comm_mpi_init(&comm, &argc, &argv) != 0) bs_die_errmsg();
     if (comm->size != 2) bs_die("bench_layout3d compares layouts of 2 processes: run it on 2 ranks");
@@ -118,44 +165,13 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_layout3d: %s step %d: %s\n", LAYOUTS[l].name, s + 1, bs_errmsg());
                 comm_abort(comm, 1);
             }
-            if (s == 0) continue;  // warm-up
-            const Plan *p = &t[l]->plans[t[l]->step % 2];
-            double tp = 0, tp_total = 0, wait = 0, core = 1;
-            for (int r = 0; r < st.n_ranks; r++) {
-                tp += st.ranks[r].tp_seconds / st.n_ranks;
-                tp_total += st.ranks[r].tp_total_seconds / st.n_ranks;
-                wait += st.ranks[r].p2p_wait / st.n_ranks;
-                core = fmin(core, st.ranks[r].core_share);
-            }
-            Rec *x = &rec[l];
-            x->tps[s - 1] = st.tokens_per_s;
-            x->tp_share[s - 1] = tp / st.seconds;
-            x->tp_exposed[s - 1] = tp;
-            x->tp_total[s - 1] = tp_total;
-            x->bubble[s - 1] = wait / st.seconds;
-            x->bubble_pred[s - 1] = p->makespan > 0 ? 1 - p->rank_busy[0] / p->makespan : 0;
-            x->est[s - 1] = st.est_seconds / st.seconds;
-            x->core[s - 1] = core;
+            if (s > 0) record_step(&rec[l], s - 1, t[l], &st);  // step 0 is the warm-up
         }
         if (lead) fprintf(stderr, "  step %d of %d\r", s, steps);
     }
     if (lead) {
         fprintf(stderr, "\n");
-        printf("layouts on 2 ranks (model %s, %lld tokens/step, capacity %lld, balance; medians of %d steps)\n\n",
-               base.model, (long long)base.tokens, (long long)base.capacity, steps);
-        printf("| layout | tokens/s | vs hdp 2 | tp all-reduce exposed share | exposed ms/step | total ms/step | stage "
-               "wait (bubble) | planned bubble | planned / measured step | least core share |\n"
-               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        double ref = bench_median(rec[0].tps, steps);
-        for (int l = 0; l < N_LAYOUTS; l++) {
-            Rec *x = &rec[l];
-            double tps = bench_median(x->tps, steps);
-            printf("| %s | %.0f | %.2fx | %.1f%% | %.0f | %.0f | %.1f%% | %.1f%% | %.2f | %.2f |\n", LAYOUTS[l].name, tps,
-                   tps / ref, 100 * bench_median(x->tp_share, steps), 1e3 * bench_median(x->tp_exposed, steps),
-                   1e3 * bench_median(x->tp_total, steps), 100 * bench_median(x->bubble, steps),
-                   100 * bench_median(x->bubble_pred, steps), bench_median(x->est, steps),
-                   bench_median(x->core, steps));
-        }
+        print_table(rec, &base, steps);
     }
     for (int l = 0; l < N_LAYOUTS; l++) {
         trainer_free(t[l]);

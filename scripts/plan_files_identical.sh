@@ -4,6 +4,7 @@
 # compares them byte for byte (a change to the plan format must leave every existing plan as it was).
 set -eu
 old=$1 new=$2 dir=${3:-$(mktemp -d)}
+mkdir -p "$dir"
 policies="static naive naive-eq3min balance elastic megatron-hcp wlb flexsp blocks blocks-all"
 n=0 diff=0
 for pol in $policies; do

@@ -201,9 +201,32 @@ static int cells_flag(const char *a, int *part, int *parts) {
     return 0;
 }
 
+// The flags: getopt_long values from F_FIRST, so Flags.given is indexed by value - F_FIRST.
+enum { F_FIRST = 256, F_SCENARIO = F_FIRST, F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS,
+       F_SEED, F_SEEDS, F_POLICY, F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON,
+       F_STRICT, F_BLOCK, F_CELLS, F_HELP };
+static const struct option opts[] = {
+    {"scenario", required_argument, 0, F_SCENARIO}, {"model", required_argument, 0, F_MODEL},
+    {"hardware", required_argument, 0, F_HW},       {"gpus", required_argument, 0, F_GPUS},
+    {"ranks", required_argument, 0, F_RANKS},       {"tp", required_argument, 0, F_TP},
+    {"pp", required_argument, 0, F_PP},             {"capacity", required_argument, 0, F_CAP},
+    {"context", required_argument, 0, F_CTX},       {"dist", required_argument, 0, F_DIST},
+    {"block-size", required_argument, 0, F_BLOCK},
+    {"tokens", required_argument, 0, F_TOKENS},     {"seed", required_argument, 0, F_SEED},
+    {"seeds", required_argument, 0, F_SEEDS},
+    {"policy", required_argument, 0, F_POLICY},     {"plan", required_argument, 0, F_PLAN},
+    {"cost", required_argument, 0, F_COST},         {"trace", required_argument, 0, F_TRACE},
+    {"trace-ranks", required_argument, 0, F_TRACE_RANKS}, {"sweep", required_argument, 0, F_SWEEP},
+    {"grid", no_argument, 0, F_GRID},               {"out", required_argument, 0, F_OUT},
+    {"no-plot", no_argument, 0, F_NOPLOT},          {"json", no_argument, 0, F_JSON},
+    {"strict", no_argument, 0, F_STRICT},           {"help", no_argument, 0, F_HELP},
+    {"cells", required_argument, 0, F_CELLS},
+    {0, 0, 0, 0},
+};
+
 typedef struct {
     const char *scenario, *model, *hardware, *dist, *policy, *plan, *cost, *trace, *sweep, *out;
-    int gpus, ranks, tp, pp, trace_ranks, json, grid, no_plot, seeds, strict, part, parts;
+    int gpus, ranks, tp, pp, trace_ranks, json, grid, no_plot, seeds, strict, part, parts, help;
     int64_t capacity, context, tokens, seed, block_size;
     int set_gpus, set_ranks, set_tp, set_pp, set_capacity, set_context, set_tokens;
     unsigned char given[32];  // given[F_x - F_FIRST]: the flag was on the command line
@@ -556,35 +579,15 @@ static int simulate_scenario(const Flags *fl, const Scenario *sc, const SimVaria
     return simulate_seeds(fl, sc, v, n_v);
 }
 
-int cmd_simulate(int argc, char **argv) {
-    Flags fl;
-    memset(&fl, 0, sizeof fl);
-    fl.policy = "own";
-    fl.seed = 1;
-    fl.seeds = SIM_SEEDS_DEFAULT;
-    fl.trace_ranks = 64;
-    fl.part = fl.parts = 1;
-    enum { F_FIRST = 256, F_SCENARIO = F_FIRST, F_MODEL, F_HW, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS,
-           F_SEED, F_SEEDS, F_POLICY, F_PLAN, F_COST, F_TRACE, F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON,
-           F_STRICT, F_BLOCK, F_CELLS, F_HELP };
-    static const struct option opts[] = {
-        {"scenario", required_argument, 0, F_SCENARIO}, {"model", required_argument, 0, F_MODEL},
-        {"hardware", required_argument, 0, F_HW},       {"gpus", required_argument, 0, F_GPUS},
-        {"ranks", required_argument, 0, F_RANKS},       {"tp", required_argument, 0, F_TP},
-        {"pp", required_argument, 0, F_PP},             {"capacity", required_argument, 0, F_CAP},
-        {"context", required_argument, 0, F_CTX},       {"dist", required_argument, 0, F_DIST},
-        {"block-size", required_argument, 0, F_BLOCK},
-        {"tokens", required_argument, 0, F_TOKENS},     {"seed", required_argument, 0, F_SEED},
-        {"seeds", required_argument, 0, F_SEEDS},
-        {"policy", required_argument, 0, F_POLICY},     {"plan", required_argument, 0, F_PLAN},
-        {"cost", required_argument, 0, F_COST},         {"trace", required_argument, 0, F_TRACE},
-        {"trace-ranks", required_argument, 0, F_TRACE_RANKS}, {"sweep", required_argument, 0, F_SWEEP},
-        {"grid", no_argument, 0, F_GRID},               {"out", required_argument, 0, F_OUT},
-        {"no-plot", no_argument, 0, F_NOPLOT},          {"json", no_argument, 0, F_JSON},
-        {"strict", no_argument, 0, F_STRICT},           {"help", no_argument, 0, F_HELP},
-        {"cells", required_argument, 0, F_CELLS},
-        {0, 0, 0, 0},
-    };
+// argv into fl, from the defaults. 0 (fl->help: --help was given, nothing after it read), or the
+// usage error's exit status.
+static int read_flags(Flags *fl, int argc, char **argv) {
+    memset(fl, 0, sizeof *fl);
+    fl->policy = "own";
+    fl->seed = 1;
+    fl->seeds = SIM_SEEDS_DEFAULT;
+    fl->trace_ranks = 64;
+    fl->part = fl->parts = 1;
     opterr = 0;
     optind = 1;
     for (;;) {
@@ -592,36 +595,36 @@ int cmd_simulate(int argc, char **argv) {
         if (c == -1) break;
         const char *a = optarg;
         int bad = 0;
-        if (c >= F_FIRST && c - F_FIRST < (int)sizeof fl.given) fl.given[c - F_FIRST] = 1;
+        if (c >= F_FIRST && c - F_FIRST < (int)sizeof fl->given) fl->given[c - F_FIRST] = 1;
         switch (c) {
         case 'h':
-        case F_HELP: usage(stdout); return 0;
-        case F_SCENARIO: fl.scenario = a; break;
-        case F_MODEL: fl.model = a; break;
-        case F_HW: fl.hardware = a; break;
-        case F_GPUS: bad = int_flag("--gpus", a, &fl.gpus, CLUSTER_MAX_GPUS), fl.set_gpus = 1; break;
-        case F_RANKS: bad = int_flag("--ranks", a, &fl.ranks, CLUSTER_MAX_GPUS), fl.set_ranks = 1; break;
-        case F_TP: bad = int_flag("--tp", a, &fl.tp, CLUSTER_MAX_DEGREE), fl.set_tp = 1; break;
-        case F_PP: bad = int_flag("--pp", a, &fl.pp, CLUSTER_MAX_DEGREE), fl.set_pp = 1; break;
-        case F_CAP: bad = int64_flag("--capacity", a, &fl.capacity, 1, MAX_CAPACITY), fl.set_capacity = 1; break;
-        case F_BLOCK: bad = int64_flag("--block-size", a, &fl.block_size, 1, MAX_TOKENS); break;
-        case F_CTX: bad = int64_flag("--context", a, &fl.context, 1, MAX_TOKENS), fl.set_context = 1; break;
-        case F_DIST: fl.dist = a; break;
-        case F_TOKENS: bad = int64_flag("--tokens", a, &fl.tokens, 1, MAX_TOKENS), fl.set_tokens = 1; break;
-        case F_SEED: bad = int64_flag("--seed", a, &fl.seed, 0, INT64_MAX); break;
-        case F_SEEDS: bad = int_flag("--seeds", a, &fl.seeds, SIM_SEEDS_MAX); break;
-        case F_POLICY: fl.policy = a; break;
-        case F_PLAN: fl.plan = a; break;
-        case F_COST: fl.cost = a; break;
-        case F_TRACE: fl.trace = a; break;
-        case F_TRACE_RANKS: bad = int_flag("--trace-ranks", a, &fl.trace_ranks, MAX_TRACE_RANKS); break;
-        case F_SWEEP: fl.sweep = a; break;
-        case F_GRID: fl.grid = 1; break;
-        case F_OUT: fl.out = a; break;
-        case F_NOPLOT: fl.no_plot = 1; break;
-        case F_JSON: fl.json = 1; break;
-        case F_STRICT: fl.strict = 1; break;
-        case F_CELLS: bad = cells_flag(a, &fl.part, &fl.parts); break;
+        case F_HELP: fl->help = 1; return 0;
+        case F_SCENARIO: fl->scenario = a; break;
+        case F_MODEL: fl->model = a; break;
+        case F_HW: fl->hardware = a; break;
+        case F_GPUS: bad = int_flag("--gpus", a, &fl->gpus, CLUSTER_MAX_GPUS), fl->set_gpus = 1; break;
+        case F_RANKS: bad = int_flag("--ranks", a, &fl->ranks, CLUSTER_MAX_GPUS), fl->set_ranks = 1; break;
+        case F_TP: bad = int_flag("--tp", a, &fl->tp, CLUSTER_MAX_DEGREE), fl->set_tp = 1; break;
+        case F_PP: bad = int_flag("--pp", a, &fl->pp, CLUSTER_MAX_DEGREE), fl->set_pp = 1; break;
+        case F_CAP: bad = int64_flag("--capacity", a, &fl->capacity, 1, MAX_CAPACITY), fl->set_capacity = 1; break;
+        case F_BLOCK: bad = int64_flag("--block-size", a, &fl->block_size, 1, MAX_TOKENS); break;
+        case F_CTX: bad = int64_flag("--context", a, &fl->context, 1, MAX_TOKENS), fl->set_context = 1; break;
+        case F_DIST: fl->dist = a; break;
+        case F_TOKENS: bad = int64_flag("--tokens", a, &fl->tokens, 1, MAX_TOKENS), fl->set_tokens = 1; break;
+        case F_SEED: bad = int64_flag("--seed", a, &fl->seed, 0, INT64_MAX); break;
+        case F_SEEDS: bad = int_flag("--seeds", a, &fl->seeds, SIM_SEEDS_MAX); break;
+        case F_POLICY: fl->policy = a; break;
+        case F_PLAN: fl->plan = a; break;
+        case F_COST: fl->cost = a; break;
+        case F_TRACE: fl->trace = a; break;
+        case F_TRACE_RANKS: bad = int_flag("--trace-ranks", a, &fl->trace_ranks, MAX_TRACE_RANKS); break;
+        case F_SWEEP: fl->sweep = a; break;
+        case F_GRID: fl->grid = 1; break;
+        case F_OUT: fl->out = a; break;
+        case F_NOPLOT: fl->no_plot = 1; break;
+        case F_JSON: fl->json = 1; break;
+        case F_STRICT: fl->strict = 1; break;
+        case F_CELLS: bad = cells_flag(a, &fl->part, &fl->parts); break;
         case ':': return bad_usage("%s needs a value", argv[optind - 1]);
         default:
             if (cli_retired_flag(argv[optind - 1])) return bad_usage("%s", cli_retired_flag(argv[optind - 1]));
@@ -630,11 +633,17 @@ int cmd_simulate(int argc, char **argv) {
         if (bad) return bad_usage("%s", bs_errmsg());
     }
     if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-    if (fl.set_ranks && fl.set_gpus)
+    if (fl->set_ranks && fl->set_gpus)
         return bad_usage("give --ranks (HDP ranks) or --gpus (devices = ranks x tp x pp), not both%s", "");
-    // A flag the chosen mode would not use is an error, never silently dropped: each entry is a
-    // mode, the flags it ignores and why.
-    int list = fl.scenario && !strcmp(fl.scenario, "list");
+    return 0;
+}
+
+static int listing(const Flags *fl) { return fl->scenario && !strcmp(fl->scenario, "list"); }
+
+// A flag the chosen mode would not use is an error, never silently dropped: each entry is a mode,
+// the flags it ignores and why. 0, or the usage error's exit status.
+static int refuse_ignored_flags(const Flags *fl) {
+    int list = listing(fl);
     const struct {
         int on;
         const char *mode, *why;
@@ -645,24 +654,24 @@ int cmd_simulate(int argc, char **argv) {
           F_COST, F_TRACE, 0}},
         {list, "--scenario list", "it only lists the presets",
          {F_TRACE_RANKS, F_SWEEP, F_GRID, F_OUT, F_NOPLOT, F_JSON, F_SEEDS, F_STRICT, F_BLOCK, 0}},
-        {fl.plan != NULL, "--plan", "the plan file fixes the batch, the capacity and the schedule",
+        {fl->plan != NULL, "--plan", "the plan file fixes the batch, the capacity and the schedule",
          {F_CAP, F_CTX, F_DIST, F_TOKENS, F_SEED, F_SEEDS, F_POLICY, F_OUT, F_NOPLOT, F_BLOCK, 0}},
-        {fl.grid, "--grid",
+        {fl->grid, "--grid",
          "the grid runs the paper's presets (only --hardware, --policy, --seed and --seeds change it)",
          {F_SCENARIO, F_MODEL, F_GPUS, F_RANKS, F_TP, F_PP, F_CAP, F_CTX, F_DIST, F_TOKENS, F_TRACE_RANKS, F_BLOCK, 0}},
-        {fl.grid, "--grid", "the memory check is for single runs", {F_STRICT, 0}},
-        {fl.sweep && !strcmp(fl.sweep, "contexts"), "--sweep contexts", "the sweep sets the context of each point",
+        {fl->grid, "--grid", "the memory check is for single runs", {F_STRICT, 0}},
+        {fl->sweep && !strcmp(fl->sweep, "contexts"), "--sweep contexts", "the sweep sets the context of each point",
          {F_CTX, F_TRACE_RANKS, 0}},
-        {fl.sweep && !strcmp(fl.sweep, "gpus"), "--sweep gpus", "a sweep writes no trace", {F_TRACE_RANKS, 0}},
-        {fl.sweep != NULL, "--sweep", "the memory check is for single runs", {F_STRICT, 0}},
-        {!fl.grid && !fl.sweep, "a single run", "only sweeps and the grid write files there", {F_OUT, F_NOPLOT, 0}},
-        {!fl.grid, "a run without --grid", "only the grid has cells", {F_CELLS, 0}},
-        {!fl.trace, "a run without --trace", "it only applies to a trace", {F_TRACE_RANKS, 0}},
+        {fl->sweep && !strcmp(fl->sweep, "gpus"), "--sweep gpus", "a sweep writes no trace", {F_TRACE_RANKS, 0}},
+        {fl->sweep != NULL, "--sweep", "the memory check is for single runs", {F_STRICT, 0}},
+        {!fl->grid && !fl->sweep, "a single run", "only sweeps and the grid write files there", {F_OUT, F_NOPLOT, 0}},
+        {!fl->grid, "a run without --grid", "only the grid has cells", {F_CELLS, 0}},
+        {!fl->trace, "a run without --trace", "it only applies to a trace", {F_TRACE_RANKS, 0}},
     };
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
         if (!ignored[i].on) continue;
         for (const int *f = ignored[i].flags; *f; f++) {
-            if (!fl.given[*f - F_FIRST]) continue;
+            if (!fl->given[*f - F_FIRST]) continue;
             const char *name = "?";
             for (const struct option *o = opts; o->name; o++)
                 if (o->val == *f) name = o->name;
@@ -670,88 +679,115 @@ int cmd_simulate(int argc, char **argv) {
                                    ignored[i].why);
         }
     }
-    if (list) {
+    return 0;
+}
+
+// One mode at a time (a single run, --sweep, --grid or --plan), and the outputs each has. 0, or
+// the usage error's exit status.
+static int check_mode(const Flags *fl) {
+    if (fl->sweep && strcmp(fl->sweep, "contexts") != 0 && strcmp(fl->sweep, "gpus") != 0)
+        return bad_usage("--sweep: '%s' is not contexts or gpus", fl->sweep);
+    if ((fl->grid != 0) + (fl->sweep != NULL) + (fl->plan != NULL) > 1)  // name the two (or three) given
+        return cli_usage_error("simulate", "%s%s%s%s%s exclude each other: give one", fl->grid ? "--grid" : "",
+                               fl->grid && fl->sweep ? ", " : "", fl->sweep ? "--sweep" : "",
+                               (fl->grid || fl->sweep) && fl->plan ? " and " : "", fl->plan ? "--plan" : "");
+    if (fl->json && (fl->grid || fl->sweep))
+        return bad_usage("--json is for single runs (sweeps and the grid write CSV)%s", "");
+    if (fl->trace && (fl->grid || fl->sweep)) return bad_usage("--trace is for single runs%s", "");
+    if (fl->cost && (fl->grid || fl->sweep))
+        return bad_usage("--cost is for single runs (sweeps and the grid derive the cost model per point)%s", "");
+    return 0;
+}
+
+// The whole paper grid (or --cells' part of it), with the exact command for the top of paper-grid.md.
+static int run_grid(const Flags *fl, const SimVariant *v, int n_v, int argc, char **argv) {
+    char cmd[2048] = "./build/bytescale simulate";
+    for (int i = 1; i < argc; i++) {
+        size_t used = strlen(cmd);
+        snprintf(cmd + used, sizeof cmd - used, " %s", argv[i]);
+    }
+    const char *out = fl->out ? fl->out : "docs/results";
+    if (sim_grid_run(v, n_v, (uint64_t)fl->seed, fl->seeds, fl->hardware, fl->part, fl->parts, out, cmd, !fl->no_plot,
+                     stdout) != 0)
+        return fail();
+    return 0;
+}
+
+// The base scenario (--scenario, else the case study), then every flag given on top of it; a
+// changed preset is named "<preset>-custom" ("custom" without --scenario). 0, or the usage error's
+// exit status.
+static int build_scenario(Scenario *sc, const Flags *fl) {
+    if (scenario_find(fl->scenario ? fl->scenario : "7b-1024-byted-2m", sc) != 0) return bad_usage("%s", bs_errmsg());
+    int changed = 0;
+    // a value too long for its field would be cut silently into another name or path
+    if (set_text(sc->model, sizeof sc->model, "--model", fl->model, &changed) != 0 ||
+        set_text(sc->hardware, sizeof sc->hardware, "--hardware", fl->hardware, &changed) != 0 ||
+        set_text(sc->dataset, sizeof sc->dataset, "--dist", fl->dist, &changed) != 0)
+        return bad_usage("%s", bs_errmsg());
+    if (fl->model && !model_find(fl->model)) return cli_usage_error("simulate", "--model: %s", bs_errmsg());
+    if (fl->set_gpus) sc->gpus = fl->gpus, changed = 1;
+    if (fl->set_tp) sc->tp = fl->tp, changed = 1;
+    if (fl->set_pp) sc->pp = fl->pp, changed = 1;
+    // --ranks counts whole TP x PP groups: gpus = ranks x tp x pp with the final tp and pp (flags or the
+    // preset's), in 64 bits (2^22 x 2^10 x 2^10 fits). A plan file has its own pp: simulate_plan_file.
+    if (fl->set_ranks && !fl->plan) {
+        int64_t gpus = (int64_t)fl->ranks * sc->tp * sc->pp;
+        if (gpus > CLUSTER_MAX_GPUS) {
+            bs_fail("--ranks %d x tp %d x pp %d = %lld GPUs, more than the %d the simulator models", fl->ranks, sc->tp,
+                    sc->pp, (long long)gpus, CLUSTER_MAX_GPUS);
+            return bad_usage("%s", bs_errmsg());
+        }
+        sc->gpus = (int)gpus, changed = 1;
+    }
+    if (fl->set_capacity) sc->capacity = fl->capacity, changed = 1;
+    if (fl->set_context) sc->context = fl->context, changed = 1;
+    if (fl->block_size) sc->block_size = fl->block_size, changed = 1;
+    if (fl->set_tokens) sc->tokens = fl->tokens, changed = 1;
+    if (changed && fl->scenario) {
+        char name[48];
+        snprintf(name, sizeof name, "%s", sc->name);
+        snprintf(sc->name, sizeof sc->name, "%.40s-custom", name);  // a preset with changes
+    } else if (changed) {
+        snprintf(sc->name, sizeof sc->name, "custom");
+    }
+    if (!fl->plan && !fl->sweep && sc->tp > 0 && sc->pp > 0 && sc->gpus % (sc->tp * sc->pp) != 0) {
+        char lay[64], gpus[96];
+        if (fl->set_gpus || fl->set_ranks) snprintf(gpus, sizeof gpus, "--gpus %d", sc->gpus);
+        else snprintf(gpus, sizeof gpus, "scenario %s's %d GPUs", fl->scenario ? fl->scenario : sc->name, sc->gpus);
+        return cli_usage_error("simulate", "%s is not a multiple of %s", gpus,
+                               cli_layout_flags(lay, sizeof lay, sc->tp, sc->pp));
+    }
+    return 0;
+}
+
+static int run_sweep(const Flags *fl, const Scenario *sc, const SimVariant *v, int n_v) {
+    SimSweep kind = !strcmp(fl->sweep, "contexts") ? SIM_SWEEP_CONTEXTS : SIM_SWEEP_GPUS;
+    const char *out = fl->out ? fl->out : "sim-out";
+    if (sim_sweep_run(sc, kind, v, n_v, (uint64_t)fl->seed, fl->seeds, out, !fl->no_plot, stdout) != 0) return fail();
+    return 0;
+}
+
+int cmd_simulate(int argc, char **argv) {
+    Flags fl;
+    int rc = read_flags(&fl, argc, argv);
+    if (rc != 0) return rc;
+    if (fl.help) {
+        usage(stdout);
+        return 0;
+    }
+    if ((rc = refuse_ignored_flags(&fl)) != 0) return rc;
+    if (listing(&fl)) {
         list_scenarios();
         return 0;
     }
-    if (fl.sweep && strcmp(fl.sweep, "contexts") != 0 && strcmp(fl.sweep, "gpus") != 0)
-        return bad_usage("--sweep: '%s' is not contexts or gpus", fl.sweep);
-    if ((fl.grid != 0) + (fl.sweep != NULL) + (fl.plan != NULL) > 1)  // name the two (or three) given
-        return cli_usage_error("simulate", "%s%s%s%s%s exclude each other: give one", fl.grid ? "--grid" : "",
-                               fl.grid && fl.sweep ? ", " : "", fl.sweep ? "--sweep" : "",
-                               (fl.grid || fl.sweep) && fl.plan ? " and " : "", fl.plan ? "--plan" : "");
-    if (fl.json && (fl.grid || fl.sweep))
-        return bad_usage("--json is for single runs (sweeps and the grid write CSV)%s", "");
-    if (fl.trace && (fl.grid || fl.sweep)) return bad_usage("--trace is for single runs%s", "");
-    if (fl.cost && (fl.grid || fl.sweep))
-        return bad_usage("--cost is for single runs (sweeps and the grid derive the cost model per point)%s", "");
-
+    if ((rc = check_mode(&fl)) != 0) return rc;
     SimVariant v[MAX_VARIANTS];
     int n_v;
     if (parse_policies(fl.policy, v, &n_v) != 0) return bad_usage("%s", bs_errmsg());
-
-    if (fl.grid) {
-        // the exact command, for the top of paper-grid.md
-        char cmd[2048] = "./build/bytescale simulate";
-        for (int i = 1; i < argc; i++) {
-            size_t used = strlen(cmd);
-            snprintf(cmd + used, sizeof cmd - used, " %s", argv[i]);
-        }
-        const char *out = fl.out ? fl.out : "docs/results";
-        if (sim_grid_run(v, n_v, (uint64_t)fl.seed, fl.seeds, fl.hardware, fl.part, fl.parts, out, cmd, !fl.no_plot,
-                         stdout) != 0)
-            return fail();
-        return 0;
-    }
-
-    // the base scenario, then every flag given on top of it
+    if (fl.grid) return run_grid(&fl, v, n_v, argc, argv);
     Scenario sc;
-    if (scenario_find(fl.scenario ? fl.scenario : "7b-1024-byted-2m", &sc) != 0) return bad_usage("%s", bs_errmsg());
-    int changed = 0;
-    // a value too long for its field would be cut silently into another name or path
-    if (set_text(sc.model, sizeof sc.model, "--model", fl.model, &changed) != 0 ||
-        set_text(sc.hardware, sizeof sc.hardware, "--hardware", fl.hardware, &changed) != 0 ||
-        set_text(sc.dataset, sizeof sc.dataset, "--dist", fl.dist, &changed) != 0)
-        return bad_usage("%s", bs_errmsg());
-    if (fl.model && !model_find(fl.model)) return cli_usage_error("simulate", "--model: %s", bs_errmsg());
-    if (fl.set_gpus) sc.gpus = fl.gpus, changed = 1;
-    if (fl.set_tp) sc.tp = fl.tp, changed = 1;
-    if (fl.set_pp) sc.pp = fl.pp, changed = 1;
-    // --ranks counts whole TP x PP groups: gpus = ranks x tp x pp with the final tp and pp (flags or the
-    // preset's), in 64 bits (2^22 x 2^10 x 2^10 fits). A plan file has its own pp: simulate_plan_file.
-    if (fl.set_ranks && !fl.plan) {
-        int64_t gpus = (int64_t)fl.ranks * sc.tp * sc.pp;
-        if (gpus > CLUSTER_MAX_GPUS) {
-            bs_fail("--ranks %d x tp %d x pp %d = %lld GPUs, more than the %d the simulator models", fl.ranks, sc.tp,
-                    sc.pp, (long long)gpus, CLUSTER_MAX_GPUS);
-            return bad_usage("%s", bs_errmsg());
-        }
-        sc.gpus = (int)gpus, changed = 1;
-    }
-    if (fl.set_capacity) sc.capacity = fl.capacity, changed = 1;
-    if (fl.set_context) sc.context = fl.context, changed = 1;
-    if (fl.block_size) sc.block_size = fl.block_size, changed = 1;
-    if (fl.set_tokens) sc.tokens = fl.tokens, changed = 1;
-    if (changed && fl.scenario) {
-        char name[48];
-        snprintf(name, sizeof name, "%s", sc.name);
-        snprintf(sc.name, sizeof sc.name, "%.40s-custom", name);  // a preset with changes
-    } else if (changed) {
-        snprintf(sc.name, sizeof sc.name, "custom");
-    }
-    if (!fl.plan && !fl.sweep && sc.tp > 0 && sc.pp > 0 && sc.gpus % (sc.tp * sc.pp) != 0) {
-        char lay[64], gpus[96];
-        if (fl.set_gpus || fl.set_ranks) snprintf(gpus, sizeof gpus, "--gpus %d", sc.gpus);
-        else snprintf(gpus, sizeof gpus, "scenario %s's %d GPUs", fl.scenario ? fl.scenario : sc.name, sc.gpus);
-        return cli_usage_error("simulate", "%s is not a multiple of %s", gpus, cli_layout_flags(lay, sizeof lay, sc.tp,
-                                                                                              sc.pp));
-    }
+    if ((rc = build_scenario(&sc, &fl)) != 0) return rc;
     if (fl.plan) return simulate_plan_file(&fl, &sc);
-    if (fl.sweep) {
-        SimSweep kind = !strcmp(fl.sweep, "contexts") ? SIM_SWEEP_CONTEXTS : SIM_SWEEP_GPUS;
-        const char *out = fl.out ? fl.out : "sim-out";
-        if (sim_sweep_run(&sc, kind, v, n_v, (uint64_t)fl.seed, fl.seeds, out, !fl.no_plot, stdout) != 0) return fail();
-        return 0;
-    }
+    if (fl.sweep) return run_sweep(&fl, &sc, v, n_v);
     return simulate_scenario(&fl, &sc, v, n_v);
 }

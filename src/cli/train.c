@@ -333,6 +333,132 @@ _Noreturn static void die_at(const Trainer *t, Comm *comm, const char *msg) {
     cli_rank_die(comm, "train", buf);
 }
 
+#define GIVEN(opt) (given[(opt) - OPT_MODEL])
+
+// The run's settings: the defaults, or what the checkpoint --resume names was made with, then every
+// flag given (a resumed run may repeat a setting, not change it). 0, or the usage error's exit
+// status; a checkpoint that cannot be read ends the process (exit 1).
+static int read_config(TrainConfig *cfg, const char *const *given) {
+    const char *plot = GIVEN(OPT_PLOT), *resume = GIVEN(OPT_RESUME);
+    *cfg = train_defaults();
+    if (resume) {
+        if (train_read_config(resume, cfg) != 0) die(bs_errmsg());
+        // a resumed run writes its checkpoints where it was resumed from, unless told otherwise
+        char dir[TRAIN_PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", resume);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        else snprintf(dir, sizeof dir, ".");
+        if (!GIVEN(OPT_CKPT_DIR)) snprintf(cfg->ckpt_dir, sizeof cfg->ckpt_dir, "%s", dir);
+    } else if (GIVEN(OPT_LR) && !GIVEN(OPT_MIN_LR)) {
+        if (arg_double("--lr", GIVEN(OPT_LR), &cfg->lr) != 0) return bad_usage("%s", bs_errmsg());
+        cfg->min_lr = cfg->lr / 10;
+    }
+    for (int opt = OPT_MODEL; opt < OPT_END; opt++) {
+        const char *v = GIVEN(opt);
+        if (!v || opt == OPT_PLOT || opt == OPT_RESUME) continue;
+        int rc = resume && opt <= OPT_SEED ? same_setting(cfg, opt, v, resume) : apply(cfg, opt, v);
+        if (rc != 0) return bad_usage("%s", bs_errmsg());
+    }
+    if (plot && !cfg->metrics[0]) {
+        if (strlen(plot) + 7 > sizeof cfg->metrics) return bad_usage("--plot: '%s' is too long", plot);
+        snprintf(cfg->metrics, sizeof cfg->metrics, "%s.jsonl", plot);
+    }
+    if (train_config_check(cfg) != 0) return bad_usage("%s", bs_errmsg());
+    return 0;
+}
+
+// --plot PREFIX: the plotting script and gnuplot are found, and the pictures' paths checked, now
+// rather than after the run; the pictures replace only pictures, in a directory that takes them.
+// A failure ends the process (exit 1).
+static void check_plot(const char *plot, char *script, size_t cap) {
+    if (find_plot_script(script, cap) != 0) die(bs_errmsg());
+    if (!have_gnuplot())
+        die("--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or drop --plot");
+    char png[TRAIN_PATH_MAX + 8], svg[TRAIN_PATH_MAX + 8];
+    snprintf(png, sizeof png, "%s.png", plot);
+    snprintf(svg, sizeof svg, "%s.svg", plot);
+    if (train_check_output(png, "--plot", "\x89PNG") != 0 || train_check_output(svg, "--plot", "<?xml") != 0)
+        die(bs_errmsg());
+}
+
+// --servers N (0 when not given): data servers are ranks of an MPI job. 0, or the usage error's
+// exit status.
+static int read_servers(const char *const *given, int *n_servers) {
+    *n_servers = 0;
+    if (!GIVEN(OPT_SERVERS)) return 0;
+    if (arg_int("--servers", GIVEN(OPT_SERVERS), n_servers) != 0) return bad_usage("%s", bs_errmsg());
+    if (*n_servers < 1 || *n_servers > COMM_MAX_SERVERS)
+        return bad_usage("--servers %s: want 1 .. 64 data servers", GIVEN(OPT_SERVERS));
+    if (!comm_launched_by_mpi())
+        return bad_usage("--servers %s: data servers are ranks of an MPI job: run under mpirun with more ranks "
+                         "than servers",
+                         GIVEN(OPT_SERVERS));
+    return 0;
+}
+
+// Rank 0's account of the run before it starts: the model and data, the matmuls, the data servers,
+// the layout and stages, the schedule, offloading and the memory budget.
+static void print_setup(const Trainer *t, const TrainConfig *cfg, const CommRoles *roles, const char *resume) {
+    const DocIndex *ix = &t->data.index;
+    char share[96] = "";
+    if (t->par.tp * t->par.pp > 1)  // rank 0's shard: stage 0's layers, tp rank 0's share of them
+        snprintf(share, sizeof share, ", %.2fM on this process", (double)t->llama.n_params / 1e6);
+    printf("train: model %s (%.2fM parameters%s), data %s (%lld documents, %lld tokens)\n", t->model.name,
+           (double)model_params_total(&t->model) / 1e6, share, cfg->data, (long long)ix->n_docs,
+           (long long)ix->n_tokens);
+    char blas[256];
+    blas_core_describe(blas, sizeof blas);
+    printf("train: matmuls: %s per rank\n", blas);
+    if (t->roles) {
+        printf("train: %d data server%s (world rank%s", roles->n_servers, roles->n_servers > 1 ? "s" : "",
+               roles->n_servers > 1 ? "s" : "");
+        for (int i = 0; i < roles->n_servers && i < COMM_MAX_SERVERS; i++)
+            printf("%s %d", i ? "," : "", roles->servers[i]);
+        if (t->par.tp * t->par.pp == 1) printf("); this rank schedules, every rank fetches its own token ranges\n");
+        else printf("); this rank schedules; tp rank 0 of the first stage fetches its inputs and of the last stage "
+                    "its targets, for its tp group; middle stages fetch nothing\n");
+    }
+    if (t->n_ranks > 1) {
+        char line[512];
+        parallel_describe(&t->par, line, sizeof line);
+        printf("train: %s\n", line);
+        for (int s = 0; s < t->par.pp && t->par.pp > 1; s++)
+            printf("train: stage %d: layers %d..%d%s%s\n", s, t->par.stage_begin[s], t->par.stage_begin[s + 1] - 1,
+                   s == 0 ? " + embedding" : "", s == t->par.pp - 1 ? " + head + loss" : "");
+    }
+    printf("train: %d %srank%s, %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, "
+           "schedule %lld steps), steps %lld -> %lld%s%s\n",
+           t->hdp, t->par.tp * t->par.pp > 1 ? "HDP " : "", t->hdp > 1 ? "s" : "", (long long)cfg->tokens,
+           (long long)cfg->context, (long long)t->capacity, cfg->policy, cfg->lr, cfg->min_lr, (long long)cfg->warmup,
+           (long long)t->sched.total_steps, (long long)t->step, (long long)cfg->steps, resume ? ", resumed from " : "",
+           resume ? resume : "");
+    if (strcmp(cfg->offload_tier, "off") != 0)
+        printf("train: offloading: %s%s", t->offloader ? offloader_name(t->offloader) : "resident (no copies)",
+               cfg->mem_budget ? "" : "\n");
+    if (cfg->mem_budget)
+        printf("%sactivation budget %lld bytes per process%s\n",
+               strcmp(cfg->offload_tier, "off") != 0 ? ", " : "train: ", (long long)cfg->mem_budget,
+               cfg->pp > 1 ? " (shared by the micro-batches in flight on its stage)" : "");
+}
+
+// Rank 0's account of the run after it: the steps trained and the files written.
+static void print_summary(const Trainer *t, const TrainConfig *cfg, const TrainSummary *sum) {
+    int64_t done = sum->last_step - sum->first_step;
+    char took[32];
+    fmt_time(took, sizeof took, sum->seconds);
+    if (done > 0)
+        printf("trained steps %lld..%lld: loss %.4f -> %.4f (mean of the last %d: %.4f), %.0f tokens/s, %s\n",
+               (long long)sum->first_step + 1, (long long)sum->last_step, sum->first_loss, sum->last_loss,
+               done < TRAIN_RECENT_STEPS ? (int)done : TRAIN_RECENT_STEPS, sum->mean_last_loss,
+               sum->seconds > 0 ? (double)sum->tokens / sum->seconds : 0, took);
+    else
+        printf("nothing to do: %lld steps are already done (--steps %lld)\n", (long long)t->step,
+               (long long)cfg->steps);
+    if (cfg->metrics[0]) printf("metrics: %s\n", cfg->metrics);
+    if (sum->last_ckpt[0]) printf("checkpoint: %s\n", sum->last_ckpt);
+}
+
 int cmd_train(int argc, char **argv) {
     // a file-size limit (ulimit -f) then fails a write with EFBIG, which the offload tier and the
     // checkpoint writer report with the file named, instead of killing the process with SIGXFSZ
@@ -344,59 +470,13 @@ int cmd_train(int argc, char **argv) {
         return 0;
     }
     if (got != 0) return bad_usage("%s", bs_errmsg());
-#define GIVEN(opt) (given[(opt) - OPT_MODEL])
     const char *plot = GIVEN(OPT_PLOT), *resume = GIVEN(OPT_RESUME);
-
-    // start from the defaults, or from what the checkpoint was made with
-    TrainConfig cfg = train_defaults();
-    if (resume) {
-        if (train_read_config(resume, &cfg) != 0) die(bs_errmsg());
-        // a resumed run writes its checkpoints where it was resumed from, unless told otherwise
-        char dir[TRAIN_PATH_MAX];
-        snprintf(dir, sizeof dir, "%s", resume);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = '\0';
-        else snprintf(dir, sizeof dir, ".");
-        if (!GIVEN(OPT_CKPT_DIR)) snprintf(cfg.ckpt_dir, sizeof cfg.ckpt_dir, "%s", dir);
-    } else if (GIVEN(OPT_LR) && !GIVEN(OPT_MIN_LR)) {
-        if (arg_double("--lr", GIVEN(OPT_LR), &cfg.lr) != 0) return bad_usage("%s", bs_errmsg());
-        cfg.min_lr = cfg.lr / 10;
-    }
-    for (int opt = OPT_MODEL; opt < OPT_END; opt++) {
-        const char *v = GIVEN(opt);
-        if (!v || opt == OPT_PLOT || opt == OPT_RESUME) continue;
-        int rc = resume && opt <= OPT_SEED ? same_setting(&cfg, opt, v, resume) : apply(&cfg, opt, v);
-        if (rc != 0) return bad_usage("%s", bs_errmsg());
-    }
-    if (plot && !cfg.metrics[0]) {
-        if (strlen(plot) + 7 > sizeof cfg.metrics) return bad_usage("--plot: '%s' is too long", plot);
-        snprintf(cfg.metrics, sizeof cfg.metrics, "%s.jsonl", plot);
-    }
-    if (train_config_check(&cfg) != 0) return bad_usage("%s", bs_errmsg());
+    TrainConfig cfg;
+    int n_servers, rc = read_config(&cfg, given);
+    if (rc != 0) return rc;
     char script[4200];
-    if (plot) {
-        if (find_plot_script(script, sizeof script) != 0) die(bs_errmsg());
-        if (!have_gnuplot())
-            die("--plot needs gnuplot, which is not on the PATH (apt-get install gnuplot-nox), or drop --plot");
-        // the pictures replace only pictures, in a directory that takes them: found out now, not
-        // after the run
-        char png[TRAIN_PATH_MAX + 8], svg[TRAIN_PATH_MAX + 8];
-        snprintf(png, sizeof png, "%s.png", plot);
-        snprintf(svg, sizeof svg, "%s.svg", plot);
-        if (train_check_output(png, "--plot", "\x89PNG") != 0 || train_check_output(svg, "--plot", "<?xml") != 0)
-            die(bs_errmsg());
-    }
-
-    int n_servers = 0;
-    if (GIVEN(OPT_SERVERS)) {
-        if (arg_int("--servers", GIVEN(OPT_SERVERS), &n_servers) != 0) return bad_usage("%s", bs_errmsg());
-        if (n_servers < 1 || n_servers > COMM_MAX_SERVERS)
-            return bad_usage("--servers %s: want 1 .. 64 data servers", GIVEN(OPT_SERVERS));
-        if (!comm_launched_by_mpi())
-            return bad_usage("--servers %s: data servers are ranks of an MPI job: run under mpirun with more ranks "
-                             "than servers",
-                             GIVEN(OPT_SERVERS));
-    }
+    if (plot) check_plot(plot, script, sizeof script);
+    if ((rc = read_servers(given, &n_servers)) != 0) return rc;
 
     // the ranks: MPI when an MPI launcher started us, else this process alone; under MPI every
     // process says its role (the last --servers ranks serve; `bytescale serve` processes of an MPMD
@@ -427,55 +507,11 @@ int cmd_train(int argc, char **argv) {
         snprintf(msg, sizeof msg, "cannot resume: %s", bs_errmsg());
         die_at(t, comm, msg);
     }
-    const DocIndex *ix = &t->data.index;
-    if (lead) {
-        char share[96] = "";
-        if (t->par.tp * t->par.pp > 1)  // rank 0's shard: stage 0's layers, tp rank 0's share of them
-            snprintf(share, sizeof share, ", %.2fM on this process", (double)t->llama.n_params / 1e6);
-        printf("train: model %s (%.2fM parameters%s), data %s (%lld documents, %lld tokens)\n", t->model.name,
-               (double)model_params_total(&t->model) / 1e6, share, cfg.data, (long long)ix->n_docs,
-               (long long)ix->n_tokens);
-    }
-    if (lead) {
-        char blas[256];
-        blas_core_describe(blas, sizeof blas);
-        printf("train: matmuls: %s per rank\n", blas);
-    }
-    if (lead && t->roles) {
-        printf("train: %d data server%s (world rank%s", roles.n_servers, roles.n_servers > 1 ? "s" : "",
-               roles.n_servers > 1 ? "s" : "");
-        for (int i = 0; i < roles.n_servers && i < COMM_MAX_SERVERS; i++) printf("%s %d", i ? "," : "", roles.servers[i]);
-        if (t->par.tp * t->par.pp == 1) printf("); this rank schedules, every rank fetches its own token ranges\n");
-        else printf("); this rank schedules; tp rank 0 of the first stage fetches its inputs and of the last stage "
-                    "its targets, for its tp group; middle stages fetch nothing\n");
-    }
-    if (lead && t->n_ranks > 1) {
-        char line[512];
-        parallel_describe(&t->par, line, sizeof line);
-        printf("train: %s\n", line);
-        for (int s = 0; s < t->par.pp && t->par.pp > 1; s++)
-            printf("train: stage %d: layers %d..%d%s%s\n", s, t->par.stage_begin[s], t->par.stage_begin[s + 1] - 1,
-                   s == 0 ? " + embedding" : "", s == t->par.pp - 1 ? " + head + loss" : "");
-    }
-    if (lead)
-        printf("train: %d %srank%s, %lld tokens/step, context %lld, capacity %lld, policy %s, lr %g -> %g (warmup %lld, "
-               "schedule %lld steps), steps %lld -> %lld%s%s\n",
-               t->hdp, t->par.tp * t->par.pp > 1 ? "HDP " : "", t->hdp > 1 ? "s" : "",
-           (long long)cfg.tokens, (long long)cfg.context, (long long)t->capacity, cfg.policy, cfg.lr, cfg.min_lr,
-           (long long)cfg.warmup, (long long)t->sched.total_steps, (long long)t->step, (long long)cfg.steps,
-           resume ? ", resumed from " : "", resume ? resume : "");
-    if (lead && strcmp(cfg.offload_tier, "off") != 0)
-        printf("train: offloading: %s%s", t->offloader ? offloader_name(t->offloader) : "resident (no copies)",
-               cfg.mem_budget ? "" : "\n");
-    if (lead && cfg.mem_budget)
-        printf("%sactivation budget %lld bytes per process%s\n", strcmp(cfg.offload_tier, "off") != 0 ? ", " : "train: ",
-               (long long)cfg.mem_budget, cfg.pp > 1 ? " (shared by the micro-batches in flight on its stage)" : "");
+    if (lead) print_setup(t, &cfg, &roles, resume);
     fflush(stdout);
 
     TrainSummary sum;
-    int rc = trainer_run(t, &sum);
-    int64_t done = sum.last_step - sum.first_step;
-    if (rc != 0) {
+    if (trainer_run(t, &sum) != 0) {
         if (sum.last_ckpt[0] && lead) fprintf(stderr, "bytescale train: the newest checkpoint is %s\n", sum.last_ckpt);
         die_at(t, comm, bs_errmsg());
     }
@@ -485,17 +521,7 @@ int cmd_train(int argc, char **argv) {
         comm_mpi_finalize();
         return 0;
     }
-    char took[32];
-    fmt_time(took, sizeof took, sum.seconds);
-    if (done > 0)
-        printf("trained steps %lld..%lld: loss %.4f -> %.4f (mean of the last %d: %.4f), %.0f tokens/s, %s\n",
-               (long long)sum.first_step + 1, (long long)sum.last_step, sum.first_loss, sum.last_loss,
-               done < TRAIN_RECENT_STEPS ? (int)done : TRAIN_RECENT_STEPS, sum.mean_last_loss,
-               sum.seconds > 0 ? (double)sum.tokens / sum.seconds : 0, took);
-    else
-        printf("nothing to do: %lld steps are already done (--steps %lld)\n", (long long)t->step, (long long)cfg.steps);
-    if (cfg.metrics[0]) printf("metrics: %s\n", cfg.metrics);
-    if (sum.last_ckpt[0]) printf("checkpoint: %s\n", sum.last_ckpt);
+    print_summary(t, &cfg, &sum);
     trainer_free(t);
     free(t);
     if (cfg.trace[0]) printf("trace: %s (open in ui.perfetto.dev or chrome://tracing)\n", cfg.trace);
@@ -505,5 +531,5 @@ int cmd_train(int argc, char **argv) {
     }
     if (comm_launched_by_mpi()) comm_mpi_finalize();
     return 0;
-#undef GIVEN
 }
+#undef GIVEN

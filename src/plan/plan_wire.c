@@ -141,59 +141,77 @@ static int get_owners(Plan *p, In *in, int32_t n_segs) {
     return 0;
 }
 
-int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
-    memset(p, 0, sizeof *p);
-    In in = {.p = buf, .size = size};
+// The header as the message gives it, and what its version says follows the ranks.
+typedef struct {
     uint32_t magic, version;
-    int32_t n_ranks, pp, n_items, n_segs, n_refs, n_barriers = 0, n_delayed = 0;
+    int32_t n_ranks, pp, n_items, n_segs, n_refs, n_barriers, n_delayed;
     int64_t capacity, n_seqs;
-    char policy[sizeof p->policy];
+    char policy[sizeof(((Plan *)0)->policy)];  // Plan.policy's size
     double lower_bound;
-    get(&in, &magic, 4);
-    get(&in, &version, 4);
-    get(&in, &n_ranks, 4);
-    get(&in, &pp, 4);
-    get(&in, &capacity, 8);
-    get(&in, policy, sizeof policy);
-    get(&in, &n_seqs, 8);
-    get(&in, &n_items, 4);
-    get(&in, &n_segs, 4);
-    get(&in, &n_refs, 4);
-    get(&in, &lower_bound, 8);
-    if (in.bad || magic != WIRE_MAGIC) return bs_fail("plan message: %zu bytes, not a packed plan", size);
-    if (version < WIRE_VERSION || version > WIRE_VERSION_BLOCKS_HYBRID)
-        return bs_fail("plan message: version %u, this build reads %u to %u", version, WIRE_VERSION,
+    int blocks, hybrid, peers;  // version 3 or 5; 4 or 5; 2 or later
+} Header;
+
+// The header, and every count checked against the bytes that follow, before anything is
+// allocated. 0, or -1 + error.
+static int get_header(Header *h, In *in, size_t size) {
+    memset(h, 0, sizeof *h);
+    get(in, &h->magic, 4);
+    get(in, &h->version, 4);
+    get(in, &h->n_ranks, 4);
+    get(in, &h->pp, 4);
+    get(in, &h->capacity, 8);
+    get(in, h->policy, sizeof h->policy);
+    get(in, &h->n_seqs, 8);
+    get(in, &h->n_items, 4);
+    get(in, &h->n_segs, 4);
+    get(in, &h->n_refs, 4);
+    get(in, &h->lower_bound, 8);
+    if (in->bad || h->magic != WIRE_MAGIC) return bs_fail("plan message: %zu bytes, not a packed plan", size);
+    if (h->version < WIRE_VERSION || h->version > WIRE_VERSION_BLOCKS_HYBRID)
+        return bs_fail("plan message: version %u, this build reads %u to %u", h->version, WIRE_VERSION,
                        WIRE_VERSION_BLOCKS_HYBRID);
-    int blocks = version == WIRE_VERSION_BLOCKS || version == WIRE_VERSION_BLOCKS_HYBRID;
-    int hybrid = version >= WIRE_VERSION_HYBRID, peers = version >= WIRE_VERSION_PEERS;
-    if (peers) {
-        get(&in, &n_barriers, 4);
-        get(&in, &n_delayed, 4);
-        if (in.bad) return bs_fail("plan message: %zu bytes, not a packed plan", size);
+    h->blocks = h->version == WIRE_VERSION_BLOCKS || h->version == WIRE_VERSION_BLOCKS_HYBRID;
+    h->hybrid = h->version >= WIRE_VERSION_HYBRID, h->peers = h->version >= WIRE_VERSION_PEERS;
+    if (h->peers) {
+        get(in, &h->n_barriers, 4);
+        get(in, &h->n_delayed, 4);
+        if (in->bad) return bs_fail("plan message: %zu bytes, not a packed plan", size);
     }
-    policy[sizeof policy - 1] = '\0';
-    // every count must fit the bytes that follow: checked before anything is allocated
-    size_t rest = size - in.at;
-    uint64_t peer_bytes = peers ? (uint64_t)n_barriers * 4 + (uint64_t)n_delayed * 4 + (uint64_t)n_items : 0;
-    if (blocks) peer_bytes += (uint64_t)n_segs * 4;
-    if (hybrid) peer_bytes += (uint64_t)n_items * 4;
-    if (n_seqs < 0 || n_items < 0 || n_segs < 0 || n_refs < 0 || n_barriers < 0 || n_delayed < 0 ||
-        (uint64_t)n_seqs * 24 + (uint64_t)n_items * 28 + (uint64_t)n_segs * 20 + (uint64_t)n_refs * 4 + peer_bytes !=
+    h->policy[sizeof h->policy - 1] = '\0';
+    size_t rest = size - in->at;
+    uint64_t peer_bytes =
+        h->peers ? (uint64_t)h->n_barriers * 4 + (uint64_t)h->n_delayed * 4 + (uint64_t)h->n_items : 0;
+    if (h->blocks) peer_bytes += (uint64_t)h->n_segs * 4;
+    if (h->hybrid) peer_bytes += (uint64_t)h->n_items * 4;
+    if (h->n_seqs < 0 || h->n_items < 0 || h->n_segs < 0 || h->n_refs < 0 || h->n_barriers < 0 || h->n_delayed < 0 ||
+        (uint64_t)h->n_seqs * 24 + (uint64_t)h->n_items * 28 + (uint64_t)h->n_segs * 20 + (uint64_t)h->n_refs * 4 +
+                peer_bytes !=
             rest)
         return bs_fail("plan message: counts (%lld sequences, %d items, %d segments, %d rank refs) do not match its "
                        "%zu bytes",
-                       (long long)n_seqs, n_items, n_segs, n_refs, size);
-    GlobalBatch b = {.n = n_seqs, .seqs = bs_malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof(Sequence))};
+                       (long long)h->n_seqs, h->n_items, h->n_segs, h->n_refs, size);
+    return 0;
+}
+
+// The batch, and an empty plan of it. 0, or -1 + error (nothing to free).
+static int get_batch(Plan *p, In *in, const Header *h) {
+    GlobalBatch b = {.n = h->n_seqs, .seqs = bs_malloc((size_t)(h->n_seqs > 0 ? h->n_seqs : 1) * sizeof(Sequence))};
     if (!b.seqs) return bs_fail_ctx("plan message");
-    for (int64_t i = 0; i < n_seqs; i++) {
-        get(&in, &b.seqs[i].id, 8);
-        get(&in, &b.seqs[i].len, 8);
-        get(&in, &b.seqs[i].src, 8);
+    for (int64_t i = 0; i < h->n_seqs; i++) {
+        get(in, &b.seqs[i].id, 8);
+        get(in, &b.seqs[i].len, 8);
+        get(in, &b.seqs[i].src, 8);
         b.n_tokens += b.seqs[i].len;
     }
-    int rc = plan_init(p, &b, n_ranks, capacity, pp, policy);
+    int rc = plan_init(p, &b, h->n_ranks, h->capacity, h->pp, h->policy);
     free(b.seqs);
     if (rc != 0) return bs_fail_ctx("plan message");
+    return 0;
+}
+
+// The items, segments and rank references. 0, or -1 + error (the plan freed).
+static int get_items(Plan *p, In *in, const Header *h) {
+    int32_t n_items = h->n_items, n_segs = h->n_segs, n_refs = h->n_refs;
     p->items = bs_malloc((size_t)(n_items > 0 ? n_items : 1) * sizeof(Item));
     p->segs = bs_malloc((size_t)(n_segs > 0 ? n_segs : 1) * sizeof(Segment));
     p->ranks = bs_malloc((size_t)(n_refs > 0 ? n_refs : 1) * sizeof(int32_t));
@@ -207,49 +225,63 @@ int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
     for (int32_t k = 0; k < n_items; k++) {
         Item *it = &p->items[k];
         memset(it, 0, sizeof *it);
-        get(&in, &it->seg_begin, 4);
-        get(&in, &it->n_segs, 4);
-        get(&in, &it->rank_begin, 4);
-        get(&in, &it->n_ranks, 4);
-        get(&in, &it->offload, 4);
-        get(&in, &it->est_time, 8);
+        get(in, &it->seg_begin, 4);
+        get(in, &it->n_segs, 4);
+        get(in, &it->rank_begin, 4);
+        get(in, &it->n_ranks, 4);
+        get(in, &it->offload, 4);
+        get(in, &it->est_time, 8);
     }
     for (int32_t j = 0; j < n_segs; j++) {
-        get(&in, &p->segs[j].seq, 4);
-        get(&in, &p->segs[j].start, 8);
-        get(&in, &p->segs[j].len, 8);
+        get(in, &p->segs[j].seq, 4);
+        get(in, &p->segs[j].start, 8);
+        get(in, &p->segs[j].len, 8);
     }
-    get(&in, p->ranks, (size_t)n_refs * 4);
-    if (peers) {
-        p->barriers = bs_malloc((size_t)(n_barriers > 0 ? n_barriers : 1) * sizeof(int32_t));
-        p->delayed = bs_malloc((size_t)(n_delayed > 0 ? n_delayed : 1) * sizeof(int32_t));
-        if (!p->barriers || !p->delayed) {
-            plan_free(p);
-            return bs_fail_ctx("plan message");
-        }
-        p->n_barriers = p->cap_barriers = n_barriers;
-        p->n_delayed = p->cap_delayed = n_delayed;
-        get(&in, p->barriers, (size_t)n_barriers * 4);
-        get(&in, p->delayed, (size_t)n_delayed * 4);
-        for (int32_t k = 0; k < n_items; k++) {
-            uint8_t a = 0;
-            get(&in, &a, 1);
-            p->items[k].a2a = a;
-        }
+    get(in, p->ranks, (size_t)n_refs * 4);
+    return 0;
+}
+
+// Version 2's tail: the barriers, the delayed sequences, every item's a2a byte. 0, or -1 + error
+// (the plan freed) on no memory.
+static int get_peers(Plan *p, In *in, const Header *h) {
+    p->barriers = bs_malloc((size_t)(h->n_barriers > 0 ? h->n_barriers : 1) * sizeof(int32_t));
+    p->delayed = bs_malloc((size_t)(h->n_delayed > 0 ? h->n_delayed : 1) * sizeof(int32_t));
+    if (!p->barriers || !p->delayed) {
+        plan_free(p);
+        return bs_fail_ctx("plan message");
     }
-    if (blocks && get_owners(p, &in, n_segs) != 0) return -1;
-    for (int32_t k = 0; hybrid && k < n_items; k++) get(&in, &p->items[k].ulysses, 4);
+    p->n_barriers = p->cap_barriers = h->n_barriers;
+    p->n_delayed = p->cap_delayed = h->n_delayed;
+    get(in, p->barriers, (size_t)h->n_barriers * 4);
+    get(in, p->delayed, (size_t)h->n_delayed * 4);
+    for (int32_t k = 0; k < h->n_items; k++) {
+        uint8_t a = 0;
+        get(in, &a, 1);
+        p->items[k].a2a = a;
+    }
+    return 0;
+}
+
+int plan_unpack(Plan *p, const uint8_t *buf, size_t size) {
+    memset(p, 0, sizeof *p);
+    In in = {.p = buf, .size = size};
+    Header h;
+    if (get_header(&h, &in, size) != 0 || get_batch(p, &in, &h) != 0 || get_items(p, &in, &h) != 0) return -1;
+    if (h.peers && get_peers(p, &in, &h) != 0) return -1;
+    if (h.blocks && get_owners(p, &in, h.n_segs) != 0) return -1;
+    for (int32_t k = 0; h.hybrid && k < h.n_items; k++) get(&in, &p->items[k].ulysses, 4);
     // item token counts are derived, as plan_add_item does, from segments checked to be in range
-    for (int32_t k = 0; k < n_items && !in.bad; k++) {
+    for (int32_t k = 0; k < h.n_items && !in.bad; k++) {
         Item *it = &p->items[k];
-        if (it->n_segs < 1 || it->seg_begin < 0 || (int64_t)it->seg_begin + it->n_segs > n_segs) break;
+        if (it->n_segs < 1 || it->seg_begin < 0 || (int64_t)it->seg_begin + it->n_segs > h.n_segs) break;
         for (int32_t j = 0; j < it->n_segs; j++) it->tokens += p->segs[it->seg_begin + j].len;
     }
+    // then the plan as a whole: a damaged message is refused with a reason, never executed
     if (in.bad || plan_finalize(p, NULL) != 0 || plan_validate(p, NULL) != 0) {
         bs_fail_ctx("plan message (%zu bytes)", size);
         plan_free(p);
         return -1;
     }
-    p->lower_bound = lower_bound;
+    p->lower_bound = h.lower_bound;
     return 0;
 }

@@ -443,11 +443,196 @@ static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i) 
     return (Ring){t, t * d, i, (int32_t)(plain < R ? plain : R)};
 }
 
-int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, int pipeline, const char *name) {
+// One run's ring phase: the rings longest first, and the holes they leave on members that wait.
+typedef struct {
+    Ring *rings;       // (n_rings,) the long sequences, then the promoted shorts; longest first once keyed
+    int32_t n_rings;
+    int32_t *members;  // (n_ranks,) scratch: one ring's ranks, least loaded first
+    Hole *holes;       // (n_holes,) grown as rings leave members idle (pp = 1 only)
+    int64_t n_holes, cap_holes;
+    double total;      // the batch's estimated work (rings and short packs): what the buckets split
+} RingPhase;
+
+// The arrays sized by the batch, the ranks and C (the made_* ones wait for key_rings, which counts
+// their rank references). 0, or -1 + error; schedule_free frees whatever was allocated.
+static int schedule_alloc(Balance *bl, RingPhase *rp) {
+    const PlanConfig *cfg = bl->cfg;
+    int32_t R = cfg->n_ranks;
+    size_t ns = (size_t)(bl->n_short > 0 ? bl->n_short : 1);
+    rp->rings = bs_malloc((size_t)(rp->n_rings > 0 ? rp->n_rings : 1) * sizeof(Ring));
+    int pp_balance = cfg->pp > 1;  // PP-Balance: no micro-batch mixes two buckets
+    if (pp_balance) bl->sbucket = bs_malloc(ns * sizeof(int32_t));
+    bl->unused = bs_malloc((ns + 1) * sizeof(int32_t));
+    size_t most_segs = bl->n_short < cfg->capacity ? ns : (size_t)cfg->capacity;
+    bl->pack = bs_malloc(most_segs * sizeof(MadeSeg));
+    bl->segs = bs_malloc(most_segs * sizeof(Segment));
+    rp->members = bs_malloc((size_t)R * sizeof(int32_t));
+    bl->last_free = bs_calloc((size_t)R, sizeof(double));
+    bl->last_t = bs_calloc((size_t)R, sizeof(double));
+    if (!rp->rings || (pp_balance && !bl->sbucket) || !bl->unused || !bl->pack || !bl->segs || !rp->members ||
+        !bl->last_free || !bl->last_t)
+        return bs_fail_ctx("balance");
+    return 0;
+}
+
+// The rings with their estimated time (the long sequences, then any promoted shorts), sorted longest
+// first; the made_* arrays; every short unused; rp->total, the batch's work. 0, or -1 + error.
+static int key_rings(Balance *bl, RingPhase *rp, const BalanceBatch *bb, const BalanceWidths *w, int32_t n_promoted) {
     const GlobalBatch *b = bb->b;
+    int32_t R = bl->cfg->n_ranks;
+    double total = 0;
+    int64_t refs = bl->n_short;  // at most: a rank for every short sequence, the widest allowed for every ring
+                                 // (room for that up front, within reason: more grows)
+    for (int32_t k = 0; k < bb->n_long; k++) {
+        rp->rings[k] = ring_key(bb, w, bb->long_seq[k]);
+        total += rp->rings[k].work;
+        refs += rp->rings[k].d_max;
+    }
+    for (int32_t k = 0; k < n_promoted; k++) {
+        rp->rings[bb->n_long + k] = ring_key(bb, w, bb->sidx[k]);
+        total += rp->rings[bb->n_long + k].work;
+        refs += rp->rings[bb->n_long + k].d_max;
+    }
+    // every sequence is one segment of one item
+    size_t nn = (size_t)(b->n > 0 ? b->n : 1);
+    bl->made = bs_malloc(nn * sizeof(Made));
+    bl->start = bs_malloc(nn * sizeof(double));
+    bl->made_seg = bs_malloc(nn * sizeof(MadeSeg));
+    if (refs > (int64_t)b->n + 4 * (int64_t)R) refs = (int64_t)b->n + 4 * (int64_t)R;
+    bl->made_ranks = bs_malloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
+    bl->cap_made_ranks = refs > 0 ? refs : 1;
+    if (!bl->made || !bl->start || !bl->made_seg || !bl->made_ranks) return bs_fail_ctx("balance");
+    qsort(rp->rings, (size_t)rp->n_rings, sizeof(Ring), by_time_desc);
+    for (int32_t i = 0; i < bl->n_short; i++) {
+        total += bl->scost[i] + bl->open_cost * (double)bl->slen[i] / (double)bl->cfg->capacity;
+        bl->unused[i] = i;
+    }
+    bl->unused[bl->n_short] = bl->n_short;
+    rp->total = total;
+    return 0;
+}
+
+// PP-Balance's buckets of about equal compute over the length-sorted batch (the rings first: they
+// are the longest), so that no micro-batch mixes two and the stages see even work.
+static void assign_buckets(Balance *bl, const RingPhase *rp, int n_buckets) {
+    if (bl->cfg->pp <= 1) return;
+    double acc = 0;
+    for (int32_t k = 0; k < rp->n_rings; k++) acc += rp->rings[k].work;
+    for (int32_t i = 0; i < bl->n_short; i++) {
+        int32_t bk = rp->total > 0 ? (int32_t)(acc / rp->total * n_buckets) : 0;
+        bl->sbucket[i] = bk < n_buckets ? bk : n_buckets - 1;
+        acc += bl->scost[i] + bl->open_cost * (double)bl->slen[i] / (double)bl->cfg->capacity;
+    }
+}
+
+// A member that waits for a ring from `from` to `to`: a hole phase 2 fills. 0, or -1 + error.
+static int add_hole(RingPhase *rp, Hole h) {
+    if (rp->n_holes == rp->cap_holes) {
+        int64_t c = rp->cap_holes ? 2 * rp->cap_holes : 1024;
+        Hole *hs = bs_realloc(rp->holes, (size_t)c * sizeof(Hole));
+        if (!hs) return bs_fail_ctx("balance");
+        rp->holes = hs;
+        rp->cap_holes = c;
+    }
+    rp->holes[rp->n_holes++] = h;
+    return 0;
+}
+
+// Phase 1: the rings, longest first, on the most-lagging ranks, lined up at the last member's free
+// time; a member that would wait longer than delta of that start leaves a hole (pp = 1).
+static int place_rings(Balance *bl, RingPhase *rp, RankTree *queue, const BalanceBatch *bb, double delta) {
+    const PlanConfig *cfg = bl->cfg;
+    int32_t *members = rp->members;
+    for (int32_t k = 0; k < rp->n_rings; k++) {
+        int32_t s = rp->rings[k].seq;
+        int64_t len = bl->b->seqs[s].len;
+        int d, d_hi;
+        double rr = 0;
+        ItemChoice kind = {0, 0, 0};
+        if (place_ring(bl, queue, len, bb->d_min[s], rp->rings[k].d_max, members, &d, &d_hi, &kind, &rr) != 0)
+            return -1;
+        double t = kind.t;
+        // in step on every member: it starts when the last of their last stages is ready for it
+        // (pp = 1: the last member's free time; members come out least-loaded first)
+        double start = 0;
+        for (int32_t j = 0; j < d; j++)
+            start = fmax(start, bl->last_free[members[j]] + pipeline_wait(bl, t, bl->last_t[members[j]]));
+        for (int32_t j = 0; j < d; j++) {
+            double f = queue->key[members[j]];
+            if (cfg->pp == 1 && start - f > delta * start && add_hole(rp, (Hole){members[j], f, start}) != 0) return -1;
+            bl->last_free[members[j]] = start + t;
+            bl->last_t[members[j]] = t;
+            ranktree_push(queue, members[j], rank_key(bl, members[j]));
+        }
+        for (int32_t j = d; j < d_hi; j++) ranktree_push(queue, members[j], queue->key[members[j]]);  // not taken
+        policy_sort_ranks(members, d);
+        if (record(bl, &(MadeSeg){s, 0}, 1, members, d, rr, start) != 0) return -1;
+        bl->made[bl->n_made - 1].a2a = kind.a2a;
+        bl->made[bl->n_made - 1].ulysses = kind.ulysses;
+    }
+    return 0;
+}
+
+// Phase 2, DP-Balance: the lagging members of rings get short work before the ring starts, the
+// longest holes first.
+static int fill_holes(Balance *bl, RingPhase *rp) {
+    if (rp->n_holes > 0) qsort(rp->holes, (size_t)rp->n_holes, sizeof(Hole), by_hole_len_desc);
+    for (int64_t h = 0; h < rp->n_holes; h++)
+        if (fill_hole(bl, &rp->holes[h]) != 0) return -1;
+    return 0;
+}
+
+// The plan, in the global order: by planned start, so every rank meets its items in time order and
+// the members of a ring all reach it at its start. 0, or -1 + error (out may be half made).
+static int emit_plan(Plan *out, Balance *bl, const char *name) {
+    const GlobalBatch *b = bl->b;
+    const PlanConfig *cfg = bl->cfg;
+    int32_t m = bl->n_made;
+    int32_t *sorted = bs_malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+    if (!sorted) return bs_fail_ctx("balance");
+    int rc = -1;
+    if (policy_order_by_time(bl->start, m, sorted) != 0) goto out;
+    if (plan_init(out, b, cfg->n_ranks, cfg->capacity, cfg->pp, name) != 0 ||
+        policy_plan_reserve(out, m, bl->n_made_segs, bl->n_made_ranks) != 0)
+        goto out;
+    for (int32_t k = 0; k < m; k++) {
+        const Made *it = &bl->made[sorted[k]];
+        for (int32_t j = 0; j < it->n_segs; j++) {
+            MadeSeg q = bl->made_seg[it->seg_begin + j];
+            bl->segs[j] = (Segment){q.seq, 0, q.len > 0 ? q.len : b->seqs[q.seq].len};
+        }
+        int32_t idx = plan_add_item(out, bl->segs, it->n_segs, bl->made_ranks + it->rank_begin, it->n_ranks,
+                                    it->offload);
+        if (idx < 0) goto out;
+        out->items[idx].a2a = it->a2a;
+        out->items[idx].ulysses = it->ulysses;
+    }
+    rc = 0;
+out:
+    free(sorted);
+    return rc;
+}
+
+static void schedule_free(Balance *bl, RingPhase *rp, RankTree *queue) {
+    free(rp->rings);
+    free(rp->holes);
+    free(rp->members);
+    free(bl->start);
+    free(bl->sbucket);
+    free(bl->unused);
+    free(bl->pack);
+    free(bl->segs);
+    free(bl->last_free);
+    free(bl->last_t);
+    free(bl->made);
+    free(bl->made_seg);
+    free(bl->made_ranks);
+    ranktree_free(queue);
+}
+
+int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, int pipeline, const char *name) {
     const PlanConfig *cfg = bb->cfg;
     const CostModel *cm = bb->cm;
-    int32_t R = cfg->n_ranks;
     double delta = cfg->delta > 0 ? cfg->delta : BALANCE_DEFAULT_DELTA;
     int n_buckets = cfg->n_buckets > 0 ? cfg->n_buckets : BALANCE_DEFAULT_BUCKETS;
     int32_t n_promoted = w ? w->n_promoted : 0;
@@ -455,156 +640,26 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
     if (n_promoted < 0 || n_promoted > bb->n_short || (n_promoted > 0 && !w->d_max))
         return bs_fail("balance: %d promoted short sequences (of %d, d_max %s)", n_promoted, bb->n_short,
                        w && w->d_max ? "given" : "missing");
-    int32_t n_rings = bb->n_long + n_promoted;
-    Balance bl = {.b = b, .cfg = cfg, .cm = cm, .wide = w && w->wide ? w->wide : cm, .open_cost = bb->open_cost,
+    // the shorts that are packed: the batch's, less the promoted ones (the longest), which ring
+    Balance bl = {.b = bb->b, .cfg = cfg, .cm = cm, .wide = w && w->wide ? w->wide : cm, .open_cost = bb->open_cost,
                   .lift = pipeline ? cfg->pp - 1 : 0};
     bl.n_short = bb->n_short - n_promoted;
     bl.sidx = bb->sidx + n_promoted;
     bl.slen = bb->slen + n_promoted;
     bl.scost = bb->scost + n_promoted;
-    size_t ns = (size_t)(bl.n_short > 0 ? bl.n_short : 1);
-    Ring *rings = bs_malloc((size_t)(n_rings > 0 ? n_rings : 1) * sizeof(Ring));
-    int32_t *members = NULL, *sorted = NULL;
-    Hole *holes = NULL;
-    int64_t n_holes = 0, cap_holes = 0;
+    RingPhase rp = {.n_rings = bb->n_long + n_promoted};
     RankTree queue = {0};
-    int rc = -1;
-    int pp_balance = cfg->pp > 1;  // PP-Balance: no micro-batch mixes two buckets
-    if (pp_balance) bl.sbucket = bs_malloc(ns * sizeof(int32_t));
-    bl.unused = bs_malloc((ns + 1) * sizeof(int32_t));
-    size_t most_segs = bl.n_short < cfg->capacity ? ns : (size_t)cfg->capacity;
-    bl.pack = bs_malloc(most_segs * sizeof(MadeSeg));
-    bl.segs = bs_malloc(most_segs * sizeof(Segment));
-    members = bs_malloc((size_t)R * sizeof(int32_t));
-    bl.last_free = bs_calloc((size_t)R, sizeof(double));
-    bl.last_t = bs_calloc((size_t)R, sizeof(double));
-    if (!rings || (pp_balance && !bl.sbucket) || !bl.unused || !bl.pack || !bl.segs || !members || !bl.last_free || !bl.last_t)
-        goto fail_mem;
-    // the rings with their estimated time (the long sequences, then any promoted shorts), longest first
-    double total = 0;
-    int64_t refs = bl.n_short;  // at most: a rank for every short sequence, the widest allowed for every ring
-                                // (room for that up front, within reason: more grows)
-    for (int32_t k = 0; k < bb->n_long; k++) {
-        rings[k] = ring_key(bb, w, bb->long_seq[k]);
-        total += rings[k].work;
-        refs += rings[k].d_max;
-    }
-    for (int32_t k = 0; k < n_promoted; k++) {
-        rings[bb->n_long + k] = ring_key(bb, w, bb->sidx[k]);
-        total += rings[bb->n_long + k].work;
-        refs += rings[bb->n_long + k].d_max;
-    }
-    // every sequence is one segment of one item
-    size_t nn = (size_t)(b->n > 0 ? b->n : 1);
-    bl.made = bs_malloc(nn * sizeof(Made));
-    bl.start = bs_malloc(nn * sizeof(double));
-    bl.made_seg = bs_malloc(nn * sizeof(MadeSeg));
-    if (refs > (int64_t)b->n + 4 * (int64_t)R) refs = (int64_t)b->n + 4 * (int64_t)R;
-    bl.made_ranks = bs_malloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
-    bl.cap_made_ranks = refs > 0 ? refs : 1;
-    if (!bl.made || !bl.start || !bl.made_seg || !bl.made_ranks) goto fail_mem;
-    qsort(rings, (size_t)n_rings, sizeof(Ring), by_time_desc);
-    for (int32_t i = 0; i < bl.n_short; i++) {
-        total += bl.scost[i] + bl.open_cost * (double)bl.slen[i] / (double)cfg->capacity;
-        bl.unused[i] = i;
-    }
-    bl.unused[bl.n_short] = bl.n_short;
-    // buckets of about equal compute over the length-sorted batch (rings first: they are the longest)
-    double acc = 0;
-    for (int32_t k = 0; k < n_rings; k++) acc += rings[k].work;
-    for (int32_t i = 0; pp_balance && i < bl.n_short; i++) {
-        int32_t bk = total > 0 ? (int32_t)(acc / total * n_buckets) : 0;
-        bl.sbucket[i] = bk < n_buckets ? bk : n_buckets - 1;
-        acc += bl.scost[i] + bl.open_cost * (double)bl.slen[i] / (double)cfg->capacity;
-    }
-
-    // 1. rings on the most-lagging ranks, lined up at the last member's free time
-    if (ranktree_init(&queue, R) != 0) goto out;
-    for (int32_t k = 0; k < n_rings; k++) {
-        int32_t s = rings[k].seq;
-        int64_t len = b->seqs[s].len;
-        int d, d_hi;
-        double rr = 0;
-        ItemChoice kind = {0, 0, 0};
-        if (place_ring(&bl, &queue, len, bb->d_min[s], rings[k].d_max, members, &d, &d_hi, &kind, &rr) != 0) goto out;
-        double t = kind.t;
-        // in step on every member: it starts when the last of their last stages is ready for it
-        // (pp = 1: the last member's free time; members come out least-loaded first)
-        double start = 0;
-        for (int32_t j = 0; j < d; j++)
-            start = fmax(start, bl.last_free[members[j]] + pipeline_wait(&bl, t, bl.last_t[members[j]]));
-        for (int32_t j = 0; j < d; j++) {
-            double f = queue.key[members[j]];
-            if (cfg->pp == 1 && start - f > delta * start) {
-                if (n_holes == cap_holes) {
-                    int64_t c = cap_holes ? 2 * cap_holes : 1024;
-                    Hole *hs = bs_realloc(holes, (size_t)c * sizeof(Hole));
-                    if (!hs) goto fail_mem;
-                    holes = hs;
-                    cap_holes = c;
-                }
-                holes[n_holes++] = (Hole){members[j], f, start};
-            }
-            bl.last_free[members[j]] = start + t;
-            bl.last_t[members[j]] = t;
-            ranktree_push(&queue, members[j], rank_key(&bl, members[j]));
-        }
-        for (int32_t j = d; j < d_hi; j++) ranktree_push(&queue, members[j], queue.key[members[j]]);  // not taken
-        policy_sort_ranks(members, d);
-        if (record(&bl, &(MadeSeg){s, 0}, 1, members, d, rr, start) != 0) goto out;
-        bl.made[bl.n_made - 1].a2a = kind.a2a;
-        bl.made[bl.n_made - 1].ulysses = kind.ulysses;
-    }
-    // 2. DP-Balance: the lagging members of rings get short work before the ring starts
-    if (n_holes > 0) qsort(holes, (size_t)n_holes, sizeof(Hole), by_hole_len_desc);
-    for (int64_t h = 0; h < n_holes; h++)
-        if (fill_hole(&bl, &holes[h]) != 0) goto out;
-    // 3. the rest, longest first, to the most-lagging rank
-    if (assign_rest(&bl, &queue) != 0) goto out;
-
-    // the global order: by planned start, so every rank meets its items in time order and the
-    // members of a ring all reach it at its start
-    int32_t m = bl.n_made;
-    sorted = bs_malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
-    if (!sorted) goto fail_mem;
-    if (policy_order_by_time(bl.start, m, sorted) != 0) goto out;
-    if (plan_init(out, b, R, cfg->capacity, cfg->pp, name) != 0 ||
-        policy_plan_reserve(out, m, bl.n_made_segs, bl.n_made_ranks) != 0)
-        goto out;
-    for (int32_t k = 0; k < m; k++) {
-        const Made *it = &bl.made[sorted[k]];
-        for (int32_t j = 0; j < it->n_segs; j++) {
-            MadeSeg q = bl.made_seg[it->seg_begin + j];
-            bl.segs[j] = (Segment){q.seq, 0, q.len > 0 ? q.len : b->seqs[q.seq].len};
-        }
-        int32_t idx = plan_add_item(out, bl.segs, it->n_segs, bl.made_ranks + it->rank_begin,
-                                    it->n_ranks, it->offload);
-        if (idx < 0) goto out;
-        out->items[idx].a2a = it->a2a;
-        out->items[idx].ulysses = it->ulysses;
-    }
-    rc = 0;
-    goto out;
-fail_mem:
-    bs_fail_ctx("balance");
-out:
+    int rc = schedule_alloc(&bl, &rp);
+    if (rc == 0) rc = key_rings(&bl, &rp, bb, w, n_promoted);
+    if (rc == 0) assign_buckets(&bl, &rp, n_buckets);
+    if (rc == 0) rc = ranktree_init(&queue, cfg->n_ranks);
+    if (rc == 0) rc = place_rings(&bl, &rp, &queue, bb, delta);  // 1. the rings
+    if (rc == 0) rc = fill_holes(&bl, &rp);                      // 2. short work before them
+    if (rc == 0) rc = assign_rest(&bl, &queue);                  // 3. the rest, longest first, to the most-lagging rank
+    if (rc == 0) rc = emit_plan(out, &bl, name);
     if (rc != 0) plan_free(out);
-    free(rings);
-    free(holes);
-    free(members);
-    free(sorted);
-    free(bl.start);
-    free(bl.sbucket);
-    free(bl.unused);
-    free(bl.pack);
-    free(bl.segs);
-    free(bl.last_free);
-    free(bl.last_t);
-    free(bl.made);
-    free(bl.made_seg);
-    free(bl.made_ranks);
-    ranktree_free(&queue);
-    return rc;
+    schedule_free(&bl, &rp, &queue);
+    return rc != 0 ? -1 : 0;
 }
 
 // ---- balance's rings without the scheduler -------------------------------------------------------------

@@ -238,12 +238,9 @@ static int emit_wave(Plan *out, const GlobalBatch *b, Wave *w, int32_t *order, S
     return 0;
 }
 
-int policy_megatron_hcp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
-    (void)cm;  // Megatron balances s^2 / cp, not our cost model
-    int64_t C = cfg->capacity;
-    int32_t R = cfg->n_ranks;
-    if (plan_init(out, b, R, C, cfg->pp, "megatron-hcp") != 0) return -1;
-    if (b->n == 0) return 0;
+// Every sequence's CP group (the next power of two of ceil(s / C)) must fit the largest aligned
+// power-of-two block of the ranks. 0, or -1 + error naming the first that does not.
+static int check_groups_fit(const GlobalBatch *b, int64_t C, int32_t R) {
     int64_t block = 1;  // the largest aligned power-of-two block the ranks hold
     while (block * 2 <= R) block *= 2;
     for (int64_t i = 0; i < b->n; i++) {
@@ -254,30 +251,65 @@ int policy_megatron_hcp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, 
                            (long long)i, (long long)b->seqs[i].id, (long long)b->seqs[i].len, (long long)cp,
                            (long long)C, R, (long long)block);
     }
-    int32_t n = (int32_t)b->n;
-    int32_t *q = bs_malloc((size_t)n * sizeof(int32_t));        // the queue, this wave
-    int32_t *next = bs_malloc((size_t)n * sizeof(int32_t));     // the leftovers: the next wave's queue
-    int32_t *bucket_end = bs_malloc((size_t)(MHCP_MAX_LOG + 2) * sizeof(int32_t));
-    int32_t *bucket_at = bs_malloc((size_t)(MHCP_MAX_LOG + 2) * sizeof(int32_t));
-    int32_t *order = bs_malloc((size_t)R * sizeof(int32_t));
-    int32_t *aside = bs_malloc((size_t)R * sizeof(int32_t));
-    int32_t *ranks = bs_malloc((size_t)R * sizeof(int32_t));
-    Segment *segs = bs_malloc((size_t)n * sizeof(Segment));
-    double *key = bs_malloc((size_t)n * sizeof(double));
-    Wave w = {.groups = bs_malloc((size_t)R * sizeof(Group)), .placed = bs_malloc((size_t)n * sizeof(Placement)),
-              .extra = bs_malloc((size_t)R * sizeof(int64_t)), .pos = bs_malloc((size_t)R * sizeof(int32_t))};
-    int ok = q && next && bucket_end && bucket_at && order && aside && ranks && segs && key && w.groups && w.placed &&
-             w.extra && w.pos;
-    for (int k = 0; ok && k <= MHCP_MAX_LOG; k++) ok = (w.heap[k].g = bs_malloc((size_t)R * sizeof(int32_t))) != NULL;
-    int rc = -1;
-    if (!ok) {
-        bs_fail_ctx("megatron-hcp");
-        goto out;
-    }
-    // longest first, ties in batch order (policy_order_by_time sorts ascending: by -s via n - rank)
-    for (int32_t i = 0; i < n; i++) key[i] = (double)b->seqs[i].len;
-    if (policy_order_by_time(key, n, next) != 0) goto out;
-    for (int32_t i = 0; i < n; i++) q[i] = next[n - 1 - i];
+    return 0;
+}
+
+// The scheduler's queues and scratch, besides the wave.
+typedef struct {
+    int32_t *q;           // (n,) the queue, this wave
+    int32_t *next;        // (n,) the leftovers: the next wave's queue
+    int32_t *bucket_end;  // (MHCP_MAX_LOG + 2,) where each bucket of q ends
+    int32_t *bucket_at;   // (the same,) each bucket's head
+    int32_t *order;       // (R,) scratch of emit_wave
+    int32_t *aside;       // (R,) scratch of best_group
+    int32_t *ranks;       // (R,) scratch: one item's ranks
+    Segment *segs;        // (n,) scratch: one item's segments
+    double *key;          // (n,) the lengths, to sort by
+} Queues;
+
+// 0, or -1 + error; queues_free frees whatever was allocated.
+static int queues_alloc(Queues *qs, Wave *w, int32_t n, int32_t R) {
+    qs->q = bs_malloc((size_t)n * sizeof(int32_t));
+    qs->next = bs_malloc((size_t)n * sizeof(int32_t));
+    qs->bucket_end = bs_malloc((size_t)(MHCP_MAX_LOG + 2) * sizeof(int32_t));
+    qs->bucket_at = bs_malloc((size_t)(MHCP_MAX_LOG + 2) * sizeof(int32_t));
+    qs->order = bs_malloc((size_t)R * sizeof(int32_t));
+    qs->aside = bs_malloc((size_t)R * sizeof(int32_t));
+    qs->ranks = bs_malloc((size_t)R * sizeof(int32_t));
+    qs->segs = bs_malloc((size_t)n * sizeof(Segment));
+    qs->key = bs_malloc((size_t)n * sizeof(double));
+    *w = (Wave){.groups = bs_malloc((size_t)R * sizeof(Group)), .placed = bs_malloc((size_t)n * sizeof(Placement)),
+                .extra = bs_malloc((size_t)R * sizeof(int64_t)), .pos = bs_malloc((size_t)R * sizeof(int32_t))};
+    int ok = qs->q && qs->next && qs->bucket_end && qs->bucket_at && qs->order && qs->aside && qs->ranks && qs->segs &&
+             qs->key && w->groups && w->placed && w->extra && w->pos;
+    for (int k = 0; ok && k <= MHCP_MAX_LOG; k++) ok = (w->heap[k].g = bs_malloc((size_t)R * sizeof(int32_t))) != NULL;
+    return ok ? 0 : bs_fail_ctx("megatron-hcp");
+}
+
+static void queues_free(Queues *qs, Wave *w) {
+    for (int k = 0; k <= MHCP_MAX_LOG; k++) free(w->heap[k].g);
+    free(w->groups);
+    free(w->placed);
+    free(w->extra);
+    free(w->pos);
+    free(qs->q);
+    free(qs->next);
+    free(qs->bucket_end);
+    free(qs->bucket_at);
+    free(qs->order);
+    free(qs->aside);
+    free(qs->ranks);
+    free(qs->segs);
+    free(qs->key);
+}
+
+// The first queue: longest first, ties in batch order (policy_order_by_time sorts ascending, so its
+// order is read backwards and each run of equal lengths turned back into batch order).
+static int queue_longest_first(Queues *qs, const GlobalBatch *b, int32_t n) {
+    int32_t *q = qs->q;
+    for (int32_t i = 0; i < n; i++) qs->key[i] = (double)b->seqs[i].len;
+    if (policy_order_by_time(qs->key, n, qs->next) != 0) return -1;
+    for (int32_t i = 0; i < n; i++) q[i] = qs->next[n - 1 - i];
     for (int32_t i = 0; i < n;) {  // equal lengths back into batch order
         int32_t j = i;
         while (j < n && b->seqs[q[j]].len == b->seqs[q[i]].len) j++;
@@ -287,103 +319,137 @@ int policy_megatron_hcp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, 
         }
         i = j;
     }
-    int32_t n_q = n;
-    while (n_q > 0) {
-        // a new wave: every rank free
-        w.n_groups = w.n_placed = 0;
-        w.extra_used = 0;
-        w.free_ranks = R;
-        w.max_work = 0;
-        memset(w.n_of_size, 0, sizeof w.n_of_size);
-        for (int k = 0; k <= MHCP_MAX_LOG; k++) w.heap[k].n = 0;
-        int32_t n_buckets = make_buckets(b, q, n_q, C, bucket_end);
-        for (int32_t j = 0; j < n_buckets; j++) bucket_at[j] = j ? bucket_end[j - 1] : 0;
-        int32_t first_bucket = 0;  // buckets before it are empty (Megatron drops leading empty ones)
-        int64_t first_cp = 0;
-        int check_balance = 0;
-        for (;;) {
-            // the first bucket whose head can go somewhere
-            int32_t j = -1;
-            for (int32_t x = first_bucket; x < n_buckets && j < 0; x++) {
-                if (bucket_at[x] == bucket_end[x]) continue;
-                int64_t cp = cp_size(b->seqs[q[bucket_at[x]]].len, C);
-                if (w.n_of_size[log2_of(cp)] > 0 || w.free_ranks >= cp) j = x;
-            }
-            if (j < 0) break;
-            int32_t seq = q[bucket_at[j]];
-            int64_t s = b->seqs[seq].len, cp = cp_size(s, C);
-            if (first_cp == 0) first_cp = cp;
-            int32_t g = best_group(&w, log2_of(cp), s, C, aside);
-            // a new group of free ranks starts with no work: it wins unless the best group has none either
-            if (w.free_ranks >= cp && (g < 0 || w.groups[g].work > 0)) g = new_group(&w, cp);
-            if (g < 0) break;  // no group of its size has room and no ranks are free: the wave is full
-            place(&w, g, seq, s);
-            bucket_at[j]++;
-            while (first_bucket < n_buckets && bucket_at[first_bucket] == bucket_end[first_bucket]) first_bucket++;
-            if (cp < first_cp) check_balance = 1;
-            if (check_balance && first_bucket < n_buckets && w.max_work - min_work(&w) <= MHCP_SPREAD * w.max_work)
-                break;
+    return 0;
+}
+
+// A new wave: every rank free, no group.
+static void wave_reset(Wave *w, int32_t R) {
+    w->n_groups = w->n_placed = 0;
+    w->extra_used = 0;
+    w->free_ranks = R;
+    w->max_work = 0;
+    memset(w->n_of_size, 0, sizeof w->n_of_size);
+    for (int k = 0; k <= MHCP_MAX_LOG; k++) w->heap[k].n = 0;
+}
+
+// Steps 1-3: the queue q[0 .. n_q) cut into buckets, their heads placed until the wave is full or
+// balanced. Returns the first bucket not yet emptied (qs->bucket_at says how far each got).
+static int32_t fill_wave(Wave *w, Queues *qs, const GlobalBatch *b, int32_t n_q, int64_t C, int32_t *n_buckets_out) {
+    const int32_t *q = qs->q;
+    int32_t *bucket_end = qs->bucket_end, *bucket_at = qs->bucket_at;
+    int32_t n_buckets = make_buckets(b, q, n_q, C, bucket_end);
+    for (int32_t j = 0; j < n_buckets; j++) bucket_at[j] = j ? bucket_end[j - 1] : 0;
+    int32_t first_bucket = 0;  // buckets before it are empty (Megatron drops leading empty ones)
+    int64_t first_cp = 0;
+    int check_balance = 0;
+    for (;;) {
+        // the first bucket whose head can go somewhere
+        int32_t j = -1;
+        for (int32_t x = first_bucket; x < n_buckets && j < 0; x++) {
+            if (bucket_at[x] == bucket_end[x]) continue;
+            int64_t cp = cp_size(b->seqs[q[bucket_at[x]]].len, C);
+            if (w->n_of_size[log2_of(cp)] > 0 || w->free_ranks >= cp) j = x;
         }
-        // the leftovers, in bucket order, then what trimming sends back
-        int32_t n_next = 0;
-        for (int32_t j = first_bucket; j < n_buckets; j++)
-            for (int32_t x = bucket_at[j]; x < bucket_end[j]; x++) next[n_next++] = q[x];
-        // trimming (Megatron's trim_overload): only while no rank is idle
-        for (;;) {
-            double lo = min_work(&w), hi = 0;
-            int32_t top = -1;
-            for (int32_t g = 0; g < w.n_groups; g++)
-                if (top < 0 || w.groups[g].work > hi) hi = w.groups[g].work, top = g;
-            if (top < 0 || hi - lo <= MHCP_SPREAD * hi || lo == 0) break;
-            Group *gr = &w.groups[top];
-            if (gr->n_seqs <= 1) break;
-            Placement *pl = &w.placed[gr->last];
-            double wk = seq_work(b->seqs[pl->seq].len, gr->size);
-            // the spread after taking it away: the group's work falls, the others stay
-            double lo2 = gr->work - wk, hi2 = 0;
-            for (int32_t g = 0; g < w.n_groups; g++) {
-                double x = g == top ? gr->work - wk : w.groups[g].work;
-                if (x > hi2) hi2 = x;
-                if (x < lo2) lo2 = x;
-            }
-            if (!(hi2 - lo2 < hi - lo)) break;
-            pl->dropped = 1;
-            next[n_next++] = pl->seq;
-            gr->work -= wk;
-            gr->n_seqs--;
-            gr->last = pl->prev;
-            // (its RingFill and packed are not taken back: nothing more goes into this wave)
-            heap_fix(&w, &w.heap[log2_of(gr->size)], w.pos[top]);
+        if (j < 0) break;
+        int32_t seq = q[bucket_at[j]];
+        int64_t s = b->seqs[seq].len, cp = cp_size(s, C);
+        if (first_cp == 0) first_cp = cp;
+        int32_t g = best_group(w, log2_of(cp), s, C, qs->aside);
+        // a new group of free ranks starts with no work: it wins unless the best group has none either
+        if (w->free_ranks >= cp && (g < 0 || w->groups[g].work > 0)) g = new_group(w, cp);
+        if (g < 0) break;  // no group of its size has room and no ranks are free: the wave is full
+        place(w, g, seq, s);
+        bucket_at[j]++;
+        while (first_bucket < n_buckets && bucket_at[first_bucket] == bucket_end[first_bucket]) first_bucket++;
+        if (cp < first_cp) check_balance = 1;
+        if (check_balance && first_bucket < n_buckets && w->max_work - min_work(w) <= MHCP_SPREAD * w->max_work)
+            break;
+    }
+    *n_buckets_out = n_buckets;
+    return first_bucket;
+}
+
+// Step 4 (Megatron's trim_overload), only while no rank is idle: the most loaded group's last
+// sequence goes back to the queue (next[*n_next]) while that narrows the work spread.
+static void trim_overload(Wave *w, const GlobalBatch *b, int32_t *next, int32_t *n_next) {
+    for (;;) {
+        double lo = min_work(w), hi = 0;
+        int32_t top = -1;
+        for (int32_t g = 0; g < w->n_groups; g++)
+            if (top < 0 || w->groups[g].work > hi) hi = w->groups[g].work, top = g;
+        if (top < 0 || hi - lo <= MHCP_SPREAD * hi || lo == 0) break;
+        Group *gr = &w->groups[top];
+        if (gr->n_seqs <= 1) break;
+        Placement *pl = &w->placed[gr->last];
+        double wk = seq_work(b->seqs[pl->seq].len, gr->size);
+        // the spread after taking it away: the group's work falls, the others stay
+        double lo2 = gr->work - wk, hi2 = 0;
+        for (int32_t g = 0; g < w->n_groups; g++) {
+            double x = g == top ? gr->work - wk : w->groups[g].work;
+            if (x > hi2) hi2 = x;
+            if (x < lo2) lo2 = x;
         }
-        // filling (Megatron's fill_empty_gpus): while ranks are idle, double the first smallest group
-        while (w.free_ranks > 0) {
-            int32_t g = -1;
-            for (int32_t x = 0; x < w.n_groups; x++)
-                if (g < 0 || w.groups[x].size < w.groups[g].size) g = x;
-            if (g < 0 || w.groups[g].size > w.free_ranks) break;  // not enough idle ranks to double any group
-            w.free_ranks -= w.groups[g].size;
-            w.groups[g].size *= 2;
-        }
-        if (out->n_items > 0 && plan_add_barrier(out) != 0) goto out;
-        if (emit_wave(out, b, &w, order, segs, ranks) != 0) goto out;
-        memcpy(q, next, (size_t)n_next * sizeof(int32_t));
+        if (!(hi2 - lo2 < hi - lo)) break;
+        pl->dropped = 1;
+        next[(*n_next)++] = pl->seq;
+        gr->work -= wk;
+        gr->n_seqs--;
+        gr->last = pl->prev;
+        // (its RingFill and packed are not taken back: nothing more goes into this wave)
+        heap_fix(w, &w->heap[log2_of(gr->size)], w->pos[top]);
+    }
+}
+
+// Step 5 (Megatron's fill_empty_gpus): while ranks are idle, double the first smallest group.
+static void fill_idle_ranks(Wave *w) {
+    while (w->free_ranks > 0) {
+        int32_t g = -1;
+        for (int32_t x = 0; x < w->n_groups; x++)
+            if (g < 0 || w->groups[x].size < w->groups[g].size) g = x;
+        if (g < 0 || w->groups[g].size > w->free_ranks) break;  // not enough idle ranks to double any group
+        w->free_ranks -= w->groups[g].size;
+        w->groups[g].size *= 2;
+    }
+}
+
+// One wave from the queue qs->q[0 .. n_q): its items (after a barrier when items came before) and the
+// next queue in qs->next. Returns the next queue's length, or -1 + error.
+static int32_t plan_wave(Plan *out, Wave *w, Queues *qs, const GlobalBatch *b, int32_t n_q, int64_t C, int32_t R) {
+    wave_reset(w, R);
+    int32_t n_buckets;
+    int32_t first_bucket = fill_wave(w, qs, b, n_q, C, &n_buckets);
+    // the leftovers, in bucket order, then what trimming sends back
+    int32_t n_next = 0;
+    for (int32_t j = first_bucket; j < n_buckets; j++)
+        for (int32_t x = qs->bucket_at[j]; x < qs->bucket_end[j]; x++) qs->next[n_next++] = qs->q[x];
+    trim_overload(w, b, qs->next, &n_next);
+    fill_idle_ranks(w);
+    if (out->n_items > 0 && plan_add_barrier(out) != 0) return -1;
+    if (emit_wave(out, b, w, qs->order, qs->segs, qs->ranks) != 0) return -1;
+    return n_next;
+}
+
+int policy_megatron_hcp(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm) {
+    (void)cm;  // Megatron balances s^2 / cp, not our cost model
+    int64_t C = cfg->capacity;
+    int32_t R = cfg->n_ranks;
+    if (plan_init(out, b, R, C, cfg->pp, "megatron-hcp") != 0) return -1;
+    if (b->n == 0) return 0;
+    if (check_groups_fit(b, C, R) != 0) return -1;
+    int32_t n = (int32_t)b->n;
+    Queues qs = {0};
+    Wave w;
+    int rc = -1;
+    if (queues_alloc(&qs, &w, n, R) != 0 || queue_longest_first(&qs, b, n) != 0) goto out;
+    // waves until the queue is empty, each wave's leftovers the next one's queue
+    for (int32_t n_q = n; n_q > 0;) {
+        int32_t n_next = plan_wave(out, &w, &qs, b, n_q, C, R);
+        if (n_next < 0) goto out;
+        memcpy(qs.q, qs.next, (size_t)n_next * sizeof(int32_t));
         n_q = n_next;
     }
     rc = 0;
 out:
-    for (int k = 0; k <= MHCP_MAX_LOG; k++) free(w.heap[k].g);
-    free(w.groups);
-    free(w.placed);
-    free(w.extra);
-    free(w.pos);
-    free(q);
-    free(next);
-    free(bucket_end);
-    free(bucket_at);
-    free(order);
-    free(aside);
-    free(ranks);
-    free(segs);
-    free(key);
+    queues_free(&qs, &w);
     return rc;
 }

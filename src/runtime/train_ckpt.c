@@ -378,93 +378,93 @@ static int compare_settings(const char *path, const TrainConfig *ck, const Train
     return 0;
 }
 
-static int load_checked(Trainer *t, const Checkpoint *ck) {
-    const char *path = ck->path;
-    TrainConfig cc;
-    ModelConfig cm;
-    DataId cd;
-    if (parse_config(ck, &cc, &cm, &cd) != 0) return -1;
-    if (compare_model(path, &cm, &t->model) != 0) return -1;
-    DataId now = data_id(t);
-    if (compare_data(path, cc.data, &cd, t->cfg.data, &now) != 0) return -1;
-    if (compare_settings(path, &cc, t) != 0) return -1;
+// The checkpoint's three arrays, the whole model's (any layout): where they lie in the file.
+typedef struct {
+    const void *params, *m, *v;  // (n_full,) float each, maybe unaligned
+    size_t n_full;
+} Arrays;
 
-    uint8_t state[ST_WORDS * 8];
-    size_t shard = t->opt.end - t->opt.begin;
-    if (ckpt_read(ck, "state", state, sizeof state) != 0) return -1;
-    // read the arrays' sizes now, so nothing can fail after the trainer starts changing
-    const void *params, *m, *v;
+// The arrays found with the sizes the model needs, every value finite and every second moment >= 0:
+// a NaN or infinity would poison the run from its first step, so such a file is not a state to
+// resume. 0, or -1 + error naming the section.
+static int check_arrays(Arrays *a, const Checkpoint *ck, const Trainer *t) {
+    const char *path = ck->path;
     uint64_t np, nm, nv;
-    if (ckpt_find(ck, "params", &params, &np) != 0 || ckpt_find(ck, "adam.m", &m, &nm) != 0 ||
-        ckpt_find(ck, "adam.v", &v, &nv) != 0)
+    if (ckpt_find(ck, "params", &a->params, &np) != 0 || ckpt_find(ck, "adam.m", &a->m, &nm) != 0 ||
+        ckpt_find(ck, "adam.v", &a->v, &nv) != 0)
         return -1;
     // the arrays are the whole model's (any layout); this process keeps its part of them
-    size_t n_full = parallel_full_params(&t->model);
+    size_t n_full = a->n_full = parallel_full_params(&t->model);
     uint64_t want_p = (uint64_t)n_full * sizeof(float), want_s = want_p;
     if (np != want_p || nm != want_s || nv != want_s)
         return bs_fail("%s: sections params / adam.m / adam.v hold %llu / %llu / %llu bytes, the model needs %llu / "
                        "%llu / %llu",
                        path, (unsigned long long)np, (unsigned long long)nm, (unsigned long long)nv,
                        (unsigned long long)want_p, (unsigned long long)want_s, (unsigned long long)want_s);
-    // a NaN or infinity would poison the run from its first step: such a file is not a state to resume
     const struct {
         const char *name;
         const void *x;
-    } arrays[] = {{"params", params}, {"adam.m", m}, {"adam.v", v}};
-    for (size_t a = 0; a < sizeof arrays / sizeof arrays[0]; a++) {
-        int64_t bad = first_non_finite(arrays[a].x, n_full);
+    } arrays[] = {{"params", a->params}, {"adam.m", a->m}, {"adam.v", a->v}};
+    for (size_t k = 0; k < sizeof arrays / sizeof arrays[0]; k++) {
+        int64_t bad = first_non_finite(arrays[k].x, n_full);
         if (bad >= 0)
             return bs_fail("%s: section %s holds a value that is not finite (element %lld): not a state training can "
                            "continue from",
-                           path, arrays[a].name, (long long)bad);
+                           path, arrays[k].name, (long long)bad);
     }
     for (size_t i = 0; i < n_full; i++) {  // a second moment is a mean of squares
         float x;
-        memcpy(&x, (const unsigned char *)v + i * sizeof x, sizeof x);
+        memcpy(&x, (const unsigned char *)a->v + i * sizeof x, sizeof x);
         if (x < 0)
             return bs_fail("%s: section adam.v holds a negative second moment (element %zu): not a state training can "
                            "continue from",
                            path, i);
     }
-    uint64_t w[ST_WORDS];
-    for (int i = 0; i < ST_WORDS; i++) w[i] = get_u64(state + 8 * i);
+    return 0;
+}
+
+// The state words against this run: the dataset's fingerprint, steps in range, the data position
+// saved for this seed and this many documents. 0 (ss: the sampler's position), or -1 + error.
+static int check_state(SamplerState *ss, const char *path, const uint64_t *w, const Trainer *t) {
     if (w[ST_DATA_FINGERPRINT] != t->data_fingerprint)
         return bs_fail("%s: dataset mismatch: state fingerprint %08llx, this run's dataset %s has %08x", path,
                        (unsigned long long)w[ST_DATA_FINGERPRINT], t->cfg.data, t->data_fingerprint);
     if (w[ST_STEP] > (uint64_t)INT64_MAX / 2 || w[ST_ADAM_T] > (uint64_t)INT64_MAX / 2)
         return bs_fail("%s: invalid step %llu / optimizer step %llu", path, (unsigned long long)w[ST_STEP],
                        (unsigned long long)w[ST_ADAM_T]);
-    SamplerState ss = {.seed = w[ST_SAMPLER_SEED],
-                       .epoch = (int64_t)w[ST_SAMPLER_EPOCH],
-                       .pos = (int64_t)w[ST_SAMPLER_POS],
-                       .taken = (int64_t)w[ST_SAMPLER_TAKEN],
-                       .n_docs = (int64_t)w[ST_SAMPLER_NDOCS]};
-    if (ss.seed != t->cfg.seed)
+    *ss = (SamplerState){.seed = w[ST_SAMPLER_SEED],
+                         .epoch = (int64_t)w[ST_SAMPLER_EPOCH],
+                         .pos = (int64_t)w[ST_SAMPLER_POS],
+                         .taken = (int64_t)w[ST_SAMPLER_TAKEN],
+                         .n_docs = (int64_t)w[ST_SAMPLER_NDOCS]};
+    if (ss->seed != t->cfg.seed)
         return bs_fail("%s: the data position was saved for seed %llu, this run has %llu", path,
-                       (unsigned long long)ss.seed, (unsigned long long)t->cfg.seed);
-    if (ss.n_docs != t->data.index.n_docs)
+                       (unsigned long long)ss->seed, (unsigned long long)t->cfg.seed);
+    if (ss->n_docs != t->data.index.n_docs)
         return bs_fail("%s: the data position is for %lld documents, this run's dataset has %lld", path,
-                       (long long)ss.n_docs, (long long)t->data.index.n_docs);
-    // the last check; on failure sampler_restore keeps the old position. The sampler lives where
-    // the documents are (with data servers: rank 0, the scheduler, alone)
-    if (t->sampler.index && sampler_restore(&t->sampler, &ss) != 0) return bs_fail_ctx("%s", path);
+                       (long long)ss->n_docs, (long long)t->data.index.n_docs);
+    return 0;
+}
 
-    // this process's part, unpacked (the sections may be unaligned: copied out first)
-    size_t n_local = t->llama.n_params;
+// This process's part of the arrays into the trainer, with the steps from the state words. The
+// parts are unpacked first (the sections may be unaligned: copied out first), so a failure (no
+// memory) leaves the trainer as it was; nothing can fail once it starts changing.
+static int install_arrays(Trainer *t, const char *path, const Arrays *a, const uint64_t *w) {
+    size_t n_full = a->n_full, n_local = t->llama.n_params, shard = t->opt.end - t->opt.begin;
     float *whole = bs_malloc((n_full > 0 ? n_full : 1) * sizeof(float));
     float *lm = bs_malloc((n_local > 0 ? n_local : 1) * sizeof(float));
     float *lv = bs_malloc((n_local > 0 ? n_local : 1) * sizeof(float));
     int rc = whole && lm && lv ? 0 : -1;
     LlamaShard sh = t->llama.shard;
     if (rc == 0) {
-        memcpy(whole, m, n_full * sizeof(float));
+        memcpy(whole, a->m, n_full * sizeof(float));
         rc = parallel_take_local(&t->model, &sh, whole, lm);
     }
     if (rc == 0) {
-        memcpy(whole, v, n_full * sizeof(float));
+        memcpy(whole, a->v, n_full * sizeof(float));
         rc = parallel_take_local(&t->model, &sh, whole, lv);
     }
-    if (rc == 0) memcpy(whole, params, n_full * sizeof(float));
+    if (rc == 0) memcpy(whole, a->params, n_full * sizeof(float));
     if (rc != 0) {
         free(whole), free(lm), free(lv);
         return bs_fail_ctx("%s: unpacking this process's part", path);
@@ -478,6 +478,33 @@ static int load_checked(Trainer *t, const Checkpoint *ck) {
     t->step = (int64_t)w[ST_STEP];
     llama_zero_grad(&t->llama);
     return 0;
+}
+
+// The checkpoint into the trainer, every check first: the run's model, data and settings, the
+// arrays, the state words; then the sampler's position (the last check) and the arrays.
+static int load_checked(Trainer *t, const Checkpoint *ck) {
+    const char *path = ck->path;
+    TrainConfig cc;
+    ModelConfig cm;
+    DataId cd;
+    if (parse_config(ck, &cc, &cm, &cd) != 0) return -1;
+    if (compare_model(path, &cm, &t->model) != 0) return -1;
+    DataId now = data_id(t);
+    if (compare_data(path, cc.data, &cd, t->cfg.data, &now) != 0) return -1;
+    if (compare_settings(path, &cc, t) != 0) return -1;
+    uint8_t state[ST_WORDS * 8];
+    if (ckpt_read(ck, "state", state, sizeof state) != 0) return -1;
+    // the arrays' sizes and values now, so nothing can fail after the trainer starts changing
+    Arrays a;
+    if (check_arrays(&a, ck, t) != 0) return -1;
+    uint64_t w[ST_WORDS];
+    for (int i = 0; i < ST_WORDS; i++) w[i] = get_u64(state + 8 * i);
+    SamplerState ss;
+    if (check_state(&ss, path, w, t) != 0) return -1;
+    // the last check; on failure sampler_restore keeps the old position. The sampler lives where
+    // the documents are (with data servers: rank 0, the scheduler, alone)
+    if (t->sampler.index && sampler_restore(&t->sampler, &ss) != 0) return bs_fail_ctx("%s", path);
+    return install_arrays(t, path, &a, w);
 }
 
 int trainer_load(Trainer *t, const char *path) {

@@ -316,22 +316,11 @@ void sim_result_free(SimResult *r) {
     memset(r, 0, sizeof *r);
 }
 
-int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
-    memset(out, 0, sizeof *out);
-    if (check_inputs(p, cfg) != 0) return -1;
-    const Cluster *c = cfg->cluster;
-    const CostModel *cm = cfg->cm;
-    // N * pp <= the cluster's GPUs (check_inputs matched N to it; cluster_init bounds those), but
-    // the operation counts grow with the plan's items, which a file may make arbitrarily many
-    int pp = c->pp, N = p->n_ranks, n_res = N * pp;
-    int64_t ops64 = 2 * (int64_t)pp * p->n_items, refs64 = 2 * (int64_t)pp * p->n_refs;
-    if (p->n_items < 0 || p->n_refs < 0 || ops64 > INT32_MAX || refs64 > INT32_MAX)
-        return bs_fail("simulate: %d items with %d rank refs on %d pipeline stages are more operations than the "
-                       "simulator takes (%d)",
-                       p->n_items, p->n_refs, pp, INT32_MAX);
-    int32_t n_items = p->n_items, n_ops = (int32_t)ops64;
-
-    out->n_ranks = N;
+// The result's arrays: per resource (rank x stage: r * pp + s), per stage, per operation. 0, or -1 +
+// error (sim_result_free frees whatever was allocated).
+static int result_alloc(SimResult *out, const Plan *p, int pp, int32_t n_ops) {
+    int n_res = p->n_ranks * pp;
+    out->n_ranks = p->n_ranks;
     out->pp = pp;
     out->n_res = n_res;
     out->n_ops = n_ops;
@@ -344,74 +333,113 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
     out->ops = bs_calloc((size_t)n_ops, sizeof(SimOp));
     out->res_begin = bs_calloc((size_t)n_res + 1, sizeof(int32_t));
     out->res_ops = bs_calloc((size_t)(2 * pp) * (size_t)p->n_refs, sizeof(int32_t));
-    int32_t *slot = bs_calloc((size_t)n_items, sizeof(int32_t));
-    int32_t *fill = bs_calloc((size_t)n_res, sizeof(int32_t));
-    double *freet = bs_calloc((size_t)n_res, sizeof(double));
-    double *f_end = bs_calloc((size_t)n_items, sizeof(double));
-    double *b_end = bs_calloc((size_t)n_items, sizeof(double));
-    int32_t *wave = bs_calloc((size_t)n_items + 1, sizeof(int32_t));
-    OpKey *keys = bs_calloc((size_t)n_ops, sizeof(OpKey));
-    int rc = -1;
     if (!out->busy || !out->comm || !out->wait || !out->offload || !out->stage_sync_start || !out->stage_sync ||
-        !out->ops || !out->res_begin || !out->res_ops || !slot || !fill || !freet || !f_end || !b_end ||
-        !keys || !wave)
-        goto done;
+        !out->ops || !out->res_begin || !out->res_ops)
+        return -1;
+    return 0;
+}
 
-    // slots: the earliest "round" an item can be in, given the items before it on its ranks; at a
-    // barrier (Plan.barriers) they jump past every key of the earlier waves (plan_pipeline_slots)
-    if (plan_pipeline_slots(p, slot) != 0) goto done;
+// The timeline's working arrays.
+typedef struct {
+    int32_t *slot;   // (n_items,) the earliest round each item can be in
+    int32_t *wave;   // (n_items + 1,) the barrier wave each item is in
+    OpKey *keys;     // (n_ops,) every (item, stage, direction), in execution order once sorted
+    int32_t *fill;   // (n_res,) operations listed so far in each resource's res_ops
+    double *freet;   // (n_res,) when each resource is next free
+    double *f_end;   // (n_items,) when the item's forward so far ended (the latest stage's)
+    double *b_end;   // (n_items,) the same for its backward
+} Timeline;
+
+static int timeline_alloc(Timeline *tl, int32_t n_items, int n_res, int32_t n_ops) {
+    tl->slot = bs_calloc((size_t)n_items, sizeof(int32_t));
+    tl->fill = bs_calloc((size_t)n_res, sizeof(int32_t));
+    tl->freet = bs_calloc((size_t)n_res, sizeof(double));
+    tl->f_end = bs_calloc((size_t)n_items, sizeof(double));
+    tl->b_end = bs_calloc((size_t)n_items, sizeof(double));
+    tl->wave = bs_calloc((size_t)n_items + 1, sizeof(int32_t));
+    tl->keys = bs_calloc((size_t)n_ops, sizeof(OpKey));
+    if (!tl->slot || !tl->fill || !tl->freet || !tl->f_end || !tl->b_end || !tl->keys || !tl->wave) return -1;
+    return 0;
+}
+
+static void timeline_free(Timeline *tl) {
+    free(tl->slot);
+    free(tl->fill);
+    free(tl->freet);
+    free(tl->f_end);
+    free(tl->b_end);
+    free(tl->wave);
+    free(tl->keys);
+}
+
+// The operations in execution order. Slots: the earliest "round" an item can be in, given the items
+// before it on its ranks; at a barrier (Plan.barriers) they jump past every key of the earlier waves
+// (plan_pipeline_slots). Then 1F1B on every stage: forward s of slot t at key 2(t + s), backward at
+// 2(t + pp) - 1.
+static int order_ops(Timeline *tl, const Plan *p, int pp, int32_t n_ops) {
+    int32_t n_items = p->n_items;
+    if (plan_pipeline_slots(p, tl->slot) != 0) return -1;
     for (int32_t i = 0, w = 0; i < n_items; i++) {
         while (w < p->n_barriers && p->barriers[w] <= i) w++;
-        wave[i] = w;
+        tl->wave[i] = w;
     }
     int32_t k = 0;
     for (int32_t i = 0; i < n_items; i++)
         for (int s = 0; s < pp; s++) {
-            keys[k++] = (OpKey){2 * ((int64_t)slot[i] + s), i, (int16_t)s, 0};
-            keys[k++] = (OpKey){2 * ((int64_t)slot[i] + pp) - 1, i, (int16_t)s, 1};
+            tl->keys[k++] = (OpKey){2 * ((int64_t)tl->slot[i] + s), i, (int16_t)s, 0};
+            tl->keys[k++] = (OpKey){2 * ((int64_t)tl->slot[i] + pp) - 1, i, (int16_t)s, 1};
         }
-    qsort(keys, (size_t)n_ops, sizeof *keys, opkey_cmp);
+    qsort(tl->keys, (size_t)n_ops, sizeof *tl->keys, opkey_cmp);
+    return 0;
+}
 
-    // every stage of rank r runs 2 operations per item of r
-    for (int r = 0; r < N; r++)
+// Each resource's slice of res_ops: every stage of rank r runs 2 operations per item of r.
+static void list_resources(SimResult *out, const Plan *p, int pp) {
+    for (int r = 0; r < p->n_ranks; r++)
         for (int s = 0; s < pp; s++) {
             int res = r * pp + s;
             out->res_begin[res + 1] = out->res_begin[res] + 2 * (p->rank_begin[r + 1] - p->rank_begin[r]);
         }
+}
 
-    // a wave's first operation waits for the last end of the waves before it: sorted by keys, they
-    // all came first
+// Every operation in order: ready when its input arrives (the previous stage's forward, the next
+// stage's backward, plus the hop between them), started when every member's stage is also free,
+// and charged to those resources. A wave's first operation waits for the last end of the waves
+// before it: sorted by keys, they all came first.
+static void run_ops(SimResult *out, const Plan *p, const SimConfig *cfg, Timeline *tl) {
+    const Cluster *c = cfg->cluster;
+    int pp = c->pp;
     double all_end = 0, floor_t = 0;
     int32_t cur_wave = 0;
-    for (int32_t o = 0; o < n_ops; o++) {
-        OpKey ok = keys[o];
+    for (int32_t o = 0; o < out->n_ops; o++) {
+        OpKey ok = tl->keys[o];
         const Item *it = &p->items[ok.item];
         const int32_t *members = p->ranks + it->rank_begin;
         int s = ok.stage;
-        if (wave[ok.item] > cur_wave) cur_wave = wave[ok.item], floor_t = all_end;
+        if (tl->wave[ok.item] > cur_wave) cur_wave = tl->wave[ok.item], floor_t = all_end;
         double ready;
         double hop = 0;
         if (!ok.bwd && s > 0) hop = stage_hop(cfg, p, it, s - 1, s);
         if (ok.bwd && s < pp - 1) hop = stage_hop(cfg, p, it, s + 1, s);
-        if (!ok.bwd) ready = s == 0 ? floor_t : f_end[ok.item] + hop;
-        else ready = s == pp - 1 ? f_end[ok.item] : b_end[ok.item] + hop;
+        if (!ok.bwd) ready = s == 0 ? floor_t : tl->f_end[ok.item] + hop;
+        else ready = s == pp - 1 ? tl->f_end[ok.item] : tl->b_end[ok.item] + hop;
         out->stage_msgs += hop;
         double start = ready;
-        for (int m = 0; m < it->n_ranks; m++) start = fmax(start, freet[members[m] * pp + s]);
+        for (int m = 0; m < it->n_ranks; m++) start = fmax(start, tl->freet[members[m] * pp + s]);
         SimOpCost oc = sim_op_cost(cfg, p, ok.item, s, ok.bwd);
         double end = start + oc.compute + oc.comm + oc.offload;
         all_end = fmax(all_end, end);
         for (int m = 0; m < it->n_ranks; m++) {
             int res = members[m] * pp + s;
-            out->wait[res] += start - freet[res];
+            out->wait[res] += start - tl->freet[res];
             out->busy[res] += oc.compute;
             out->comm[res] += oc.comm + oc.offload;
             out->offload[res] += oc.offload;
-            freet[res] = end;
-            out->res_ops[out->res_begin[res] + fill[res]++] = o;
+            tl->freet[res] = end;
+            out->res_ops[out->res_begin[res] + tl->fill[res]++] = o;
         }
-        if (ok.bwd) b_end[ok.item] = end;
-        else f_end[ok.item] = end;
+        if (ok.bwd) tl->b_end[ok.item] = end;
+        else tl->f_end[ok.item] = end;
         out->ops[o] = (SimOp){ok.item, ok.stage, ok.bwd, ready, start, oc};
         double devices = (double)it->n_ranks * c->tp;
         out->ring_bytes += oc.ring_bytes * devices;
@@ -420,9 +448,15 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
         out->exposed_offload += oc.offload * it->n_ranks;
         out->exposed_tp += oc.tp * it->n_ranks;
     }
-    for (int32_t i = 0; i < n_items; i++) out->n_rings += p->items[i].n_ranks >= 2;
+    for (int32_t i = 0; i < p->n_items; i++) out->n_rings += p->items[i].n_ranks >= 2;
+}
 
-    // gradient sync per stage, once every rank's stage is done; then the optimizer step
+// Gradient sync per stage, once every rank's stage is done; then the optimizer step. The step ends
+// with the slowest stage; every resource waits for its stage's sync and then for that end.
+static void sync_and_step(SimResult *out, const SimConfig *cfg, const double *freet) {
+    const Cluster *c = cfg->cluster;
+    const CostModel *cm = cfg->cm;
+    int pp = out->pp, N = out->n_ranks;
     double step = 0;
     for (int s = 0; s < pp; s++) {
         double t = 0;
@@ -443,24 +477,45 @@ int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
         }
     out->step_time = step;
     out->optimizer_time = cm->optimizer;
+}
+
+// The step's totals: tokens trained (less the delayed sequences), throughput, MFU, the spreads.
+static void summarize(SimResult *out, const Plan *p, const SimConfig *cfg) {
+    double step = out->step_time;
     out->tokens = (double)p->batch.n_tokens;
     for (int32_t d = 0; d < p->n_delayed; d++) out->tokens -= (double)p->batch.seqs[p->delayed[d]].len;  // not trained
     out->tokens_per_s = step > 0 ? out->tokens / step : 0;
     if (cfg->model) out->model_flops = sim_model_flops(cfg->model, p);
     if (cfg->model && cfg->hw && step > 0 && cfg->hw->peak_flops > 0)
-        out->mfu = out->model_flops / (step * c->n_gpus * cfg->hw->peak_flops);
-    out->busy_spread = spread_of(out->busy, n_res);
-    out->comm_spread = spread_of(out->comm, n_res);
-    out->wait_spread = spread_of(out->wait, n_res);
+        out->mfu = out->model_flops / (step * cfg->cluster->n_gpus * cfg->hw->peak_flops);
+    out->busy_spread = spread_of(out->busy, out->n_res);
+    out->comm_spread = spread_of(out->comm, out->n_res);
+    out->wait_spread = spread_of(out->wait, out->n_res);
+}
+
+int sim_run(SimResult *out, const Plan *p, const SimConfig *cfg) {
+    memset(out, 0, sizeof *out);
+    if (check_inputs(p, cfg) != 0) return -1;
+    // N * pp <= the cluster's GPUs (check_inputs matched N to it; cluster_init bounds those), but
+    // the operation counts grow with the plan's items, which a file may make arbitrarily many
+    int pp = cfg->cluster->pp;
+    int64_t ops64 = 2 * (int64_t)pp * p->n_items, refs64 = 2 * (int64_t)pp * p->n_refs;
+    if (p->n_items < 0 || p->n_refs < 0 || ops64 > INT32_MAX || refs64 > INT32_MAX)
+        return bs_fail("simulate: %d items with %d rank refs on %d pipeline stages are more operations than the "
+                       "simulator takes (%d)",
+                       p->n_items, p->n_refs, pp, INT32_MAX);
+    int32_t n_ops = (int32_t)ops64;
+    Timeline tl = {0};
+    int rc = -1;
+    if (result_alloc(out, p, pp, n_ops) != 0 || timeline_alloc(&tl, p->n_items, out->n_res, n_ops) != 0) goto done;
+    if (order_ops(&tl, p, pp, n_ops) != 0) goto done;
+    list_resources(out, p, pp);
+    run_ops(out, p, cfg, &tl);
+    sync_and_step(out, cfg, tl.freet);
+    summarize(out, p, cfg);
     rc = 0;
 done:
-    free(slot);
-    free(fill);
-    free(freet);
-    free(f_end);
-    free(b_end);
-    free(wave);
-    free(keys);
+    timeline_free(&tl);
     if (rc != 0) sim_result_free(out);
     return rc;
 }
