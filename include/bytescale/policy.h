@@ -43,7 +43,7 @@ typedef struct {
     const char *summary;
     PolicyFn fn;
     int peer;    // 1: a peer's scheduler (docs/peers.md); 0: bytescale's own
-    int trains;  // 1: `bytescale train` runs its plans (0: wlb's delay queue, the block peers' dispatch)
+    const char *no_train;  // why `bytescale train` cannot run its plans; NULL: it runs them
 } Policy;
 
 int policy_count(void);

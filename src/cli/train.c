@@ -178,14 +178,8 @@ static int apply(TrainConfig *c, int opt, const char *v) {
             return bs_fail("--policy %s: a training job runs one policy; lists and the words own, peers and all "
                            "are for plan and simulate, which compare policies",
                            v);
-        if (!strcmp(v, "blocks") || !strcmp(v, "blocks-all"))  // plans the engine cannot run (docs/peers.md)
-            return bs_fail("--policy %s: its block items (blocks owned one by one, K/V fetched from their owners) do "
-                           "not run in the engine, which runs packs, rings, all-to-all and hybrid items; plan or simulate it instead",
-                           v);
-        if (!strcmp(v, "wlb"))
-            return bs_fail("--policy %s: its delay queue postpones documents to later steps, which the training data "
-                           "pipeline does not carry over; plan or simulate it instead",
-                           v);
+        const Policy *pol = policy_find(v);  // the table says which plans the engine cannot run, and why
+        if (pol && pol->no_train) return bs_fail("--policy %s: %s; plan or simulate it instead", v, pol->no_train);
         return copy_text(c->policy, sizeof c->policy, flag, v);
     case OPT_LR: return arg_double(flag, v, &c->lr);
     case OPT_MIN_LR: return arg_double(flag, v, &c->min_lr);

@@ -8,35 +8,41 @@
 #include "bytescale/error.h"
 #include "plan/policy_util.h"
 
+// what `bytescale train` says of the block peers' plans (docs/peers.md)
+#define BLOCK_ITEMS                                                                                                  \
+    "its block items (blocks owned one by one, K/V fetched from their owners) do not run in the engine, which runs " \
+    "packs, rings, all-to-all and hybrid items"
+
 static const Policy policies[] = {
     {"static", "Megatron-style static DP x CP mesh: d_cp fixed by the context, packed micro-batches on CP rings",
-     policy_static, 0, 1},
+     policy_static, 0, NULL},
     {"naive", "ByteScale Algorithm 1 as deployed: rings of Eq. 3's fewest to ceil(s/C) ranks, whichever finishes "
               "first (offloading only where that is no later), best-fit packs, tokens balanced",
-     policy_naive, 0, 1},
+     policy_naive, 0, NULL},
     {"naive-eq3min", "Algorithm 1 read literally: every long sequence on Eq. 3's fewest ranks (offloading), "
                      "best-fit packs, tokens balanced",
-     policy_naive_eq3min, 0, 1},
+     policy_naive_eq3min, 0, NULL},
     {"balance", "ByteScale Algorithm 2: as naive, but assigned by estimated time (DP-Balance; PP-Balance when pp > 1)",
-     policy_balance, 0, 1},
+     policy_balance, 0, NULL},
     {"elastic", "bytescale's own and the default: balance, then rings widened past ceil(s/C) (up to all ranks) where "
                 "a ring sets the step and ranks would idle, each item's kind (ring, all-to-all group, hybrid) chosen "
                 "at its width, the widths chosen by replay under pipelines; never longer than balance",
-     policy_elastic, 0, 1},
+     policy_elastic, 0, NULL},
     // the peers, as published (docs/peers.md)
     {"megatron-hcp", "Megatron-LM's hybrid DP x CP: power-of-two CP groups balanced by s^2/cp, in waves separated by "
                      "barriers",
-     policy_megatron_hcp, 1, 1},
+     policy_megatron_hcp, 1, NULL},
     {"wlb", "WLB-LLM: static DP x CP mesh, micro-batches packed by attention-aware work, outlier documents delayed, "
             "per-document CP sharding",
-     policy_wlb, 1, 0},
+     policy_wlb, 1,
+     "its delay queue postpones documents to later steps, which the training data pipeline does not carry over"},
     {"flexsp", "FlexSP: heterogeneous power-of-two Ulysses (all-to-all) groups, at most the heads of a TP shard "
                "(rings beyond), sized by a MILP (GLPK)",
-     policy_flexsp, 1, 1},
+     policy_flexsp, 1, NULL},
     {"blocks", "MagiAttention / FCP: sequences cut into blocks of B tokens, min-heap dispatched by causal area over "
                "each CP group of the static mesh's d_cp ranks, K/V blocks fetched from their owners; simulate only",
-     policy_blocks, 1, 0},
-    {"blocks-all", "blocks with all ranks as one CP group; simulate only", policy_blocks_all, 1, 0},
+     policy_blocks, 1, BLOCK_ITEMS},
+    {"blocks-all", "blocks with all ranks as one CP group; simulate only", policy_blocks_all, 1, BLOCK_ITEMS},
 };
 enum { N_POLICIES = sizeof policies / sizeof policies[0] };
 
@@ -45,7 +51,7 @@ int policy_count(void) { return N_POLICIES; }
 const Policy *policy_at(int i) { return i >= 0 && i < N_POLICIES ? &policies[i] : NULL; }
 
 static int in_group(const Policy *p, int group) {
-    if (group == POLICY_TRAINS) return p->trains;
+    if (group == POLICY_TRAINS) return p->no_train == NULL;
     return (group & (p->peer ? POLICY_PEERS : POLICY_OWN)) != 0;
 }
 
