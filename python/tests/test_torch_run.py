@@ -1,12 +1,10 @@
-"""torchrun, as docs/torch.md gives it: `python3 -m bytescale.torch.run --nproc_per_node 2 SCRIPT`
-(torchrun's own arguments; on a torch whose torchrun works, `torchrun` itself is the same launch).
+"""torchrun, as docs/torch.md gives it: plain `torchrun --nproc_per_node 2 SCRIPT`, the torchrun of the
+environment the tests run in (the project's .venv: PyTorch 2).
 
-- Std.from_str: patched exactly where the installed torch cannot read "0" (Python 3.11's Flag
-  iteration), never where it can; the patched parse reads and refuses what the original should.
 - a user's own loop (examples/torch_user_loop.py: its own nn.Module, plain AdamW) on 2 processes
-  under the launcher, with rings, against the same script in one process: both ranks finish, and the
+  under torchrun, with rings, against the same script in one process: both ranks finish, and the
   losses of every step and the final parameters agree (fp64).
-- examples/torch_hdp_train.py on 2 processes under the launcher, with rings, against --nproc 1:
+- examples/torch_hdp_train.py on 2 processes under torchrun, with rings, against --nproc 1:
   both ranks report, and the steps' losses agree.
 """
 
@@ -20,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bytescale.torch import launch, run  # noqa: E402
+from bytescale.torch import launch  # noqa: E402
 from conftest import ROOT  # noqa: E402
 from test_torch_vs_c import corpus  # noqa: E402
 
@@ -35,41 +33,18 @@ def python_env():
 
 
 def launch_cmd(nproc, script, *args):
-    """The documented torchrun command through the launcher; a port of its own (tests run side by side)."""
-    return [sys.executable, "-m", "bytescale.torch.run", "--nproc_per_node", str(nproc),
-            "--master_port", str(launch.free_port()), str(script), *map(str, args)]
+    """The documented torchrun command: the environment's own `torchrun` (beside its python, as a venv
+    puts it); a port of its own (tests run side by side)."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    assert os.access(torchrun, os.X_OK), f"no torchrun beside {sys.executable}"
+    return [torchrun, "--nproc_per_node", str(nproc), "--master_port", str(launch.free_port()), str(script),
+            *map(str, args)]
 
 
 def check_run(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=python_env(), cwd=ROOT)
     assert r.returncode == 0, f"{' '.join(cmd)}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     return r
-
-
-def test_std_from_str_patched_only_where_broken(monkeypatch):
-    from torch.distributed.elastic.multiprocessing.api import Std
-
-    # in a fresh interpreter: the installed torch as it is, then the launcher's patch
-    code = ("from torch.distributed.elastic.multiprocessing.api import Std\n"
-            "from bytescale.torch import run\n"
-            "before = [Std.from_str(s) for s in ('0', '1', '3')]\n"
-            "print(run.std_from_str_broken(), run.patch_std_from_str(), run.std_from_str_broken())\n"
-            "print([int(x) if x is not None else None for x in before])\n"
-            "print({k: int(v) for k, v in Std.from_str('0:3,1:0,2:1').items()}, int(Std.from_str('0')))\n"
-            "try:\n    Std.from_str('4')\nexcept ValueError as e:\n    print('refused', e)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=python_env(), timeout=300)
-    assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    broken, patched, after = lines[0].split()
-    before = eval(lines[1])  # noqa: S307 (our own print)
-    assert (broken == "True") == (before != [0, 1, 3]), lines  # detection = what from_str really returns
-    assert patched == broken and after == "False", lines
-    assert lines[2] == "{0: 3, 1: 0, 2: 1} 0", lines
-    assert lines[3].startswith("refused 4 does not match"), lines
-    # a torch whose from_str reads "0" is left alone
-    monkeypatch.setattr(Std, "from_str", staticmethod(lambda vm: Std(int(vm))))
-    assert not run.std_from_str_broken()
-    assert run.patch_std_from_str() is False
 
 
 def test_user_loop_under_torchrun_matches_one_process(tmp_path):

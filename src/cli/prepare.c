@@ -8,7 +8,7 @@
 #include "bytescale/prepare.h"
 #include "cli/cli.h"
 
-#define RANKS_REL "data/gpt-tokenizer/data/r50k_base.tiktoken"
+#define RANKS_REL "data/tiktoken/r50k_base.tiktoken"
 enum { MAX_INPUTS = 256 };
 
 static void usage(FILE *f) {

@@ -32,7 +32,7 @@ static void usage(FILE *f) {
             "text directories only:\n"
             "  --ext EXT          only files ending in EXT (default: every file)\n"
             "  --tokenizer NAME   byte (default) or gpt2\n"
-            "  --bpe-ranks PATH   gpt2's rank file (default data/gpt-tokenizer/data/r50k_base.tiktoken)\n"
+            "  --bpe-ranks PATH   gpt2's rank file (default data/tiktoken/r50k_base.tiktoken)\n"
             "  --cache BYTES      tokens of recently used documents kept per server; others are tokenized\n"
             "                     again when asked for (suffixes K M G; default 256M)\n"
             "  --help             this text\n");
@@ -55,7 +55,7 @@ int cmd_serve_role(Comm *world, const LoaderServeConfig *cfg, const CommRoles *r
 void serve_defaults(LoaderServeConfig *cfg, const char *dir) {
     *cfg = (LoaderServeConfig){.dir = dir,
                                .tokenizer = "byte",
-                               .bpe_ranks = "data/gpt-tokenizer/data/r50k_base.tiktoken",
+                               .bpe_ranks = "data/tiktoken/r50k_base.tiktoken",
                                .cache_bytes = 256ll << 20};
 }
 

@@ -1,6 +1,8 @@
-// test_tokenizer.c: GPT-2 BPE against the npm package's expected encodings, the merge against a
+// test_tokenizer.c: GPT-2 BPE against tiktoken's encodings (pip), the merge against a
 // naive reference, byte-level round trips (invalid UTF-8 included), rank-file errors.
 #include "test_util.h"
+
+#include <cJSON.h>
 
 #include "bytescale/error.h"
 #include "bytescale/fileio.h"
@@ -22,79 +24,61 @@ static Tokenizer *open_gpt2(void) {
     return t;
 }
 
-// ---- TestPlans.txt -----------------------------------------------------------------------------
+// ---- tiktoken's encodings ----------------------------------------------------------------------
 
-// Parse "[1, 2, 3]" into ids; returns the count.
-static int64_t parse_ids(const char *s, uint32_t *ids, int64_t cap) {
-    int64_t n = 0;
-    const char *p = strchr(s, '[');
-    assert_non_null(p);
-    p++;
-    while (*p && *p != ']') {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p) {
-            p++;
-            continue;
-        }
-        assert_true(n < cap);
-        ids[n++] = (uint32_t)v;
-        p = end;
-    }
-    return n;
-}
-
-static void test_gpt2_matches_package_test_plans(void **state) {
+// vectors-r50k_base.jsonl (scripts/tiktoken_vectors.py, run by `make tokenizer`): one document a line,
+// {"name", "text", "ids"}, the ids from tiktoken (pip) given the same rank file. Every document is
+// encoded here and must give tiktoken's ids exactly, then decode back to its text.
+static void test_gpt2_matches_tiktoken(void **state) {
     (void)state;
     Tokenizer *t = open_gpt2();
     assert_int_equal(tokenizer_vocab_size(t), 50257);
     assert_int_equal(tokenizer_eot(t), 50256);
     char *text;
     size_t size;
-    if (file_read_all(tokenizer_file("TestPlans.txt"), &text, &size) != 0) fail_msg("%s", bs_errmsg());
-    // blocks: "EncodingName: X" / "Sample: <text>" / "Encoded: [ids]"; each on one line
-    int checked = 0, in_r50k = 0;
-    const char *sample = NULL;
-    size_t sample_len = 0;
-    static uint32_t want[1 << 16];
+    if (file_read_all(tokenizer_file("vectors-r50k_base.jsonl"), &text, &size) != 0) fail_msg("%s", bs_errmsg());
+    int64_t docs = 0, tokens = 0, multilingual = 0;
     char *line = text;
     while (line < text + size) {
-        char *eol = strchr(line, '\n');
+        char *eol = memchr(line, '\n', (size_t)(text + size - line));
         if (!eol) eol = text + size;
         *eol = '\0';
-        if (!strncmp(line, "EncodingName: ", 14)) {
-            in_r50k = !strcmp(line + 14, "r50k_base");
-            sample = NULL;
-        } else if (in_r50k && !strncmp(line, "Sample: ", 8)) {
-            sample = line + 8;
-            sample_len = (size_t)(eol - sample);
-        } else if (in_r50k && sample && !strncmp(line, "Encoded: ", 9)) {
-            int64_t n_want = parse_ids(line, want, 1 << 16);
-            Tokens got = {0};
-            assert_int_equal(tokenizer_encode(t, sample, sample_len, &got), 0);
-            if (got.n != n_want || (n_want > 0 && memcmp(got.ids, want, (size_t)n_want * sizeof(uint32_t)) != 0)) {
-                fprintf(stderr, "sample: %s\n got:", sample);
-                for (int64_t i = 0; i < got.n; i++) fprintf(stderr, " %u", got.ids[i]);
-                fprintf(stderr, "\nwant:");
-                for (int64_t i = 0; i < n_want; i++) fprintf(stderr, " %u", want[i]);
-                fprintf(stderr, "\n");
-                fail_msg("encoding differs from TestPlans.txt (block %d)", checked);
-            }
-            uint8_t *back;
-            size_t back_n;
-            assert_int_equal(tokenizer_decode(t, got.ids, got.n, &back, &back_n), 0);
-            assert_int_equal(back_n, sample_len);
-            assert_memory_equal(back, sample, sample_len);
-            free(back);
-            tokens_free(&got);
-            checked++;
-            sample = NULL;
-        }
+        cJSON *doc = cJSON_Parse(line);
+        if (!doc) fail_msg("vectors-r50k_base.jsonl: line %lld is not JSON", (long long)docs + 1);
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "name"));
+        const char *sample = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "text"));
+        cJSON *ids = cJSON_GetObjectItem(doc, "ids");
+        assert_non_null(name);
+        assert_non_null(sample);
+        assert_true(cJSON_IsArray(ids));
+        size_t len = strlen(sample);
+        Tokens got = {0};
+        assert_int_equal(tokenizer_encode(t, sample, len, &got), 0);
+        int64_t n_want = cJSON_GetArraySize(ids), i = 0, first_diff = -1;
+        for (cJSON *id = ids->child; id; id = id->next, i++)
+            if (first_diff < 0 && (i >= got.n || got.ids[i] != (uint32_t)id->valuedouble)) first_diff = i;
+        if (first_diff < 0 && got.n != n_want) first_diff = n_want;
+        if (first_diff >= 0)
+            fail_msg("%s: %lld tokens, tiktoken %lld; first difference at token %lld", name, (long long)got.n,
+                     (long long)n_want, (long long)first_diff);
+        uint8_t *back;
+        size_t back_n;
+        assert_int_equal(tokenizer_decode(t, got.ids, got.n, &back, &back_n), 0);
+        assert_int_equal(back_n, len);
+        assert_memory_equal(back, sample, len);
+        free(back);
+        tokens += got.n;
+        multilingual += !strncmp(name, "multilingual", 12);
+        docs++;
+        tokens_free(&got);
+        cJSON_Delete(doc);
         line = eol + 1;
     }
     free(text);
-    // the package's file has 64 r50k_base blocks; fewer means the parse above went wrong
-    assert_true(checked >= 64);
+    print_message("r50k_base: %lld documents, %lld tokens, equal to tiktoken's\n", (long long)docs, (long long)tokens);
+    // the file holds the hand-written cases, the multilingual sample and a tenth of the Go corpus:
+    // fewer means it was cut short
+    assert_true(docs >= 500 && multilingual >= 10 && tokens >= 1000000);
     tokenizer_free(t);
 }
 
@@ -299,7 +283,7 @@ static void test_rank_file_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gpt2_matches_package_test_plans),
+        cmocka_unit_test(test_gpt2_matches_tiktoken),
         cmocka_unit_test(test_gpt2_merge_matches_naive_reference),
         cmocka_unit_test(test_gpt2_roundtrip_any_bytes),
         cmocka_unit_test(test_gpt2_split_follows_the_regex),

@@ -9,9 +9,10 @@
 #    the installed headers declare (nothing internal: no make_dirs, no now_seconds)
 # 3. examples/plan_example.c built with pkg-config and with CMake (find_package, shared and static)
 #    against the prefix, and run
-# 4. the Python package installed offline into a fresh virtual environment the documented way (`make
-#    python`: Debian's interpreter, whatever python3 is first on the PATH; its pip, setuptools, numpy,
-#    pytest, torch through --system-site-packages), found there, and its tests run on it
+# 4. the Python package installed into a fresh environment the documented way, in a copy of the checkout
+#    (`make python`: .venv made by Debian's interpreter whatever python3 is first on the PATH, holding
+#    requirements.txt's pins), found there, and its tests run on it; an interpreter that cannot make a
+#    venv refused (this was tests/pkg/make_python.sh too: one venv, made once, covers both)
 set -euo pipefail
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
@@ -92,36 +93,65 @@ grep -q libbytescale <<<"$libs" && fail "the static example loads libbytescale.s
 out=$("$work/example-build/plan_example" bogus 2>&1) && fail "the example accepted an unknown policy"
 grep -q "unknown policy 'bogus'" <<<"$out" || fail "the example's error: $out"
 
-step "the Python package in a fresh virtual environment, made the documented way: make python"
-cp -r "$src/python" "$work/python"  # pip builds in the source tree: a copy keeps the checkout clean
-# Whatever python3 comes first on the PATH must not matter (pyenv's, say, whose venv sees neither
-# Debian's numpy nor its wheel): here the first one is a decoy that fails if anything runs it.
+step "the Python package in a fresh environment, made the documented way: make python in a copy of the checkout"
+# In a copy of the Makefile, requirements.txt and python/ (pip builds in the package's source tree, and
+# the venv goes to .venv beside the Makefile: a copy keeps the checkout clean), `make python` with the
+# defaults the documentation relies on: PYSRC=python (a relative path, which pip once read as the name
+# of a package to download), VENV=.venv, PYTHON=/usr/bin/python3. Only BUILD names this build.
+mkdir -p "$work/checkout/python"
+cp "$src/Makefile" "$src/requirements.txt" "$work/checkout/"
+cp -r "$src/python/bytescale" "$src/python/setup.py" "$src/python/pyproject.toml" "$work/checkout/python/"
+find "$work/checkout/python" -name __pycache__ -prune -exec rm -rf {} +
+# Whatever python3 comes first on the PATH must not matter (pyenv's, say): here the first one is a
+# decoy that fails if anything runs it.
 mkdir -p "$work/decoy"
 printf '#!/bin/sh\necho "the python3 first on the PATH ($0) was run: make python must use PYTHON" >&2\nexit 97\n' \
   >"$work/decoy/python3"
 chmod +x "$work/decoy/python3"
 ln -s python3 "$work/decoy/python"
-out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u BYTESCALE_LIB PATH="$work/decoy:$PATH" make --no-print-directory \
-  -C "$src" python BUILD="$build" VENV="$work/venv" PYSRC="$work/python" PYTHON="$python" JOBS=2 2>&1) ||
-  { echo "$out"; fail "make python (the documented commands)"; }
-grep -q "bytescale .* with numpy" <<<"$out" || { echo "$out"; fail "make python did not report the package"; }
-grep -q "^home = $(dirname "$python")\$" "$work/venv/pyvenv.cfg" || fail "the venv was not made with $python"
-# without the interpreter's packages it says what is missing, before making anything
-printf '#!/bin/sh\nexec %s -I -S "$@"\n' "$python" >"$work/decoy/bare-python3"  # no site-packages: no numpy
-chmod +x "$work/decoy/bare-python3"
-out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -C "$src" python BUILD="$build" \
-  VENV="$work/venv-bare" PYSRC="$work/python" PYTHON="$work/decoy/bare-python3" JOBS=2 2>&1) &&
-  fail "make python accepted an interpreter without numpy"
-grep -q "has no .*numpy.*: apt-get install python3-venv python3-numpy" <<<"$out" || fail "make python without numpy: $out"
-[ ! -e "$work/venv-bare" ] || fail "make python made a venv with an interpreter it refused"
+args=(python BUILD="$build" JOBS=2)
+[ "$python" = /usr/bin/python3 ] || args+=(PYTHON="$python")
+echo "in a copy of the checkout: make ${args[*]}"
+# (a make of its own: not the jobserver of a `make test` that may have started ctest)
+out=$(cd "$work/checkout" && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u BYTESCALE_LIB -u PYTHONPATH \
+  PATH="$work/decoy:$PATH" make --no-print-directory "${args[@]}" 2>&1) || { echo "$out"; fail "make python"; }
+echo "$out" | grep -v "Location 'file" | tail -n 3
+grep -q "^.venv: torch 2\.13\.0" <<<"$out" || fail "make venv did not report torch 2.13.0 in .venv"
+grep -q "^.venv: bytescale .* with numpy" <<<"$out" || fail "make python did not report the package"
+venv=$work/checkout/.venv
+grep -q "^home = $(dirname "$python")\$" "$venv/pyvenv.cfg" || fail "the venv was not made with $python"
+grep -q "include-system-site-packages = false" "$venv/pyvenv.cfg" || fail "the venv sees the system's packages"
+cmp -s "$src/requirements.txt" "$venv/.requirements" || fail "the venv does not record the requirements it holds"
+# the environment holds exactly the pins of requirements.txt, each at its version
+"$venv/bin/python" - "$src/requirements.txt" <<'EOF' || fail "the venv differs from requirements.txt"
+import re, sys
+from importlib.metadata import version
+for line in open(sys.argv[1]):
+    m = re.match(r"([A-Za-z0-9_.-]+)==([^ #]+)", line.strip())
+    if m:
+        got = version(m[1]).split("+")[0]
+        assert got == m[2], f"{m[1]}: {got} installed, requirements.txt pins {m[2]}"
+print("the venv holds requirements.txt's pins")
+EOF
+# an interpreter that cannot make venvs (no ensurepip: Debian's python3 without python3-venv) is
+# refused with the package to install, before anything is made
+mkdir -p "$work/no-ensurepip/ensurepip"
+echo 'raise ImportError("no ensurepip (a test decoy)")' >"$work/no-ensurepip/ensurepip/__init__.py"
+printf '#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' "$work/no-ensurepip" "$python" >"$work/decoy/python-no-venv"
+chmod +x "$work/decoy/python-no-venv"
+out=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -C "$work/checkout" venv \
+  VENV="$work/venv-bare" PYTHON="$work/decoy/python-no-venv" 2>&1) && fail "make venv accepted an interpreter without venv"
+grep -q "cannot make a venv: apt-get install python3-venv" <<<"$out" || fail "make venv without ensurepip: $out"
+[ ! -e "$work/venv-bare" ] || fail "make venv made a venv with an interpreter it refused"
 # from the copy pip made into the environment, not this checkout, and with no help from the environment
 cd "$work"
-env -u BYTESCALE_LIB -u PYTHONPATH "$work/venv/bin/python" - "$work/venv" <<'EOF'
+env -u BYTESCALE_LIB -u PYTHONPATH "$venv/bin/python" - "$venv" <<'EOF'
 import sys, bytescale
 venv = sys.argv[1]
 assert bytescale.__file__.startswith(venv), bytescale.__file__
 assert bytescale.library_path.startswith(venv), bytescale.library_path
 p = bytescale.plan([30000, 12000] + [500] * 60, ranks=8, capacity=8192)
+assert sum(len(it.ranks) > 1 for it in p.items) > 0, "no ring for sequences above the capacity"
 print(f"bytescale {bytescale.__version__} from {bytescale.library_path}: {p}")
 EOF
 # the package's own tests, and of bytescale.torch only its ring attention (the subpackage installed and
@@ -133,5 +163,5 @@ for f in "$src"/python/tests/test_*.py; do
 done
 tests+=("$src/python/tests/test_torch_ring.py")
 env -u BYTESCALE_LIB -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 \
-  "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" || fail "the Python tests in the venv"
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" || fail "the Python tests in the venv"
 echo "pkg/install: ok"

@@ -1,0 +1,107 @@
+"""tiktoken_vectors.py: documents and their encodings by tiktoken, for the tokenizer tests to compare with.
+
+    .venv/bin/python scripts/tiktoken_vectors.py --ranks-dir data/tiktoken --encoding r50k_base \
+        --out data/tiktoken/vectors-r50k_base.jsonl [--corpus /usr/share/go-1.19/src] [--every 10]
+
+The reference is tiktoken (pip), never bytescale's own tokenizer: tiktoken's own constructor for the
+encoding (its split pattern, special tokens and the published sha256 of the rank file), reading the
+local rank file through tiktoken's cache (TIKTOKEN_CACHE_DIR, keyed by the sha1 of the URL it would
+download from), so nothing is downloaded. Each output line is one document:
+
+    {"name": "...", "text": "...", "ids": [...]}
+
+The documents: hand-written cases of the split pattern's corners (contractions, digit runs, runs of
+spaces and newlines, punctuation), a multilingual sample (CJK, Hangul, Arabic, Devanagari, Thai,
+emoji with joiners and skin tones, combining marks), and every EVERY-th Go source file of the corpus
+in path order. Encoded with encode_ordinary: special-token text is ordinary text, as bytescale's
+tokenizers treat it.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+
+CASES = [
+    "", " ", "  ", "\n", "\n\n\n", " \n ", "\t\tx", "a  b", "a   \n  b", "trailing   ",
+    "Hello, world!", "hello world", "HELLO WORLD", "I'm you're we've he'll she'd it's DON'T", "'s 't",
+    "1234567890 12 123 1234 3.14159 -42 0x1F 1e10", "a1b2c3", "$$$ ... !!! ??? --- ***",
+    "line one\r\nline two\rline three\n", "<|endoftext|> is text here", "tab\tseparated\tvalues\t",
+    "func main() {\n\tfmt.Println(\"hi\")\n}\n", "x := []int{1, 2, 3}", "// comment\n/* block */",
+]
+
+MULTILINGUAL = [
+    "日本語のテキストと漢字、ひらがな、カタカナ。", "中文文本：你好，世界！", "한국어 텍스트입니다.",
+    "العربية نص قصير", "हिन्दी पाठ", "ภาษาไทย", "Ελληνικά κείμενο", "Русский текст, ёлка.",
+    "emoji 👋🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️ 🇫🇷", "combining: e\u0301 a\u0308 n\u0303 \u0915\u094d\u0937",
+    "Zalgo: Z\u0351\u036b\u0343a\u0352l\u0310g\u0300o", "naïve café résumé Æsir ß ŉ",
+    "mixed 日本 English 123 한국 ✓", "\u00a0non-breaking\u2003em space\u3000ideographic",
+]
+
+URLS = {
+    "r50k_base": "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken",
+    "cl100k_base": "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+    "o200k_base": "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
+}
+
+
+def reference_encoding(name, ranks_dir, cache_dir):
+    """tiktoken's own encoding `name`, its rank file read from ranks_dir through tiktoken's cache."""
+    os.environ["TIKTOKEN_CACHE_DIR"] = cache_dir
+    key = hashlib.sha1(URLS[name].encode()).hexdigest()
+    os.symlink(os.path.abspath(os.path.join(ranks_dir, name + ".tiktoken")), os.path.join(cache_dir, key))
+    import tiktoken
+
+    return tiktoken.get_encoding(name)
+
+
+def go_documents(corpus, every):
+    paths = []
+    for root, dirs, files in os.walk(corpus):
+        dirs.sort()
+        paths += [os.path.join(root, f) for f in sorted(files) if f.endswith(".go")]
+    for p in sorted(paths)[::every]:
+        with open(p, "rb") as f:
+            raw = f.read()
+        try:
+            yield os.path.relpath(p, corpus), raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # tiktoken takes text: a file that is not UTF-8 is left out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks-dir", required=True)
+    ap.add_argument("--encoding", required=True, choices=sorted(URLS))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--corpus", default="/usr/share/go-1.19/src")
+    ap.add_argument("--every", type=int, default=10)
+    a = ap.parse_args()
+    if not os.path.isdir(a.corpus):
+        sys.exit(f"tiktoken_vectors.py: no corpus at {a.corpus} (apt-get install golang-1.19-src; make deps does)")
+    with tempfile.TemporaryDirectory() as cache:
+        enc = reference_encoding(a.encoding, a.ranks_dir, cache)
+        docs = [(f"case {i}", t) for i, t in enumerate(CASES)]
+        docs += [(f"multilingual {i}", t) for i, t in enumerate(MULTILINGUAL)]
+        docs += list(go_documents(a.corpus, a.every))
+        n_tokens = 0
+        with open(a.out, "w", encoding="utf-8") as out:
+            for i, (name, text) in enumerate(docs):
+                ids = enc.encode_ordinary(text)
+                n_tokens += len(ids)
+                out.write(json.dumps({"name": name, "text": text, "ids": ids}, ensure_ascii=False) + "\n")
+                if i % 100 == 0 or i == len(docs) - 1:
+                    print(f"\r{a.encoding}: {i + 1}/{len(docs)} documents, {n_tokens} tokens", end="", flush=True)
+        print(f"\n{a.encoding}: tiktoken {tiktoken_version()} encoded {len(docs)} documents, {n_tokens} tokens -> {a.out}")
+
+
+def tiktoken_version():
+    from importlib.metadata import version
+
+    return version("tiktoken")
+
+
+if __name__ == "__main__":
+    main()
