@@ -2,8 +2,9 @@
 #   make deps    install the Debian packages (as root; otherwise prints how), the Python environment
 #                (.venv, from requirements.txt) and the tokenizer data (data/tiktoken)
 #   make         build the library (static + shared) and the `bytescale` command into build/
-#   make test    run the whole test suite (ctest), then again under ASan + UBSan (checking the
-#                environment and the tokenizer data first, as make test-fast and make asan do)
+#   make test    run the whole test suite (ctest) on the Release build (checking the environment and
+#                the tokenizer data first, as make asan does)
+#   make asan    the C tests again under ASan + UBSan (build-asan/); CI runs it after make test
 #   make demo    the main job on the bundled default
 #   make bench   the benchmarks, as tables
 #   make cuda-check   every CUDA C file compiles with nvcc (the project holds none yet, and says so)
@@ -95,10 +96,11 @@ asan: $(ASAN_BUILD)/Makefile tokenizer
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE slow
 
-test-fast: build tokenizer
+test: build tokenizer
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-test: test-fast asan
+# the old name of make test, from when make test also ran the sanitizer pass
+test-fast: test
 
 demo: build
 	./scripts/demo.sh $(BUILD)

@@ -3,7 +3,7 @@
 from C: the binding's overhead. docs/python.md ("Overhead") quotes its output.
 
     OPENBLAS_NUM_THREADS=1 BYTESCALE_LIB=build/libbytescale.so.0 PYTHONPATH=python \
-        python3 bench/python_plan.py build/bench_plan_api [--repeats 51] [--ranks 16384] [--dist byted]
+        .venv/bin/python bench/python_plan.py build/bench_plan_api [--repeats 51] [--ranks 16384] [--dist byted]
 
 The batch, the cost model and the policy are bench_plan_api's (32M tokens sampled from byted, seed 1,
 2M context, C = 8K, LLaMA-7B on h800-sxm, TP 2, balance, offloading on). Timed:

@@ -20,7 +20,7 @@
 `--device cuda` runs sections 2-4 on GPUs (2 and 3 with NCCL, one GPU per process, so they need 2
 GPUs), `--dtype bf16` or `fp16` in the dtype the fused kernels take.
 
-    make && BYTESCALE_LIB=build/libbytescale.so.0 /usr/bin/python3 bench/torch_hdp.py \\
+    make && BYTESCALE_LIB=build/libbytescale.so.0 .venv/bin/python bench/torch_hdp.py \\
         --binary build/bytescale --data data/go-byte
 """
 

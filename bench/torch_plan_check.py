@@ -10,7 +10,7 @@ inflate), the bare all_gather of the same tensor, and microbatches() without the
 rank's tokens: work every step does anyway); medians of --repeats. With --step, one training step of
 the tiny model on the smallest plan, for scale.
 
-    make && BYTESCALE_LIB=build/libbytescale.so.0 /usr/bin/python3 bench/torch_plan_check.py
+    make && BYTESCALE_LIB=build/libbytescale.so.0 .venv/bin/python bench/torch_plan_check.py
 """
 
 import argparse

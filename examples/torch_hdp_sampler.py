@@ -13,10 +13,12 @@ The training step here only gathers the tokens: the point is the data path. At t
 step the ranks check that each token of the global batch was trained exactly once across all of
 them (ring chunks included) and that the token values they assembled sum to the batch's.
 
-    python3 examples/torch_hdp_sampler.py              # 2 processes, gloo, CPU (torch.multiprocessing)
-    torchrun --nproc_per_node 2 examples/torch_hdp_sampler.py
+    .venv/bin/python examples/torch_hdp_sampler.py     # 2 processes, gloo, CPU (torch.multiprocessing)
+    .venv/bin/torchrun --nproc_per_node 2 examples/torch_hdp_sampler.py
 
-Needs Debian's python3-torch and the bytescale package (README.md, "The Python package").
+Needs PyTorch 2 and the bytescale package: the project's environment after `make python` has both
+(docs/python.md, "The environment"); from a checkout without it, put
+PYTHONPATH=$PWD/python BYTESCALE_LIB=$PWD/build/libbytescale.so.0 in front.
 """
 
 import argparse

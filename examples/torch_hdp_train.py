@@ -10,8 +10,9 @@ of ranks with ring attention over the default process group; the loss is token-l
 whole global batch; gradients are all-reduced bucket by bucket as the backward finishes them;
 clipped AdamW.
 
-    python3 examples/torch_hdp_train.py --nproc 2 --context 16K --capacity 8K --tokens 32K --steps 50
-    torchrun --nproc_per_node 2 examples/torch_hdp_train.py --context 16K --capacity 8K --tokens 32K
+    export BYTESCALE_LIB=$PWD/build/libbytescale.so.0    # the checkout's package over it (docs/torch.md)
+    .venv/bin/python examples/torch_hdp_train.py --nproc 2 --context 16K --capacity 8K --tokens 32K --steps 50
+    .venv/bin/torchrun --nproc_per_node 2 examples/torch_hdp_train.py --context 16K --capacity 8K --tokens 32K
 
 gloo on CPU; NCCL on CUDA when available (--backend to choose). The flags are `bytescale train`'s
 (the ones that apply here; --nproc and --backend are this script's own). A progress line on
@@ -23,13 +24,16 @@ to a temporary file and renamed), --resume to continue from one.
 import argparse
 import json
 import math
+import importlib.util
 import os
 import re
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.isdir(os.path.join(HERE, "..", "python", "bytescale")):  # a checkout: the package beside us
+# the installed package (make python) when there is one; else, in a checkout, the package beside us
+# (which then needs BYTESCALE_LIB: only pip copies the library into the package)
+if importlib.util.find_spec("bytescale") is None and os.path.isdir(os.path.join(HERE, "..", "python", "bytescale")):
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import numpy as np  # noqa: E402

@@ -9,21 +9,25 @@ The loop is a plain one with the four changes docs/torch.md lists: plan on rank 
 the global batch, gradients summed over the ranks. No dataset: the documents are made up from their
 index (a repeating pattern with noise, so the loss has something to learn).
 
-    torchrun --nproc_per_node 2 examples/torch_user_loop.py --steps 5
-    python3 -m bytescale.torch.run --nproc_per_node 2 examples/torch_user_loop.py --steps 5
-    python3 examples/torch_user_loop.py --steps 5          # one process, no launcher
+    export BYTESCALE_LIB=$PWD/build/libbytescale.so.0    # the checkout's package (below) over this library
+    .venv/bin/torchrun --nproc_per_node 2 examples/torch_user_loop.py --steps 5
+    .venv/bin/python examples/torch_user_loop.py --steps 5     # one process, no launcher
 
-(The second form is torchrun where the installed torch's own fails: Debian 12's torch 1.13 on
-Python 3.11; docs/torch.md.) Rank 0 prints one line per step; --dump writes the losses and the
-final parameters (torch.save), which the tests compare between 1 and 2 processes.
+From a checkout this script imports the package in python/ beside it, which holds no copy of the
+library: hence BYTESCALE_LIB, installed (make python) or not (docs/torch.md). Rank 0 prints one line
+per step; --dump writes the losses and the final parameters (torch.save), which the tests compare
+between 1 and 2 processes.
 """
 
 import argparse
+import importlib.util
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.isdir(os.path.join(HERE, "..", "python", "bytescale")):  # a checkout: the package beside us
+# the installed package (make python) when there is one; else, in a checkout, the package beside us
+# (which then needs BYTESCALE_LIB: only pip copies the library into the package)
+if importlib.util.find_spec("bytescale") is None and os.path.isdir(os.path.join(HERE, "..", "python", "bytescale")):
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import numpy as np  # noqa: E402

@@ -16,7 +16,7 @@
 #      the kill to the end of mpirun, and the line that names the process;
 #   4. the newest checkpoint of the killed run resumed on the same layout: its losses against the
 #      uninterrupted run's, bit for bit.
-# Usage: scripts/all_in_one.sh [BUILD_DIR]   (env: DATA, STEPS, BUDGET, CONTEXT, TOKENS, OUT)
+# Usage: scripts/all_in_one.sh [BUILD_DIR]   (env: DATA, STEPS, BUDGET, CONTEXT, TOKENS, OUT, VENV)
 # Runs as root with the OMPI_ALLOW_RUN_AS_ROOT variables (set here); 9 processes on a 2-core machine
 # are oversubscribed: this checks what runs, not how fast.
 set -euo pipefail
@@ -29,15 +29,17 @@ BUDGET=${BUDGET:-112M}
 CONTEXT=${CONTEXT:-1K}
 TOKENS=${TOKENS:-4K}
 OUT=${OUT:-out/all-in-one}
+# the summary at the end runs in the project's Python environment (docs/python.md, "The environment");
+# checked first, not after the minutes of the runs
+PY=${VENV:-.venv}/bin/python
 [ -x "$BIN" ] || { echo "all_in_one: no $BIN; build first (make)" >&2; exit 1; }
 [ -d "$DATA" ] || { echo "all_in_one: no dataset $DATA; run $BIN prepare first" >&2; exit 1; }
+[ -x "$PY" ] || { echo "all_in_one: no $PY; make the Python environment first (make venv, or make deps)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 BS_QUIET=1
 rm -rf "$OUT" && mkdir -p "$OUT"
 COMMON="--data $DATA --model base --context $CONTEXT --tokens $TOKENS --warmup 1 --lr 3e-3"
 ALL="--tp 2 --pp 2 --servers 1 --offload-tier file --offload-dir $OUT --mem-budget $BUDGET --policy elastic"
 MPI="mpirun -np 9 --oversubscribe"
-PY=/usr/bin/python3
-command -v "$PY" >/dev/null || PY=python3
 
 echo "all_in_one: [1/5] one process, $STEPS steps" >&2
 "$BIN" train $COMMON --steps "$STEPS" --metrics "$OUT/one.jsonl" > "$OUT/one.out"

@@ -88,7 +88,10 @@ static void check_steps(const char *data, const char *model, const char *policy,
     if (lead) {
         const char *worst;
         double err = max_tensor_error(&ref->llama, p, ref->llama.params, &worst);
-        CHECK(err <= 1e-5, "%s %s: parameters after 3 steps: %s off by %.3g", layout_name(tp, pp, a->hdp), policy,
+        // 5e-5, not the gradients' 1e-5: AdamW divides by sqrt(v), which magnifies the fp32 rounding of
+        // a gradient component near zero into its parameter (1.2e-5 seen on one CPU's OpenBLAS kernels
+        // for (tp 2, pp 2, hdp 2) balance, whose gradients agree within 6.5e-7)
+        CHECK(err <= 5e-5, "%s %s: parameters after 3 steps: %s off by %.3g", layout_name(tp, pp, a->hdp), policy,
               worst, err);
         printf("  %-22s %-8s 3 steps: worst parameter tensor %.2e (%s)\n", layout_name(tp, pp, a->hdp), policy, err,
                worst);

@@ -5,7 +5,8 @@ short sequences with blockwise variable-length attention, long sequences as ring
 ring attention, as Ulysses (all-to-all) groups, or as rings of Ulysses groups (hybrid items), over
 point-to-point messages of the default process group (or, beside the user's tensor parallelism
 and pipeline stages, of a 3D Layout's hdp groups), token-level loss over the
-whole global batch, gradients summed bucket by bucket. gloo on CPU, NCCL on CUDA; torch >= 1.13.
+whole global batch, gradients summed bucket by bucket. gloo on CPU, NCCL on CUDA; PyTorch 2
+(docs/torch.md, "Supported PyTorch versions": 1.13 is not supported).
 
     import bytescale.torch as bt
     plan = bt.broadcast_plan(bt.plan_step(batch, source, ranks=world, capacity=C) if rank == 0 else None)
@@ -21,7 +22,8 @@ try:
     import torch as _torch  # noqa: F401  (absolute: the real torch, not this package)
     import torch.distributed as _dist  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised only without torch
-    raise ImportError("bytescale.torch needs PyTorch (>= 1.13): pip install torch, or Debian's python3-torch") from e
+    raise ImportError("bytescale.torch needs PyTorch 2: run with the project's environment, .venv/bin/python or "
+                      ".venv/bin/torchrun (make venv), or pip install torch into yours") from e
 
 from .attention import Rows, block_backward, block_forward, local_attention, merge, varlen_attention
 from .checkpoint import Checkpoint, CheckpointError, load_params, read_checkpoint, write_checkpoint

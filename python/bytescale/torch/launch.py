@@ -71,9 +71,10 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = 
     """Run fn(rank, world, *args) in `nprocs` fresh processes with the default process group
     initialised; return their results, rank 0 first. fn must be importable by name (a module-level
     function) and its results picklable."""
-    # the workers are fresh interpreters whose OpenBLAS (Debian's torch links the system one) reads
-    # OPENBLAS_CORETYPE when it loads: where it would fall back to kernels older than this CPU, they
-    # get the ones `bytescale train` picks for itself (docs/training.md, "BLAS kernels")
+    # the workers are fresh interpreters whose OpenBLAS (the system one libbytescale links; torch's pip
+    # wheel brings its own BLAS, on x86-64 MKL, which ignores the variable) reads OPENBLAS_CORETYPE when
+    # it loads: where it would fall back to kernels older than this CPU, they get the ones `bytescale
+    # train` picks for itself (docs/training.md, "BLAS kernels")
     coretype = blas_coretype()
     if coretype and "OPENBLAS_CORETYPE" not in os.environ:
         os.environ["OPENBLAS_CORETYPE"] = coretype

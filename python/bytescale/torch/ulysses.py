@@ -27,8 +27,8 @@ uses K/V head h // (H/G)). When a member's heads do not line up with whole GQA g
 u = 2: heads 0-2 use K/V heads 0, 0, 1), its K/V are widened to one per query head before the kernel
 and the widened gradients folded back.
 
-All messages are point-to-point on the DEFAULT process group (gloo has no list all_to_all in torch
-1.13, and NCCL's own all_to_all is the same grouped send/receive), or on a 3D Layout's hdp group
+All messages are point-to-point on the DEFAULT process group (a collective all_to_all would need a
+process group per item's members; NCCL's own all_to_all is the same grouped send/receive), or on a 3D Layout's hdp group
 (`Ulysses(group=)`), so no process group is made per item; the plan's global order keeps them
 deadlock-free as it does rings (docs/torch.md).
 """
