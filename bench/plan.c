@@ -30,6 +30,13 @@
 // (MagiAttention's default block size) beside balance and
 // elastic at 512 and 16,384 ranks, both datasets, 32M tokens, 2M and 256K context (flexsp's solver
 // time included), median (min - max) of 5 runs. `bench_plan peers` runs this table alone.
+//
+// Table 6, many short sequences a rank (issue 42): the batch of lengths (i x 7919) % 4000 + 1, from
+// 125K to 10M sequences on 512 to 16,384 ranks (the CLI's defaults otherwise: LLaMA-7B on h800-sxm,
+// TP 2, C = 8K, 64K context, offloading on): balance and elastic, median wall clock of 5 runs (3 at
+// 10M; thread CPU time in brackets, which another job on the machine disturbs less), the peak growth of resident memory while planning (a fresh child, as above) beside the
+// plan's own arrays and the size of elastic's plan file. Here the batch's work sets the step, so
+// elastic's plan is balance's; what it adds must stay small. `bench_plan short` runs this table alone.
 #include <malloc.h>
 #include <math.h>
 #include <stdio.h>
@@ -480,6 +487,103 @@ static void table_peers(void) {
     printf("\n");
 }
 
+// ---- many short sequences a rank ------------------------------------------------------------------------
+
+// The batch of issue 42: n lengths (i x 7919) % 4000 + 1 for i = 1 .. n, as its awk line prints them.
+static int short_batch(GlobalBatch *b, int64_t n) {
+    if (batch_init(b, n) != 0) return -1;
+    for (int64_t i = 1; i <= n; i++)
+        if (batch_push(b, i - 1, (i * 7919) % 4000 + 1, -1) != 0) return -1;
+    return 0;
+}
+
+#define SHORT_CONTEXT (64 << 10)
+
+// Planning one row of the table, for measure_in_child.
+typedef struct {
+    const char *policy;
+    int64_t n;
+    int ranks;
+    CostModel cm;
+    GlobalBatch b;
+} ShortJob;
+
+static int short_setup(void *ctx) {
+    ShortJob *j = ctx;
+    cost_for(&j->cm, j->ranks);
+    return short_batch(&j->b, j->n);
+}
+
+static int short_run(void *ctx) {
+    ShortJob *j = ctx;
+    PlanConfig cfg = {.n_ranks = j->ranks, .capacity = CAPACITY, .context = SHORT_CONTEXT, .pp = 1, .offload = 1};
+    Plan p;
+    return policy_plan(&p, j->policy, &j->b, &cfg, &j->cm);  // the child exits: nothing to free
+}
+
+static void table_short(const char *dir) {
+    static const int64_t SEQS[] = {125000, 250000, 500000, 1000000, 1000000, 10000000, 10000000};
+    static const int RANKS[] = {512, 512, 512, 512, 4096, 512, 16384};
+    enum { N_ROWS = sizeof SEQS / sizeof SEQS[0], RUNS = 5 };
+    printf("## Many short sequences a rank: lengths (i x 7919) %% 4000 + 1, 64K context, C = 8K, LLaMA-7B, "
+           "offloading on\n\n");
+    printf("plan ms: median wall clock of %d runs (3 at 10M) on one core, balance and elastic alternating, thread "
+           "CPU time in brackets. peak: growth of the resident set's high-water mark while planning, in a fresh child; plan: the plan's own "
+           "arrays; file: elastic's plan file. MB: 2^20 bytes for memory, 10^6 for files\n\n", RUNS);
+    printf("| sequences | ranks  | sequences/rank | balance ms    | elastic ms    | elastic / balance  | balance peak MB | "
+           "elastic peak MB | plan MB | file MB | elastic peak / file |\n");
+    printf("|-----------|--------|----------------|---------------|---------------|--------------------|-----------------|"
+           "-----------------|---------|---------|---------------------|\n");
+    if (make_dirs(dir) != 0) bs_die_errmsg();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/short.json", dir);
+    Progress pr;
+    progress_start(&pr, "bench plan: short", N_ROWS);
+    for (int r = 0; r < N_ROWS; r++) {
+        int runs = SEQS[r] >= 10000000 ? 3 : RUNS;
+        ShortJob job = {.n = SEQS[r], .ranks = RANKS[r]};
+        if (short_setup(&job) != 0) bs_die_errmsg();
+        PlanConfig cfg = {.n_ranks = RANKS[r], .capacity = CAPACITY, .context = SHORT_CONTEXT, .pp = 1, .offload = 1};
+        double ms[2][RUNS], cpu[2][RUNS];
+        Plan kept;
+        for (int rep = 0; rep < runs; rep++)
+            for (int j = 0; j < 2; j++) {  // balance, elastic
+                Plan q;
+                double t0 = now_seconds(), c0 = bench_cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+                if (policy_plan(&q, j ? "elastic" : "balance", &job.b, &cfg, &job.cm) != 0) bs_die_errmsg();
+                ms[j][rep] = (now_seconds() - t0) * 1e3;
+                cpu[j][rep] = (bench_cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0) * 1e3;
+                if (rep == 0 && j == 1) kept = q;
+                else plan_free(&q);
+            }
+        batch_free(&job.b);
+        if (plan_write_json(&kept, path) != 0) bs_die_errmsg();
+        struct stat st;
+        if (stat(path, &st) != 0) bs_die("%s: not written", path);
+        unlink(path);
+        double plan_mb = plan_bytes(&kept) / (1 << 20), file_mb = (double)st.st_size / 1e6;
+        plan_free(&kept);
+        Measured peak[2];
+        char col[2][48];
+        double wmed[2], cmed[2];
+        for (int j = 0; j < 2; j++) {
+            job.policy = j ? "elastic" : "balance";
+            peak[j] = measure_in_child(short_setup, short_run, &job);
+            wmed[j] = bench_median(ms[j], runs);
+            cmed[j] = bench_median(cpu[j], runs);
+            snprintf(col[j], sizeof col[j], "%.0f (%.0f)", wmed[j], cmed[j]);
+        }
+        printf("| %9lld | %6d | %14lld | %-13s | %-13s | %11.2f (%.2f) | %15.0f | %15.0f | %7.0f | %7.0f | %19.2f |\n",
+               (long long)SEQS[r], RANKS[r], (long long)(SEQS[r] / RANKS[r]), col[0], col[1], wmed[1] / wmed[0],
+               cmed[1] / cmed[0], peak[0].peak_kb / 1024.0, peak[1].peak_kb / 1024.0, plan_mb, file_mb,
+               peak[1].peak_kb * 1024.0 / 1e6 / file_mb);
+        fflush(stdout);
+        progress_update(&pr, r + 1, NULL);
+    }
+    progress_finish(&pr, N_ROWS, NULL);
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
     printf("# bench_plan: the HDP planners (bytescale plan)\n\n");
     if (argc > 1 && !strcmp(argv[1], "peers")) {
@@ -495,10 +599,15 @@ int main(int argc, char **argv) {
         table_scale(argc > 2 ? atoi(argv[2]) : 0);
         return 0;
     }
-    if (argc > 1) bs_die("usage: bench_plan [files | scale [RANKS] | peers]");
+    if (argc > 1 && !strcmp(argv[1], "short")) {
+        table_short(dir);
+        return 0;
+    }
+    if (argc > 1) bs_die("usage: bench_plan [files | scale [RANKS] | short | peers]");
     table_speed();
     table_quality();
     table_scale(0);
+    table_short(dir);
     table_files(dir);
     return 0;
 }

@@ -20,7 +20,8 @@
 //      from the slowest sequence's time (nothing widened: balance) down to the least T every
 //      sequence can reach; of the targets within a hair of the least, the largest (the fewest ranks
 //      added). None better than balance's prediction: the step is the batch's work, and the plan is
-//      balance's.
+//      balance's. Where a bound on the work of any widening already says so (work_sets_step), the
+//      grid is not searched at all.
 //   2. the batch scheduled by balance's list scheduler with those widths (it may still take any width
 //      from Eq. 3's fewest up to the one allowed, whichever finishes first on the ranks as they are).
 //      A widened ring is timed as crossing nodes, here and in the scheduler: members are picked by
@@ -35,19 +36,22 @@
 //      below both, balance's plan need not be made. Otherwise it is made, and the better kept (ties:
 //      balance's).
 //
-// Cost: one scheduling run (two when the comparison is needed), O(n) to set up the model, and per
-// target tried O(k log k) for the k rings longer than an eighth of the step plus O(log R) per
-// sequence widened.
+// Cost: one scheduling run (two when the comparison is needed), O(n) to set up the model; where the
+// batch's work sets balance's step (work_sets_step: many short sequences a rank) nothing more. Else
+// a width search for every long sequence and every length of the short ones that a target can touch,
+// and per target tried O(k log k) for the k long rings longer than an eighth of the step and the
+// lengths of short sequences made rings (a run of one length is placed as a whole: rings_end), a
+// width search for each of those, and O(1) per short sequence made a ring (the work's sum).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bytescale/error.h"
 #include "plan/policy_balance.h"
+#include "plan/policy_elastic.h"
 #include "plan/policy_util.h"
 
 #define ELASTIC_GRID_STEP 0.9  // targets tried: the slowest sequence's time x 0.9^k, down to the least reachable
-#define ELASTIC_GRID_MAX 256
 #define ELASTIC_GAIN 1e-3      // a predicted step this much shorter counts; within it the fewer ranks win
 #define ELASTIC_FILL 8         // rings shorter than step / 8 are left to fill gaps, like short sequences
 #define ELASTIC_MISS 0.02      // a schedule this much longer than predicted missed it: try the targets next to it
@@ -62,9 +66,11 @@ typedef struct {
     int a2a;
 } Family;
 
-// A sequence as the width model sees it.
+// A sequence as the width model sees it; a short one stands for its whole run of one length.
 typedef struct {
-    int32_t seq;
+    int32_t seq;     // its index in the batch (a short one: that of its run's first)
+    int32_t first;   // a short one: its run, BalanceBatch's short sequences first .. first + count - 1,
+    int32_t count;   // all alike to the model (length, time, widths); a long one: 0 and 1
     int64_t len;
     int32_t d0;      // its width under HDP's rule: ceil(s/C) ranks (all ranks when fewer; 1: a short sequence)
     int32_t d_top;   // the widest ring it may be: min(R, s/2), at least d0
@@ -76,10 +82,13 @@ typedef struct {
     double ft[ELASTIC_FAMILIES];   // its time there
 } Seq;
 
-// A ring as predict places it.
+// n alike rings as predict places them; at: their place before sorting (ties keep it, as a stable
+// sort would).
 typedef struct {
     double t;
     int32_t d;
+    int32_t n;
+    int32_t at;
 } Rigid;
 
 typedef struct {
@@ -90,16 +99,20 @@ typedef struct {
     int32_t R;
     Seq *lng;         // (n_lng,) the long sequences, t0 non-increasing
     int32_t n_lng;
-    Seq *sht;         // (n_sht,) the short sequences that might become rings (those slower than floor_t), t0 non-increasing
-    int32_t n_sht;
+    Seq *sht;         // (n_sht,) the short sequences that might become rings (those slower than floor_t) as
+    int32_t n_sht;    //   runs of one length, t0 non-increasing: a batch of many short sequences has few
+    int32_t n_sht_seqs;  // the sequences in those runs, BalanceBatch's first n_sht_seqs short ones
     double work;      // the batch's work with no ring widened
     double floor_t;   // no target below this: the slowest sequence at its fastest width
     double hi;        // the slowest sequence's time under HDP's rule: no target above this
     double lift;      // pp - 1: the stages an item's forward fills and its backward drains
+    int floored;      // model_floor has run: floor_t, sht and the fastest widths are known
+    int flags;        // ELASTIC_FULL_SEARCH, ELASTIC_RING_AT_A_TIME (policy_elastic.h): 0 but in tests
     Family fam[ELASTIC_FAMILIES];  // the kinds policy_item_choice chooses from, as families
     int n_fam;
-    Rigid *rigid;     // (n_lng + n_sht,) predict's rings
-    RankGroup *groups;    // (n_lng + n_sht + 1,) predict's heap of rank groups
+    Rigid *rigid;     // (n_lng + n_sht + 1,) predict's rings
+    RankGroup *groups;    // (min(R, n_lng + n_sht_seqs + 1) + 1,) predict's heap of rank groups: no more
+                          // groups than ranks, nor than rings placed + 1
 } Model;
 
 // A sequence alone on D ranks, no offloading: a ring or, where faster and the heads allow, an
@@ -214,22 +227,23 @@ static int32_t slower_than(const Seq *q, int32_t n, double T) {
     return lo;
 }
 
+// The short sequences in the first nr runs of m->sht.
+static int32_t run_seqs(const Model *m, int32_t nr) { return nr < m->n_sht ? m->sht[nr].first : m->n_sht_seqs; }
+
 // The batch's work when every sequence slower than T is brought to T (T >= floor_t). Short sequences
-// of one length share one answer.
+// of one length share one answer, added once for each of them (the sum as it was per sequence).
 static double work_at(const Model *m, double T) {
-    int32_t nl = slower_than(m->lng, m->n_lng, T), ns = slower_than(m->sht, m->n_sht, T);
-    double w = m->work, extra = 0;
+    int32_t nl = slower_than(m->lng, m->n_lng, T), nr = slower_than(m->sht, m->n_sht, T);
+    double w = m->work;
     for (int32_t i = 0; i < nl; i++) {
         int d = width_for(m, &m->lng[i], T);
         w += d * ring_time(&m->wide, m->lng[i].len, d) - m->lng[i].w0;
     }
-    for (int32_t i = 0; i < ns; i++) {
-        const Seq *q = &m->sht[i];
-        if (i == 0 || q->len != m->sht[i - 1].len) {
-            int d = width_for(m, q, T);
-            extra = d * ring_time(&m->wide, q->len, d) - q->w0;
-        }
-        w += extra;
+    for (int32_t r = 0; r < nr; r++) {
+        const Seq *q = &m->sht[r];
+        int d = width_for(m, q, T);
+        double extra = d * ring_time(&m->wide, q->len, d) - q->w0;
+        for (int32_t j = 0; j < q->count; j++) w += extra;
     }
     return w;
 }
@@ -250,9 +264,22 @@ static void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
-// Every long sequence; the short ones only as far as one of them could be slower than floor_t.
-static int model_init(Model *m, const BalanceBatch *bb) {
+// predict's scratch for the long sequences and the first n short ones (in runs): rings, and the
+// heap of rank groups, never more groups than ranks nor than rings placed + 1.
+static int model_scratch(Model *m, int32_t n_short, int32_t runs) {
+    int64_t rings = (int64_t)m->n_lng + n_short, n_groups = rings + 1 < m->R ? rings + 1 : m->R;
+    free(m->rigid);
+    free(m->groups);
+    m->rigid = bs_malloc(((size_t)m->n_lng + (m->flags & ELASTIC_RING_AT_A_TIME ? n_short : runs) + 1) * sizeof(Rigid));
+    m->groups = bs_malloc(((size_t)n_groups + 1) * sizeof(RankGroup));
+    return m->rigid && m->groups ? 0 : bs_fail_ctx("elastic: the width model");
+}
+
+// Every long sequence, in t0 order, and the batch's work; no width searched yet (model_floor), so
+// that predict(hi), which widens nothing, can say first whether any target could pay (work_sets_step).
+static int model_init(Model *m, const BalanceBatch *bb, int flags) {
     memset(m, 0, sizeof *m);
+    m->flags = flags;
     const CostModel *cm = bb->cm;
     const GlobalBatch *b = bb->b;
     int64_t C = bb->cfg->capacity;
@@ -278,41 +305,51 @@ static int model_init(Model *m, const BalanceBatch *bb) {
         double r = 0;
         if (d < plain && !policy_offload_for(cm, s, C, d, &r)) d = bb->d_min[i], r = bb->r_min[i];
         double t = policy_item_choice(cm, &s, 1, d, r).t;
-        m->lng[m->n_lng++] = (Seq){i, s, d, (int32_t)(top > d ? top : d), t, t * d, 0, 0, {0}, {0}};
+        m->lng[m->n_lng++] = (Seq){i, 0, 1, s, d, (int32_t)(top > d ? top : d), t, t * d, 0, 0, {0}, {0}};
         m->work += t * d;
     }
     qsort(m->lng, (size_t)m->n_lng, sizeof(Seq), by_t0_desc);
     for (int32_t k = 0; k < bb->n_short; k++) m->work += bb->scost[k] + bb->open_cost * (double)bb->slen[k] / (double)C;
+    m->hi = m->n_lng > 0 ? m->lng[0].t0 : 0;
+    if (bb->n_short > 0) m->hi = fmax(m->hi, bb->scost[0] + bb->open_cost);
+    if (model_scratch(m, 0, 0) != 0) {
+        model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+// The floor and the fastest widths: the long sequences, then the short ones only as far as one of
+// them could be slower than floor_t. Once (m->floored).
+static int model_floor(Model *m) {
+    if (m->floored) return 0;
+    m->floored = 1;
+    const BalanceBatch *bb = m->bb;
+    int64_t C = bb->cfg->capacity;
     // the floor: sequences in t0 order, stopping where t0 falls below what is already known (t_fast <= t0)
     for (int32_t i = 0; i < m->n_lng && m->lng[i].t0 > m->floor_t; i++) {
         find_fastest(m, &m->lng[i]);
         m->floor_t = fmax(m->floor_t, m->lng[i].t_fast);
     }
-    m->hi = m->n_lng > 0 ? m->lng[0].t0 : 0;
-    if (bb->n_short > 0) m->hi = fmax(m->hi, bb->scost[0] + bb->open_cost);
-    // the short sequences slower alone than that floor: a prefix of the length order
-    int32_t n = 0;
-    while (n < bb->n_short && bb->scost[n] + bb->open_cost > m->floor_t) n++;
-    m->sht = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(Seq));
-    m->rigid = bs_malloc(((size_t)m->n_lng + n + 1) * sizeof(Rigid));
-    m->groups = bs_malloc(((size_t)m->n_lng + n + 2) * sizeof(RankGroup));
-    if (!m->sht || !m->rigid || !m->groups) {
-        model_free(m);
-        return bs_fail_ctx("elastic: the width model");
-    }
+    // the short sequences slower alone than that floor: a prefix of the length order, in runs of one
+    // length (scost is the length's: a run is alike to the model)
+    int32_t n = 0, runs = 0;
+    for (; n < bb->n_short && bb->scost[n] + bb->open_cost > m->floor_t; n++) runs += n == 0 || bb->slen[n] != bb->slen[n - 1];
+    m->sht = bs_malloc((size_t)(runs > 0 ? runs : 1) * sizeof(Seq));
+    if (!m->sht) return bs_fail_ctx("elastic: the width model");
+    if (model_scratch(m, n, runs) != 0) return -1;
     for (int32_t k = 0; k < n; k++) {
+        if (k > 0 && bb->slen[k] == bb->slen[k - 1]) {
+            m->sht[m->n_sht - 1].count++;
+            continue;
+        }
         int64_t s = bb->slen[k], top = s / 2 < m->R ? s / 2 : m->R;
         double t = bb->scost[k] + bb->open_cost;
         double w = bb->scost[k] + bb->open_cost * (double)s / (double)C;
-        m->sht[m->n_sht++] = (Seq){bb->sidx[k], s, 1, (int32_t)(top > 1 ? top : 1), t, w, 0, 0, {0}, {0}};
+        m->sht[m->n_sht++] = (Seq){bb->sidx[k], k, 1, s, 1, (int32_t)(top > 1 ? top : 1), t, w, 0, 0, {0}, {0}};
     }
+    m->n_sht_seqs = n;
     for (int32_t i = 0; i < m->n_sht && m->sht[i].t0 > m->floor_t; i++) {
-        if (i > 0 && m->sht[i].len == m->sht[i - 1].len) {
-            Seq q = m->sht[i - 1];
-            q.seq = m->sht[i].seq;
-            m->sht[i] = q;
-            continue;
-        }
         find_fastest(m, &m->sht[i]);
         m->floor_t = fmax(m->floor_t, m->sht[i].t_fast);
     }
@@ -336,76 +373,164 @@ static int model_init(Model *m, const BalanceBatch *bb) {
 
 static int by_rigid_desc(const void *a, const void *b) {
     const Rigid *x = a, *y = b;
-    return (x->t < y->t) - (x->t > y->t);
+    if (x->t != y->t) return (x->t < y->t) - (x->t > y->t);
+    return (x->at > y->at) - (x->at < y->at);
+}
+
+// The latest end of the k rings of m->rigid (sorted) placed on the ranks free earliest. n alike rings
+// are placed together: as many as the earliest group has room for side by side start at its time,
+// which is where one after the other they would start (each takes ranks of that group, the ranks
+// it leaves are free later); the rest one at a time. So a run of short rings costs its groups, not
+// its sequences.
+static double rings_end(Model *m, int32_t k) {
+    int32_t n = 0;
+    double last_end = 0;
+    rank_groups_push(m->groups, &n, (RankGroup){0, m->R});
+    for (int32_t j = 0; j < k; j++) {
+        const Rigid *g = &m->rigid[j];
+        for (int64_t left = g->n; left > 0;) {
+            RankGroup top = rank_groups_pop(m->groups, &n);
+            int64_t q = top.n / g->d < left ? top.n / g->d : left;  // rings that fit in it side by side
+            if (q > 1 && (m->flags & ELASTIC_RING_AT_A_TIME)) q = 1;
+            double start = top.t;
+            if (q > 0) {
+                if (top.n > q * g->d) rank_groups_push(m->groups, &n, (RankGroup){top.t, top.n - q * g->d});
+            } else {  // one ring over this group and the next ones: it starts when the last is free
+                q = 1;
+                for (int64_t need = g->d - top.n; need > 0;) {
+                    RankGroup h = rank_groups_pop(m->groups, &n);
+                    int64_t take = h.n < need ? h.n : need;
+                    need -= take;
+                    start = h.t;
+                    if (h.n > take) rank_groups_push(m->groups, &n, (RankGroup){h.t, h.n - take});
+                }
+            }
+            rank_groups_push(m->groups, &n, (RankGroup){start + g->t, q * g->d});
+            left -= q;
+            // with pp stages a ring's forward first crosses the other stages and its backward drains
+            // through them: (pp - 1) x its per-stage time on top (docs/planner.md, PP-Balance)
+            last_end = fmax(last_end, start + g->t + m->lift * g->t);
+        }
+    }
+    return last_end;
 }
 
 static double predict(Model *m, double T) {
     double even = work_at(m, T) / m->R, fill = fmax(T, even) / ELASTIC_FILL;
     int32_t k = 0, i = 0;
-    for (; i < m->n_lng && m->lng[i].t0 > fill; i++) {
+    for (; i < m->n_lng && m->lng[i].t0 > fill; i++, k++) {
         const Seq *q = &m->lng[i];
         int d = width_for(m, q, T);
-        m->rigid[k++] = (Rigid){d == q->d0 ? q->t0 : ring_time(&m->wide, q->len, d), d};
+        m->rigid[k] = (Rigid){d == q->d0 ? q->t0 : ring_time(&m->wide, q->len, d), d, 1, k};
     }
     // the fill is as long as its longest piece: the first long sequence left to it, the first short
     // one not made a ring (short ones in the prepared order, not only those in m->sht)
     double piece = i < m->n_lng ? m->lng[i].t0 : 0;
     const BalanceBatch *bb = m->bb;
-    for (i = 0; i < m->n_sht && m->sht[i].t0 > T; i++) {  // short sequences made rings
-        int d = width_for(m, &m->sht[i], T);
-        m->rigid[k++] = (Rigid){ring_time(&m->wide, m->sht[i].len, d), d};
+    int32_t r = 0;
+    for (; r < m->n_sht && m->sht[r].t0 > T; r++) {  // short sequences made rings, a run at a time
+        int d = width_for(m, &m->sht[r], T);
+        Rigid g = {ring_time(&m->wide, m->sht[r].len, d), d, m->sht[r].count, k};
+        if (m->flags & ELASTIC_RING_AT_A_TIME)  // (tests) each a ring of its own, as before runs
+            for (int32_t j = 0; j < g.n; j++, k++) m->rigid[k] = (Rigid){g.t, g.d, 1, k};
+        else
+            m->rigid[k++] = g;
     }
-    if (i < bb->n_short) piece = fmax(piece, bb->scost[i] + bb->open_cost);
+    int32_t made = run_seqs(m, r);
+    if (made < bb->n_short) piece = fmax(piece, bb->scost[made] + bb->open_cost);
     qsort(m->rigid, (size_t)k, sizeof(Rigid), by_rigid_desc);
-    int32_t n = 0;
-    double last_end = 0;
-    rank_groups_push(m->groups, &n, (RankGroup){0, m->R});
-    for (int32_t j = 0; j < k; j++) {
-        int64_t need = m->rigid[j].d;
-        double start = 0;
-        while (need > 0) {
-            RankGroup g = rank_groups_pop(m->groups, &n);
-            int64_t take = g.n < need ? g.n : need;
-            need -= take;
-            start = g.t;
-            if (g.n > take) rank_groups_push(m->groups, &n, (RankGroup){g.t, g.n - take});
-        }
-        rank_groups_push(m->groups, &n, (RankGroup){start + m->rigid[j].t, m->rigid[j].d});
-        // with pp stages a ring's forward first crosses the other stages and its backward drains
-        // through them: (pp - 1) x its per-stage time on top (docs/planner.md, PP-Balance)
-        last_end = fmax(last_end, start + m->rigid[j].t + m->lift * m->rigid[j].t);
-    }
-    return fmax(last_end, fmax(even, piece) + m->lift * piece);
+    return fmax(rings_end(m, k), fmax(even, piece) + m->lift * piece);
 }
 
-// The target, or 0 when none predicts a step shorter than balance's.
-static double find_target(Model *m) {
+// ---- when the work sets the step ------------------------------------------------------------------------
+//
+// Every target's predicted step is at least the batch's work at that target spread over the ranks
+// (predict's `even`). Widening never makes that work smaller than a bound known before any width is
+// searched, so where the bound spread over the ranks already reaches balance's prediction (base), no
+// target can predict a step ELASTIC_GAIN shorter: the plan is balance's, and the width model (the
+// floor, every sequence's fastest width, per target a width search for every length) need not be
+// built. That is the batch of many short sequences a rank, whose step is its work: the search over
+// the grid there costs O(lengths x widths) per target, for nothing.
+//
+// The bound, with every cost-model field >= 0 (the premise of plan_lower_bound's average term):
+// every kind of item (ring, all-to-all group, hybrid) on D >= 2 ranks gives each member at least 1/D
+// of the sequence's compute (seq_work: attention and linear layers, the head), each layer's constant
+// and at least one attention call's floor (attn_step) per layer, and the head's constant: together
+// slot = l (layer_const + attn_step) + head_const; and its TP all-reduces, affine in the member's
+// rows with a constant >= 0, come to at least those of the whole sequence on one rank. So on D ranks
+// the sequence's work D t(D) >= seq_work + D slot (+ its TP time on one rank).
+//   - A short sequence (s <= C) made a ring of D >= 2 (width_for: a sequence slower than T gets
+//     more ranks than d0) replaces w0 = t(1) - open_cost (1 - s/C), its time alone less the part of
+//     a micro-batch's constant it does not use; t(1) = seq_work + open_cost + head_const + its TP
+//     time. Its extra work is >= (D - 1) slot + open_cost (1 - s/C) >= 0.
+//   - A long one on D >= d0 + 1 ranks adds >= seq_work + (d0 + 1) slot - w0, which may be negative
+//     (w0 may hold offload copies, or a node's faster link): counted where it is.
+// Rounding: the sums run over at most 2^31 terms, so the float sums stay within about 1e-6 of
+// the exact ones, relative to the work; ELASTIC_ROUNDING is ten times that.
+#define ELASTIC_ROUNDING 1e-5
+
+// Every field of the cost model >= 0, as plan.c's floors_hold asks for the same reason.
+static int fields_nonneg(const CostModel *cm) {
+    for (int i = 0; i < cost_field_count(); i++)
+        if (!(cost_field_value(cm, i) >= 0)) return 0;  // also NaN
+    return cm->n_layers >= 1;
+}
+
+// 1: no target can predict a step ELASTIC_GAIN shorter than base (predict(m, m->hi)).
+static int work_sets_step(const Model *m, double base) {
+    const CostModel *cm = m->cm;
+    if (!fields_nonneg(cm)) return 0;
+    double slot = cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const, least = m->work;
+    for (int32_t i = 0; i < m->n_lng; i++) {
+        const Seq *q = &m->lng[i];
+        double seq_work = cm->n_layers * (cm->attn_pair * cost_causal_area(q->len) + cm->lin_token * (double)q->len) +
+                          cm->head_token * (double)q->len;
+        double extra = seq_work + (q->d0 + 1.0) * slot - q->w0;
+        if (extra < 0) least += extra;
+    }
+    return least / m->R * (1 - ELASTIC_ROUNDING) >= base * (1 - ELASTIC_GAIN);
+}
+
+// ---- the target ------------------------------------------------------------------------------------------
+
+// The target, or 0 when none predicts a step shorter than balance's; -1: out of memory. The search
+// into *s, the grid's predictions into s->grid and s->pred.
+static double find_target(Model *m, ElasticSearch *s) {
+    memset(s, 0, sizeof *s);
+    double base = predict(m, m->hi);  // nothing widened: no width searched, no floor needed
+    s->base = base;
+    if (!(m->flags & ELASTIC_FULL_SEARCH) && work_sets_step(m, base)) return s->work_sets_step = 1, 0;
+    if (model_floor(m) != 0) return -1;
     if (!(m->floor_t < m->hi)) return 0;
-    double grid[ELASTIC_GRID_MAX], pred[ELASTIC_GRID_MAX];
+    double *grid = s->grid, *pred = s->pred;
     int n = 0;
     for (double T = m->hi * ELASTIC_GRID_STEP; T > m->floor_t && n < ELASTIC_GRID_MAX - 1; T *= ELASTIC_GRID_STEP)
         grid[n++] = T;
     grid[n++] = m->floor_t;
-    double base = predict(m, m->hi), best = base;
+    double best = base;
     for (int i = 0; i < n; i++) {
         pred[i] = predict(m, grid[i]);
         best = fmin(best, pred[i]);
     }
+    s->n = n;
     if (!(best < base * (1 - ELASTIC_GAIN))) return 0;
     for (int i = 0; i < n; i++)
-        if (pred[i] <= best * (1 + ELASTIC_GAIN)) return grid[i];
+        if (pred[i] <= best * (1 + ELASTIC_GAIN)) return s->T = grid[i];
     return 0;
 }
 
 // The widths for target T: every sequence slower than T gets the fewest ranks that bring it to T
 // (d_max); the short ones among them (a prefix of the length order) become rings.
 static void widths_at(const Model *m, double T, int32_t *d_max, BalanceWidths *w) {
-    int32_t nl = slower_than(m->lng, m->n_lng, T), ns = slower_than(m->sht, m->n_sht, T);
+    int32_t nl = slower_than(m->lng, m->n_lng, T), nr = slower_than(m->sht, m->n_sht, T);
     memset(d_max, 0, (size_t)(m->bb->b->n > 0 ? m->bb->b->n : 1) * sizeof(int32_t));
     for (int32_t i = 0; i < nl; i++) d_max[m->lng[i].seq] = width_for(m, &m->lng[i], T);
-    for (int32_t i = 0; i < ns; i++) d_max[m->sht[i].seq] = width_for(m, &m->sht[i], T);
+    for (int32_t r = 0; r < nr; r++) {
+        int d = width_for(m, &m->sht[r], T);
+        for (int32_t j = 0; j < m->sht[r].count; j++) d_max[m->bb->sidx[m->sht[r].first + j]] = d;
+    }
     w->d_max = d_max;
-    w->n_promoted = ns;
+    w->n_promoted = run_seqs(m, nr);
     w->wide = &m->wide;
 }
 
@@ -532,15 +657,18 @@ int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     policy_bounds(b, cfg, cm, bounds);
     bb.bounds = bounds;
     int rc = -1;
-    if (model_init(&m, &bb) != 0) goto out;
+    if (model_init(&m, &bb, 0) != 0) goto out;
     if (cfg->pp > 1) {  // the targets by replay (search_replayed)
+        if (model_floor(&m) != 0) goto out;
         d_max = bs_malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(int32_t));
         rc = d_max ? elastic_pipelined(out, &bb, &m, d_max) : bs_fail_ctx("elastic");
         goto out;
     }
     // 1. the target; none: the step is the batch's work, not a ring's, and the plan is balance's
-    double T = find_target(&m);
-    if (T <= 0) {
+    ElasticSearch search;
+    double T = find_target(&m, &search);
+    if (T < 0) goto out;
+    if (T == 0) {
         rc = balance_best(out, &bb, NULL, "elastic");
         goto out;
     }
@@ -594,6 +722,19 @@ out:
     plan_free(&bal);
     plan_free(&cand);
     free(d_max);
+    model_free(&m);
+    balance_batch_free(&bb);
+    return rc;
+}
+
+int elastic_search(ElasticSearch *out, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int flags) {
+    BalanceBatch bb;
+    Model m;
+    memset(out, 0, sizeof *out);
+    if (cfg->pp != 1) return bs_fail("elastic_search: pp = 1 only (pp %d)", cfg->pp);
+    if (balance_prepare(&bb, b, cfg, cm) != 0) return -1;
+    int rc = model_init(&m, &bb, flags);
+    if (rc == 0) rc = find_target(&m, out) < 0 ? -1 : 0;
     model_free(&m);
     balance_batch_free(&bb);
     return rc;

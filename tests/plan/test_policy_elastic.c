@@ -10,6 +10,9 @@
 //     tokens per rank, both datasets, 2M context; at 131,072 ranks against the longest sequence's
 //     fastest ring, which the lower bound only bounds from below there;
 //   - where the batch's work sets the step the plan is balance's, item for item;
+//   - the search's short cuts change nothing: over random batches, many short sequences a rank
+//     among them, the target found with them equals the one the full search finds placing every
+//     ring by itself (the search before them), every predicted step bit for bit;
 //   - errors.
 // The simulator's side (elastic's simulated step never longer than balance's) is
 // tests/sim/test_sim_elastic.c.
@@ -23,6 +26,7 @@
 #include "bytescale/model.h"
 #include "bytescale/policy.h"
 #include "bytescale/rng.h"
+#include "plan/policy_elastic.h"
 
 static void derive(CostModel *cm, const char *model, int tp, int pp, int ranks, int64_t C) {
     if (cost_derive(cm, model_find(model), hw_find("h800-sxm"), tp, pp, ranks, C) != 0) fail_msg("%s", bs_errmsg());
@@ -267,6 +271,83 @@ static void test_work_bound_batch_keeps_balance_plan(void **state) {
     batch_free(&b);
 }
 
+// ---- the search's short cuts ------------------------------------------------------------------------------
+
+// One batch searched three ways: as policy_elastic does (the bound may end it: work_sets_step; alike
+// short rings placed together), the full grid with alike rings placed together, and the full grid
+// with every ring placed by itself, as the search ran before both short cuts. The same target every
+// way, and the two full searches the same predicted step at every target, bit for bit. Returns
+// 1 when the bound ended the search, 2 when the target widens, 0 else.
+static int search_three_ways(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, const char *what) {
+    static ElasticSearch fast, full, one;  // 4 KB each
+    if (elastic_search(&fast, b, cfg, cm, 0) != 0 || elastic_search(&full, b, cfg, cm, ELASTIC_FULL_SEARCH) != 0 ||
+        elastic_search(&one, b, cfg, cm, ELASTIC_FULL_SEARCH | ELASTIC_RING_AT_A_TIME) != 0)
+        fail_msg("%s: %s", what, bs_errmsg());
+    if (!(fast.T == full.T && full.T == one.T && fast.base == full.base && full.base == one.base))
+        fail_msg("%s: targets %.17g (bound %d), %.17g, %.17g; base %.17g, %.17g", what, fast.T, fast.work_sets_step,
+                 full.T, one.T, fast.base, full.base);
+    assert_int_equal(full.n, one.n);
+    assert_memory_equal(full.grid, one.grid, (size_t)full.n * sizeof(double));
+    assert_memory_equal(full.pred, one.pred, (size_t)full.n * sizeof(double));
+    if (!fast.work_sets_step) {  // the search that ran is the full one
+        assert_int_equal(fast.n, full.n);
+        assert_memory_equal(fast.pred, full.pred, (size_t)full.n * sizeof(double));
+        return fast.T > 0 ? 2 : 0;
+    }
+    for (int i = 0; i < full.n; i++) assert_true(full.pred[i] >= full.base * (1 - 1e-3));  // ELASTIC_GAIN
+    return 1;
+}
+
+static void test_search_short_cuts_change_nothing(void **state) {
+    (void)state;
+    static const char *DISTS[] = {"uniform:1:3000", "fixed:700", "uniform:1:40", "lognormal:6:1.5", "github", "byted",
+                                  "uniform:100:2000"};
+    static const char *MODELS[] = {"tiny", "llama-7b", "llama-13b", "mixtral-8x7b"};
+    enum { N_DISTS = sizeof DISTS / sizeof DISTS[0] };
+    const int trials = test_trials(1500);
+    Rng rng;
+    rng_seed(&rng, 4242);
+    int counts[3] = {0, 0, 0};
+    for (int trial = 0; trial < trials; trial++) {
+        int32_t R = 1 + (int32_t)rng_below(&rng, trial % 4 == 0 ? 2048 : 256);
+        int64_t C = (int64_t)exp(log(32) + rng_uniform(&rng) * (log(8192) - log(32)));  // log-uniform 32 .. 8K
+        const char *model = MODELS[rng_below(&rng, 4)];
+        int tp = !strcmp(model, "tiny") ? 1 : (int)(1u << rng_below(&rng, 3));
+        // work per rank log-uniform from C / 64 to 64 C: from ranks to spare to many sequences a rank
+        double per_rank = exp(log(1.0 / 64) + rng_uniform(&rng) * log(4096.0)) * (double)C;
+        double budget = fmin(R * per_rank, 300000);
+        int64_t ctx = C * (1 + (int64_t)rng_below(&rng, (uint64_t)(R < 64 ? R : 64)));
+        const char *dist = DISTS[rng_below(&rng, N_DISTS)];
+        GlobalBatch b;
+        if (batch_generate(&b, dist, (uint64_t)trial, budget >= 1 ? (int64_t)budget : 1, ctx) != 0)
+            fail_msg("%s", bs_errmsg());
+        CostModel cm;
+        derive(&cm, model, tp, 1, R, C);
+        PlanConfig cfg = {.n_ranks = R, .capacity = C, .context = ctx, .pp = 1, .offload = (int)rng_below(&rng, 2)};
+        char what[160];
+        snprintf(what, sizeof what, "trial %d (R %d, C %lld, %s tp %d, %s, %lld tokens)", trial, R, (long long)C, model,
+                 tp, dist, (long long)b.n_tokens);
+        counts[search_three_ways(&b, &cfg, &cm, what)]++;
+        batch_free(&b);
+    }
+    // the batch, scaled down: 40,000 sequences of 1 .. 4,000 tokens on 16 ranks
+    int64_t *lens = malloc(40000 * sizeof(int64_t));
+    assert_non_null(lens);
+    for (int64_t i = 1; i <= 40000; i++) lens[i - 1] = (i * 7919) % 4000 + 1;
+    GlobalBatch b = make_batch(lens, 40000);
+    CostModel cm;
+    derive(&cm, "llama-7b", 2, 1, 16, 8192);
+    PlanConfig cfg = {.n_ranks = 16, .capacity = 8192, .context = 65536, .pp = 1, .offload = 1};
+    assert_int_equal(search_three_ways(&b, &cfg, &cm, "many short sequences a rank"), 1);
+    batch_free(&b);
+    free(lens);
+    print_message("%d batches: the bound ended the search in %d, a widened target in %d, balance's plan without "
+                  "the bound in %d\n", trials, counts[1], counts[2], counts[0]);
+    // each way exercised
+    assert_true(counts[1] > trials / 10);
+    assert_true(counts[2] > trials / 10);
+}
+
 // With pipelines the prediction is flat where the replay is not (docs/planner.md, "Under pipelines"):
 // LLaMA-70B, TP 8 x PP 4 on 64 ranks, 8M tokens of 256K context, GitHub and ByteDance lengths. The
 // replay search finds widened plans at least 5% shorter than balance's (9.0 s against 10.0 s and
@@ -338,6 +419,7 @@ int main(void) {
         cmocka_unit_test(test_random_batches_never_longer_than_balance),
         cmocka_unit_test(test_within_five_percent_of_the_bound),
         cmocka_unit_test(test_work_bound_batch_keeps_balance_plan),
+        cmocka_unit_test(test_search_short_cuts_change_nothing),
         cmocka_unit_test(test_pipelines_by_replay),
         cmocka_unit_test(test_errors),
     };
