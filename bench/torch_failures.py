@@ -162,13 +162,13 @@ def stall_case(bt, rank, world, src, lengths, out):
         bt.microbatches(plan, rank, src)
 
 
-def worker(case, out):
+def worker(case, out, store_port=None):
     import torch
     import bytescale.torch as bt
     from bytescale.torch import launch
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    launch.init(rank, world)
+    launch.init(rank, world, store_port=store_port)  # torchrun's rendezvous, or a store the caller holds
     torch.manual_seed(rank)
     src, lengths = source()
     try:
@@ -234,9 +234,10 @@ def main():
     ap.add_argument("--timeout", type=float, default=20.0, help="BYTESCALE_TIMEOUT for the jobs (seconds, default 20)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--store-port", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        return worker(a.worker, a.out)
+        return worker(a.worker, a.out, a.store_port)
     print("| case | rank | message the rank ended on | seconds after the failure |")
     print("|---|---:|---|---:|")
     for case in a.cases.split(","):

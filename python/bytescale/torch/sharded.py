@@ -23,7 +23,9 @@ whole model. Pipeline stages hold different parameters; give them names unique o
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from typing import Dict, Iterable, Optional, Union
 
 import torch
@@ -142,6 +144,16 @@ def _state(model: nn.Module, opt: Optional[torch.optim.Optimizer], want: Optiona
     return sd
 
 
+@contextlib.contextmanager
+def _alone():
+    """DCP warns that it runs in one process when there is no process group: here that is the intent
+    (one process saving or loading alone), so the warning is dropped."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_tp(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
             extra: Optional[Dict] = None) -> None:
     """Save the model's parameters and buffers (and the optimizer's state and hyperparameters, and
@@ -154,7 +166,8 @@ def save_tp(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] =
         sd = _state(model, optimizer)
         for k, v in (extra or {}).items():
             sd["extra." + k] = v
-        dcp.save(sd, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        with _alone():
+            dcp.save(sd, checkpoint_id=str(path), no_dist=not dist.is_initialized())
 
 
 def load_tp(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> Dict:
@@ -175,7 +188,8 @@ def load_tp(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] =
         extra_keys = [k for k in meta if k.startswith("extra.")]
         for k in extra_keys:
             sd[k] = None  # replaced by the saved value
-        dcp.load(sd, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        with _alone():
+            dcp.load(sd, checkpoint_id=str(path), no_dist=not dist.is_initialized())
         with torch.no_grad():
             for name, p in model.named_parameters():
                 t = sd["model." + name]
