@@ -9,14 +9,19 @@ The loop is a plain one with the four changes docs/torch.md lists: plan on rank 
 the global batch, gradients summed over the ranks. No dataset: the documents are made up from their
 index (a repeating pattern with noise, so the loss has something to learn).
 
-    export BYTESCALE_LIB=$PWD/build/libbytescale.so.0    # the checkout's package (below) over this library
+    make python                                                # .venv with the package
     .venv/bin/torchrun --nproc_per_node 2 examples/torch_user_loop.py --steps 5
+    .venv/bin/torchrun --nproc_per_node 4 examples/torch_user_loop.py --steps 5 --tp 2   # tp 2 x 2 HDP ranks
     .venv/bin/python examples/torch_user_loop.py --steps 5     # one process, no launcher
 
-From a checkout this script imports the package in python/ beside it, which holds no copy of the
-library: hence BYTESCALE_LIB, installed (make python) or not (docs/torch.md). Rank 0 prints one line
-per step; --dump writes the losses and the final parameters (torch.save), which the tests compare
-between 1 and 2 processes.
+Without make python, from a checkout, this script imports the package in python/ beside it, which
+holds no copy of the library: then give BYTESCALE_LIB=$PWD/build/libbytescale.so.0 (docs/torch.md).
+With --tp T the model's linear layers are bytescale's column- and row-parallel layers (bias, the
+weights nn.Linear would draw from the same seeds, each tp rank keeping its part), the gradients are
+summed over the HDP ranks, clipped by the norm of the whole model (bytescale.torch.clip_grad_norm_),
+and --ckpt-dir writes TP checkpoints (bytescale.torch.save_tp: PyTorch's distributed checkpoint) that
+--resume reads back, on any tp. Rank 0 prints one line per step; --dump writes the losses and (tp 1)
+the final parameters (torch.save), which the tests compare between 1 and 2 or 4 processes.
 """
 
 import argparse
@@ -64,35 +69,54 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
 
 
+def linear(kind, d_in, d_out, layout, seed):
+    """A linear layer with bias, initialised as nn.Linear from its own seed: plain nn.Linear in one
+    tensor-parallel rank, else bytescale's column- or row-parallel layer (the same whole weights,
+    each tp rank keeping its rows or columns)."""
+    if layout.tp == 1:
+        torch.manual_seed(seed)
+        return nn.Linear(d_in, d_out)
+    cls = bt.ColumnParallelLinear if kind == "column" else bt.RowParallelLinear
+    return cls(d_in, d_out, layout, seed=seed)
+
+
 class Block(nn.Module):
-    def __init__(self, d, heads, kv_heads, d_ff):
+    def __init__(self, d, heads, kv_heads, d_ff, layout, seed):
         super().__init__()
-        self.h, self.g, self.hd = heads, kv_heads, d // heads
+        T = layout.tp
+        self.h, self.g, self.hd = heads // T, kv_heads // T, d // heads  # this tp rank's heads
         self.norm1, self.norm2 = RMSNorm(d), RMSNorm(d)
-        self.wq = nn.Linear(d, heads * self.hd, bias=False)
-        self.wkv = nn.Linear(d, 2 * kv_heads * self.hd, bias=False)
-        self.wo = nn.Linear(heads * self.hd, d, bias=False)
-        self.up, self.down = nn.Linear(d, 2 * d_ff, bias=False), nn.Linear(d_ff, d, bias=False)
+        self.wq = linear("column", d, heads * self.hd, layout, seed)
+        self.wk = linear("column", d, kv_heads * self.hd, layout, seed + 1)
+        self.wv = linear("column", d, kv_heads * self.hd, layout, seed + 2)
+        self.wo = linear("row", heads * self.hd, d, layout, seed + 3)
+        self.gate = linear("column", d, d_ff, layout, seed + 4)
+        self.up = linear("column", d, d_ff, layout, seed + 5)
+        self.down = linear("row", d_ff, d, layout, seed + 6)
 
     def forward(self, x, pos):  # x (T, d), pos (T,)
         T = x.shape[0]
         n = self.norm1(x)
         q = rope(self.wq(n).view(T, self.h, self.hd), pos)
-        k, v = self.wkv(n).view(T, 2, self.g, self.hd).unbind(1)
-        k = rope(k, pos)
+        k = rope(self.wk(n).view(T, self.g, self.hd), pos)
+        v = self.wv(n).view(T, self.g, self.hd)
         # before HDP this was the model's own causal attention of one sequence; now the micro-batch's
-        att = bt.hdp_attention(q, k, v)  # (T, H, hd): a pack's segments, or this rank's part of a ring
+        att = bt.hdp_attention(q, k, v)  # (T, heads here, hd): a pack's segments, or this rank's part of a ring
         x = x + self.wo(att.reshape(T, -1))
-        gate, up = self.up(self.norm2(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        n = self.norm2(x)
+        return x + self.down(F.silu(self.gate(n)) * self.up(n))
 
 
 class TinyLM(nn.Module):
-    def __init__(self, d=32, layers=2, heads=4, kv_heads=2, d_ff=64):
+    def __init__(self, layout, seed, d=32, layers=2, heads=4, kv_heads=2, d_ff=64):
         super().__init__()
+        torch.manual_seed(seed)
         self.emb = nn.Embedding(VOCAB, d)
-        self.blocks = nn.ModuleList(Block(d, heads, kv_heads, d_ff) for _ in range(layers))
-        self.norm, self.head = RMSNorm(d), nn.Linear(d, VOCAB, bias=False)
+        self.blocks = nn.ModuleList(Block(d, heads, kv_heads, d_ff, layout, seed + 10 * (i + 1))
+                                    for i in range(layers))
+        self.norm = RMSNorm(d)
+        torch.manual_seed(seed + 1)
+        self.head = nn.Linear(d, VOCAB, bias=False)
 
     def forward(self, tokens, pos):  # (T,) -> logits (T, VOCAB)
         x = self.emb(tokens)
@@ -137,44 +161,53 @@ def say(line):
     sys.stdout.flush()
 
 
+def hdp_sum(t, layout):
+    """Sum a number over the HDP ranks (the tp ranks of one HDP rank hold the same loss)."""
+    if layout.hdp > 1:
+        dist.all_reduce(t, group=layout.hdp_group)
+    return t
+
+
 def train(rank, world, args):
     dtype = getattr(torch, args.dtype)
-    torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = TinyLM().to(dtype)
+    layout = bt.Layout(tp=args.tp)  # world = tp x hdp; the plan's ranks are the HDP ranks
+    model = TinyLM(layout, args.seed).to(dtype)  # the same initial weights on every rank
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     source = bt.FunctionSource(read, doc_length)
+    first = 0
+    if args.resume:  # the TP checkpoint of an earlier run: every process reads its shards
+        first = bt.load_tp(args.resume, model, opt)["step"]
     losses, n_mb, n_rows = [], 0, 0
-    for step in range(1, args.steps + 1):
-        # 1. plan on rank 0, broadcast
-        plan = None
-        if rank == 0:
-            plan = bt.plan_step(draw_batch(step, args.tokens), source, ranks=world, capacity=args.capacity,
-                                policy=args.policy)
-        plan = bt.broadcast_plan(plan)
+    for step in range(first + 1, args.steps + 1):
+        # 1. plan on rank 0, broadcast (a planning error reaches every rank)
+        plan = bt.broadcast_plan(lambda: bt.plan_step(draw_batch(step, args.tokens), source, ranks=layout.hdp,
+                                                      capacity=args.capacity, policy=args.policy))
         # 2 and 3. this rank's micro-batches in the plan's order, the loss over the global batch
         opt.zero_grad(set_to_none=False)  # zeros, not None: a rank may run no micro-batch at all
         total = torch.zeros((), dtype=torch.float64)
-        for mb in bt.microbatches(plan, rank, source):
+        for mb in bt.microbatches(plan, layout.hdp_rank, source, layout=layout):
             with bt.microbatch_context(mb):
                 logits = model(mb.tokens, mb.pos)
             loss = F.cross_entropy(logits, mb.targets, ignore_index=-1, reduction="sum") / plan.labelled
             loss.backward()
             total += loss.detach().double()
             n_mb, n_rows = n_mb + 1, n_rows + len(mb.tokens)
-        # 4. gradients summed over the ranks (no division by the world size; a rank that ran no
-        # micro-batch joins with zeros), then the optimizer
-        if world > 1:
-            bt.all_reduce_gradients(model)
-            dist.all_reduce(total)
+        # 4. gradients summed over the HDP ranks (no division by their number; a rank that ran no
+        # micro-batch joins with zeros), clipped by the norm of the whole model, then the optimizer
+        bt.all_reduce_gradients(model, layout=layout)
+        if args.clip > 0:
+            bt.clip_grad_norm_(model.parameters(), args.clip, layout=layout)
         opt.step()
-        losses.append(float(total))
+        losses.append(float(hdp_sum(total, layout)))
         if rank == 0:
-            say(f"step {step}  loss {float(total):.6f}  ranks {world}  items {len(plan.items)}  "
-                f"rings {plan.n_rings}  tokens {plan.n_tokens}")
-    say(f"rank {rank}/{world} done: {n_mb} micro-batches, {n_rows} rows in {args.steps} steps")
+            say(f"step {step}  loss {losses[-1]:.6f}  ranks {world} (tp {layout.tp} x hdp {layout.hdp})  items "
+                f"{len(plan.items)}  rings {plan.n_rings}  tokens {plan.n_tokens}")
+        if args.ckpt_dir and args.ckpt_every and (step % args.ckpt_every == 0 or step == args.steps):
+            bt.save_tp(os.path.join(args.ckpt_dir, f"step-{step}"), model, opt, extra={"step": step})
+    say(f"rank {rank}/{world} done: {n_mb} micro-batches, {n_rows} rows in {args.steps - first} steps")
     if rank == 0 and args.dump:
-        torch.save({"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}},
-                   args.dump)
+        params = {k: v.detach().clone() for k, v in model.state_dict().items()} if layout.tp == 1 else None
+        torch.save({"losses": losses, "params": params}, args.dump)
 
 
 def main():
@@ -182,12 +215,17 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=2048, help="tokens per step (default 2048)")
     ap.add_argument("--capacity", type=int, default=0,
-                    help="tokens a rank holds in a micro-batch (default: 512 on 2 or more ranks, so the "
+                    help="tokens a rank holds in a micro-batch (default: 512 on 2 or more HDP ranks, so the "
                          "long documents run as rings; 1024 on one)")
     ap.add_argument("--policy", default="balance")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient norm limit, 0 = none (default 1)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallelism: processes per HDP rank (default 1)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    ap.add_argument("--ckpt-dir", default=None, help="TP checkpoints DIR/step-<step> (bytescale.torch.save_tp)")
+    ap.add_argument("--ckpt-every", type=int, default=0, help="a checkpoint every N steps and at the end")
+    ap.add_argument("--resume", default=None, help="continue from a checkpoint DIR/step-<step> of this script")
     ap.add_argument("--dump", default=None, help="torch.save the losses and final parameters here (rank 0)")
     args = ap.parse_args()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: the environment names the rendezvous
@@ -196,11 +234,14 @@ def main():
     else:
         rank, world = 0, 1
         launch.init(0, 1, port=launch.free_port())
-    args.capacity = args.capacity or (512 if world > 1 else 1024)
-    try:
-        train(rank, world, args)
-    finally:
-        dist.destroy_process_group()
+    if args.tp < 1 or world % args.tp:
+        raise SystemExit(f"--tp {args.tp}: it must divide the {world} processes (tp x HDP ranks)")
+    args.capacity = args.capacity or (512 if world // args.tp > 1 else 1024)
+    train(rank, world, args)
+    # every rank, once the job went well: a process that leaves with its process group may abort at
+    # exit (docs/torch.md, "Failures and timeouts"); after an error it leaves without, so its peers'
+    # waits end at once
+    launch.finish()
     return 0
 
 

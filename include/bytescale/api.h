@@ -38,6 +38,8 @@ BS_API const char *bs_blas_coretype(void);
 // *summary (may be NULL) receives the policy's one-line description.
 BS_API int bs_policy_count(void);
 BS_API const char *bs_policy_name(int i, const char **summary);
+// Why `bytescale train` cannot run the i-th policy's plans; NULL when it runs them (or i is out of range).
+BS_API const char *bs_policy_no_train(int i);
 BS_API int bs_model_count(void);
 BS_API const char *bs_model_name(int i);
 BS_API int bs_hardware_count(void);

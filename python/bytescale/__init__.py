@@ -14,7 +14,7 @@ Every failure the library reports raises bytescale.Error with the library's mess
 from typing import Optional
 
 from ._lib import Error, path as library_path, lib as _clib
-from ._cost import CostModel, hardware_profiles, models, policies, sample_lengths
+from ._cost import CostModel, hardware_profiles, models, no_train, policies, sample_lengths
 from ._plan import Chunk, Chunks, Item, Plan, Segment, Sequence, plan, read_plan
 from ._sim import Simulation, simulate
 
@@ -32,5 +32,5 @@ def blas_coretype() -> Optional[str]:
 
 
 __all__ = ["Error", "CostModel", "Plan", "Simulation", "Item", "Segment", "Sequence", "Chunk", "Chunks", "plan",
-           "read_plan", "simulate", "sample_lengths", "policies", "models", "hardware_profiles", "library_path",
+           "read_plan", "simulate", "sample_lengths", "policies", "no_train", "models", "hardware_profiles", "library_path",
            "blas_coretype", "__version__"]

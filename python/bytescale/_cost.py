@@ -26,6 +26,17 @@ def policies() -> Dict[str, str]:
     return out
 
 
+def no_train() -> Dict[str, str]:
+    """{name: why} of the policies whose plans `bytescale train` cannot run (the others it trains with):
+    the library's own table, the one `train --help` lists from."""
+    out = {}
+    for i in range(lib.bs_policy_count()):
+        why = lib.bs_policy_no_train(i)
+        if why:
+            out[lib.bs_policy_name(i, None).decode()] = why.decode()
+    return out
+
+
 def models() -> List[str]:
     """The model catalogue's names (include/bytescale/model.h): what `model=` takes."""
     return [lib.bs_model_name(i).decode() for i in range(lib.bs_model_count())]

@@ -79,6 +79,7 @@ _SIGNATURES = {
     "bs_blas_coretype": (c_str, []),
     "bs_policy_count": (c_int, []),
     "bs_policy_name": (c_str, [c_int, ctypes.POINTER(c_str)]),
+    "bs_policy_no_train": (c_str, [c_int]),
     "bs_model_count": (c_int, []),
     "bs_model_name": (c_str, [c_int]),
     "bs_hardware_count": (c_int, []),

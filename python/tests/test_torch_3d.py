@@ -7,7 +7,8 @@ plans with their 2-rank items as a2a items (Ulysses inside the tp shard's heads)
 after 2 clipped AdamW steps; random plans of every policy on (2, 2, 2) finish with the one-process
 loss. fp64 shows the algorithms agree to rounding (1e-10), fp32 within 1e-5 relative to each
 tensor's largest value. Also the layout's arithmetic, the C engine's stage split and pipeline
-order, and the tp layers alone against dense ones.
+order, the tp layers alone against dense ones (biases, nn.Linear's initialisation), and
+clip_grad_norm_ with save_tp / load_tp on tp 2 x hdp 2 against one process.
 """
 
 import dataclasses
@@ -203,36 +204,141 @@ def test_pipeline_order_is_1f1b():
 
 
 def tp_layers_worker(rank, world):
-    """Column then row parallel on 2 ranks against the dense product, forward and backward."""
+    """Column then row parallel, with biases, on 2 ranks against the dense product, forward and
+    backward; the whole weights and biases given (weight=, bias=)."""
     lay = bt.Layout(tp=2)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(5, 8, generator=g, dtype=torch.float64)
-    w1 = torch.randn(6, 8, generator=g, dtype=torch.float64)
-    w2 = torch.randn(8, 6, generator=g, dtype=torch.float64)
-    col = bt.ColumnParallelLinear(8, 6, lay, dtype=torch.float64)
-    row = bt.RowParallelLinear(6, 8, lay, dtype=torch.float64)
-    with torch.no_grad():
-        col.weight.copy_(w1[col.rows.start:col.rows.stop])
-        row.weight.copy_(w2[:, row.cols.start:row.cols.stop])
+    w1, b1 = torch.randn(6, 8, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)
+    w2, b2 = torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randn(8, generator=g, dtype=torch.float64)
+    col = bt.ColumnParallelLinear(8, 6, lay, bias=b1, weight=w1, dtype=torch.float64)
+    row = bt.RowParallelLinear(6, 8, lay, bias=b2, weight=w2, dtype=torch.float64)
     xl = x.clone().requires_grad_()
     y = row(torch.tanh(col(xl)))
     (y * y).sum().backward()
-    return y.detach(), xl.grad, col.weight.grad, row.weight.grad, col.rows, row.cols
+    return (y.detach(), xl.grad, col.weight.grad, row.weight.grad, col.bias.grad, row.bias.grad, col.rows, row.cols,
+            (col.weight.tp_dim, col.bias.tp_dim, row.weight.tp_dim, row.bias.tp_dim))
 
 
 def test_column_row_parallel_match_dense():
     got = launch.spawn(tp_layers_worker, 2)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(5, 8, generator=g, dtype=torch.float64).requires_grad_()
-    w1 = torch.randn(6, 8, generator=g, dtype=torch.float64).requires_grad_()
-    w2 = torch.randn(8, 6, generator=g, dtype=torch.float64).requires_grad_()
-    y = torch.tanh(x @ w1.t()) @ w2.t()
+    w1, b1 = (torch.randn(6, 8, generator=g, dtype=torch.float64).requires_grad_(),
+              torch.randn(6, generator=g, dtype=torch.float64).requires_grad_())
+    w2, b2 = (torch.randn(8, 6, generator=g, dtype=torch.float64).requires_grad_(),
+              torch.randn(8, generator=g, dtype=torch.float64).requires_grad_())
+    y = torch.tanh(x @ w1.t() + b1) @ w2.t() + b2
     (y * y).sum().backward()
-    for yr, dx, dw1, dw2, rows, cols in got:
-        assert torch.allclose(yr, y.detach(), rtol=1e-12, atol=1e-12)
-        assert torch.allclose(dx, x.grad, rtol=1e-12, atol=1e-12)
-        assert torch.allclose(dw1, w1.grad[rows.start:rows.stop], rtol=1e-12, atol=1e-12)
-        assert torch.allclose(dw2, w2.grad[:, cols.start:cols.stop], rtol=1e-12, atol=1e-12)
+    close = dict(rtol=1e-12, atol=1e-12)
+    for yr, dx, dw1, dw2, db1, db2, rows, cols, dims in got:
+        assert torch.allclose(yr, y.detach(), **close)
+        assert torch.allclose(dx, x.grad, **close)
+        assert torch.allclose(dw1, w1.grad[rows.start:rows.stop], **close)
+        assert torch.allclose(dw2, w2.grad[:, cols.start:cols.stop], **close)
+        assert torch.allclose(db1, b1.grad[rows.start:rows.stop], **close)
+        assert torch.allclose(db2, b2.grad, **close)  # added once, after the sum: whole on every rank
+        assert dims == (0, 0, 1, None)
+
+
+def test_tp_layers_start_as_nn_linear():
+    """The shards of a seeded layer are nn.Linear's rows (column) or columns (row) under the same seed,
+    and with seed=None those of the default generator, as nn.Linear draws them."""
+    for tp in (1, 2, 4):
+        for r in range(tp):
+            lay = bt.Layout(tp=tp, world=tp, rank=r)  # the arithmetic only: no process group
+            torch.manual_seed(5)
+            ref = torch.nn.Linear(8, 12, dtype=torch.float64)
+            col = bt.ColumnParallelLinear(8, 12, lay, seed=5, dtype=torch.float64)
+            assert torch.equal(col.weight, ref.weight[col.rows.start:col.rows.stop])
+            assert torch.equal(col.bias, ref.bias[col.rows.start:col.rows.stop])
+            torch.manual_seed(6)
+            ref = torch.nn.Linear(12, 8)
+            torch.manual_seed(6)
+            row = bt.RowParallelLinear(12, 8, lay)
+            assert torch.equal(row.weight, ref.weight[:, row.cols.start:row.cols.stop])
+            assert torch.equal(row.bias, ref.bias)
+    assert bt.ColumnParallelLinear(8, 12, bt.Layout(tp=2, world=2, rank=0), bias=False).bias is None
+    with pytest.raises(ValueError, match="weight has shape"):
+        bt.RowParallelLinear(12, 8, bt.Layout(), weight=torch.zeros(8, 11))
+
+
+class TPNet(torch.nn.Module):
+    """Column then row parallel with biases and a replicated gain: nn.Linear layers on one tp rank."""
+
+    def __init__(self, lay):
+        super().__init__()
+        if lay.tp == 1:
+            torch.manual_seed(1)
+            self.a = torch.nn.Linear(6, 8, dtype=torch.float64)
+            torch.manual_seed(2)
+            self.b = torch.nn.Linear(8, 6, dtype=torch.float64)
+        else:
+            self.a = bt.ColumnParallelLinear(6, 8, lay, seed=1, dtype=torch.float64)
+            self.b = bt.RowParallelLinear(8, 6, lay, seed=2, dtype=torch.float64)
+        self.gain = torch.nn.Parameter(torch.linspace(0.5, 1.5, 6, dtype=torch.float64))
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x))) * self.gain
+
+
+def tp_train(model, opt, lay, xs, steps):
+    """steps of: this HDP rank's inputs (all of them on one process), gradients summed over the HDP
+    ranks, clipped to 0.5 by the whole model's norm, AdamW; the norms."""
+    norms = []
+    for _ in range(steps):
+        opt.zero_grad()
+        for x in xs:
+            model(x).pow(2).sum().backward()
+        bt.all_reduce_gradients(model, layout=lay)
+        norms.append(float(bt.clip_grad_norm_(model.parameters(), 0.5, layout=lay)))
+        opt.step()
+    return norms
+
+
+def tp_inputs(h):
+    return torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(h))
+
+
+def tp_checkpoint_worker(rank, world, path):
+    """tp 2 x hdp 2: two steps, save_tp, a fresh model and optimizer (another lr) load_tp, one more
+    step on each; returns the norms, whether the loaded state equals the saved, the last parameters."""
+    lay = bt.Layout(tp=2)
+    model = TPNet(lay)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    norms = tp_train(model, opt, lay, [tp_inputs(lay.hdp_rank)], 2)
+    bt.save_tp(path, model, opt, extra={"step": 2})
+    again = TPNet(lay)
+    opt2 = torch.optim.AdamW(again.parameters(), lr=5.0)
+    extra = bt.load_tp(path, again, opt2)
+    same = all(torch.equal(p, q) and all(torch.equal(opt.state[p][k], opt2.state[q][k]) for k in opt.state[p])
+               for p, q in zip(model.parameters(), again.parameters()))
+    norms += tp_train(again, opt2, lay, [tp_inputs(lay.hdp_rank)], 1)
+    return norms, same, extra, opt2.param_groups[0]["lr"]
+
+
+def test_tp_clip_and_checkpoint_match_one_process(tmp_path):
+    """clip_grad_norm_ over TP shards and HDP ranks, and save_tp / load_tp (torch.distributed.checkpoint),
+    on tp 2 x hdp 2 against nn.Linear on one process: the norms of 3 steps, and the one process's
+    parameters and Adam moments after 2 steps against the TP checkpoint loaded into its model."""
+    got = launch.spawn(tp_checkpoint_worker, 4, args=(str(tmp_path / "ck"),))
+    lay = bt.Layout()
+    model = TPNet(lay)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    xs = [tp_inputs(h) for h in range(2)]
+    norms = tp_train(model, opt, lay, xs, 2)
+    loaded = TPNet(lay)
+    opt2 = torch.optim.AdamW(loaded.parameters(), lr=5.0)
+    assert bt.load_tp(tmp_path / "ck", loaded, opt2) == {"step": 2}
+    for p, q in zip(model.parameters(), loaded.parameters()):
+        assert torch.allclose(p, q, rtol=1e-12, atol=1e-14)
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(opt.state[p][k], opt2.state[q][k], rtol=1e-10, atol=1e-16)
+    norms += tp_train(model, opt, lay, xs, 1)
+    for got_norms, same, extra, lr in got:
+        assert same and extra == {"step": 2} and lr == 1e-2
+        assert got_norms == pytest.approx(norms, rel=1e-12)
+    assert norms[0] > 0.5  # the clipping clipped
 
 
 def random_batch(rng, source_lengths):

@@ -77,6 +77,9 @@ def bad_case_worker(rank, world, case):
         plan, kw = two_rank_plan(source, doc_len), {"hdp": 1}
     elif case == "hdp_differs":
         plan, kw = two_rank_plan(source, doc_len), {"hdp": 2 if rank == 0 else 1}
+    elif case == "labelled":  # a denominator one short of what the micro-batches hold
+        plan = two_rank_plan(source, doc_len)
+        plan.labelled -= 1
     message = None
     try:
         if case == "different_trainer":  # a list microbatches() did not check: HDPTrainer.step checks
@@ -144,6 +147,63 @@ def test_ranks_that_do_not_cover_the_plan():
 def test_layout_hdp_dimension():
     assert "the plan is for 2 ranks but the layout's HDP dimension is 1 (2 processes)" in run_bad_case("hdp_misfit")
     assert "different HDP dimensions (hdp=): rank 1: 1; rank 0: 2" in run_bad_case("hdp_differs")
+
+
+def test_labelled_count_against_the_micro_batches():
+    """The loss's denominator must be the labelled rows every rank's micro-batches hold together."""
+    source, doc_len = synthetic_source()
+    plan = two_rank_plan(source, doc_len)
+    msg = run_bad_case("labelled")
+    assert f"the plan's labelled count (the loss's denominator) is {plan.labelled - 1}, but its micro-batches " \
+           f"hold {plan.labelled} labelled tokens (rank 0: " in msg, msg
+
+
+def test_plan_problems_name_the_sequence_and_both_values():
+    """plan_problem, the check of the plan itself (the same on every rank, no collective)."""
+    source, doc_len = synthetic_source()
+    d = docs_of_length(doc_len, 100, 3)
+    good = plan_of(source, 2, d, [60, 30, 40], [((0, 1), ((0, 0, 60),)), ((1,), ((1, 0, 30),)), ((0,), ((2, 0, 40),))])
+    assert bt.plan_problem(good) is None
+    cases = [
+        (dict(seq_len=[67, 30, 40]), f"sequence 0 (document {d[0]}, tokens [0, 67)): the plan gives it 67 tokens, "
+                                     f"its items' segments hold 60"),
+        (dict(items=[((0, 1), ((0, 0, 60),)), ((1,), ((1, 0, 30),)), ((0,), ((2, 0, 40), (1, 20, 5)))]),
+         f"sequence 1 (document {d[1]}, tokens [0, 30)): tokens [20, 25) are in two items' segments"),
+        (dict(items=[((0, 1), ((0, 0, 20), (0, 30, 30))), ((1,), ((1, 0, 30),)), ((0,), ((2, 0, 40),))]),
+         f"sequence 0 (document {d[0]}, tokens [0, 60)): tokens [20, 30) are in no item's segment"),
+        (dict(items=[((0, 1), ((0, 0, 61),)), ((1,), ((1, 0, 30),)), ((0,), ((2, 0, 40),))]),
+         "item 0: segment (0, 0, 61) lies outside sequence 0"),
+        (dict(items=[((0, 2), ((0, 0, 60),)), ((1,), ((1, 0, 30),)), ((0,), ((2, 0, 40),))]),
+         "item 0: ranks [0, 2]: distinct ranks of 0..1"),
+        (dict(labelled=131), "the labelled count (the loss's denominator) is 131, but 130 tokens in 3 sequences "
+                             "have between 127 and 130 labels"),
+    ]
+    for change, words in cases:
+        p = plan_of(source, 2, d, [60, 30, 40], good.items)
+        for k, v in change.items():
+            setattr(p, k, v)
+        assert words in (bt.plan_problem(p) or ""), (change, bt.plan_problem(p))
+
+
+def test_batch_and_plan_lengths_are_checked_where_planned():
+    """plan_step refuses a sequence past its document's end, StepPlan.from_plan a plan of other
+    lengths than the batch: both name the sequence and both values (rank 0 raises; broadcast_plan
+    carries it to every rank)."""
+    import bytescale
+    import numpy as np
+
+    source, doc_len = synthetic_source()
+    d = docs_of_length(doc_len, 100, 3)
+    bad = bt.Batch(d, [0, 5, 0], [60, int(doc_len[d[1]]), 40])
+    with pytest.raises(ValueError, match=rf"sequence 1 \(document {d[1]}, tokens \[5, {int(doc_len[d[1]]) + 5}\)\) "
+                                         rf"runs past its document's end: it ends at token {int(doc_len[d[1]]) + 5}, "
+                                         rf"the document has {int(doc_len[d[1]])}"):
+        bt.plan_step(bad, source, ranks=2, capacity=512)
+    batch = bt.Batch(d, [0] * 3, [60, 90, 40])
+    p = bytescale.plan(np.array([60, 90, 40]) - np.array([0, 0, 7]), ranks=2, capacity=512, policy="balance",
+                       model="tiny", hardware="cpu", tp=1, offload=False)
+    with pytest.raises(ValueError, match=rf"sequence 2 of the batch \(document {d[2]}\) has 40 tokens, the plan 33"):
+        bt.StepPlan.from_plan(p, batch, bt.labelled_tokens(batch, source))
 
 
 def test_fingerprint_sees_every_field():

@@ -1,6 +1,8 @@
 """examples/torch_hdp_train.py runs: 2 spawned processes on gloo with rings (context above the
 capacity), a JSON line per step with every rank's times, a checkpoint in the C engine's layout that
-bytescale.torch reads back, and a resumed run that continues from it."""
+bytescale.torch reads back, and a resumed run that continues from it; --tp 2 and --pp 2 with flexsp
+plans and a checkpoint passed between the two layouts; the errors for a wrong --resume and a policy
+`bytescale train` does not run."""
 
 import json
 import subprocess
@@ -43,3 +45,29 @@ def test_example_trains_checkpoints_and_resumes(tmp_path):
     assert again[2]["loss"] == pytest.approx(lines[2]["loss"], rel=1e-6)  # step 3 again, from the checkpoint
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["ckpt-000002.bin", "ckpt-000003.bin",
                                                                    "ckpt-000004.bin"]
+
+
+def test_example_tp_pp_checkpoints_and_errors(tmp_path):
+    """--tp 2 on 4 processes with flexsp plans (a2a items on each tp shard's heads), a checkpoint of
+    the whole model after step 1, resumed with --pp 2 on 2 processes (one HDP rank: capacity raised
+    to the context): step 2's loss again. A wrong --resume names the checkpoints there; a policy
+    `bytescale train` does not run is refused with its reason."""
+    data = corpus(tmp_path)
+    common = ["--data", data, "--model", "tiny", "--context", "512", "--capacity", "256", "--tokens", "1K",
+              "--lr", "3e-3", "--warmup", "1", "--ckpt-dir", tmp_path / "ck", "--metrics", tmp_path / "m.jsonl"]
+    run(*common, "--steps", "2", "--ckpt-every", "1", "--nproc", "4", "--tp", "2", "--policy", "flexsp")
+    first = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [len(x["ranks"]) for x in first] == [4, 4]
+    again = run(*common, "--steps", "2", "--nproc", "2", "--pp", "2", "--policy", "flexsp",
+                "--resume", tmp_path / "ck" / "ckpt-000001.bin")
+    assert "tp 1 x pp 2 x 1 HDP ranks" in again.stderr
+    second = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in second] == [1, 2]
+    assert second[1]["loss"] == pytest.approx(first[1]["loss"], rel=1e-5)
+    bad = subprocess.run([sys.executable, str(ROOT / "examples" / "torch_hdp_train.py"), *map(str, common),
+                          "--resume", tmp_path / "ck" / "ckpt-1.bin"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and f"--resume {tmp_path / 'ck' / 'ckpt-1.bin'}: no such file; {tmp_path / 'ck'} " \
+                                   f"holds ckpt-000001.bin, ckpt-000002.bin" in bad.stderr, bad.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "examples" / "torch_hdp_train.py"), "--policy", "wlb"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--policy wlb: not one `bytescale train` runs: its delay queue" in bad.stderr

@@ -4,8 +4,12 @@ environment the tests run in (the project's .venv: PyTorch 2).
 - a user's own loop (examples/torch_user_loop.py: its own nn.Module, plain AdamW) on 2 processes
   under torchrun, with rings, against the same script in one process: both ranks finish, and the
   losses of every step and the final parameters agree (fp64).
-- examples/torch_hdp_train.py on 2 processes under torchrun, with rings, against --nproc 1:
-  both ranks report, and the steps' losses agree.
+- the same loop with --tp 2 on 4 processes (tp 2 x 2 HDP ranks: column- and row-parallel layers
+  with biases, seeded init, clipping over the shards, a TP checkpoint after step 3 and a second job
+  resuming from it) against one process with nn.Linear: every step's loss, and the parameters of
+  the final TP checkpoint loaded into the one-process model (fp64).
+- examples/torch_hdp_train.py on 2 processes under torchrun, with rings, against --nproc 1 with the
+  same flags: both ranks report, and the steps' losses agree.
 """
 
 import json
@@ -63,14 +67,48 @@ def test_user_loop_under_torchrun_matches_one_process(tmp_path):
         assert torch.allclose(a["params"][name], p, rtol=1e-9, atol=1e-12), name
 
 
+def user_loop_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("torch_user_loop", EXAMPLES / "torch_user_loop.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_user_loop_tp2_hdp2_with_checkpoints_matches_one_process(tmp_path):
+    """The figures of docs/torch.md ("Tensor parallelism in a loop of one's own"): printed here."""
+    import bytescale.torch as bt
+
+    script = EXAMPLES / "torch_user_loop.py"
+    common = ["--tokens", "2048", "--dtype", "float64", "--ckpt-dir", tmp_path / "ck"]
+    check_run(launch_cmd(4, script, "--tp", "2", "--steps", "3", "--ckpt-every", "3", *common,
+                         "--dump", tmp_path / "a.pt"))
+    second = check_run(launch_cmd(4, script, "--tp", "2", "--steps", "5", "--ckpt-every", "5", *common,
+                                  "--resume", tmp_path / "ck" / "step-3", "--dump", tmp_path / "b.pt"))
+    assert "ranks 4 (tp 2 x hdp 2)" in second.stdout
+    check_run([sys.executable, str(script), "--steps", "5", "--tokens", "2048", "--dtype", "float64",
+               "--dump", tmp_path / "one.pt"])
+    a, b, one = (torch.load(tmp_path / f"{n}.pt") for n in ("a", "b", "one"))
+    losses = a["losses"] + b["losses"]
+    loss_rel = max(abs(x - y) / abs(y) for x, y in zip(losses, one["losses"]))
+    model = user_loop_module().TinyLM(bt.Layout(), 1).to(torch.float64)
+    bt.load_tp(tmp_path / "ck" / "step-5", model)
+    param_rel = max(float((model.state_dict()[k] - v).abs().max() / v.abs().max()) for k, v in one["params"].items())
+    print(f"\ntp 2 x hdp 2 vs one process, 5 AdamW steps (a checkpoint after 3): loss {loss_rel:.1e}, "
+          f"parameters {param_rel:.1e} (of each tensor's largest)")
+    assert len(losses) == 5 and loss_rel < 1e-12 and param_rel < 1e-12
+    assert any(k.endswith("bias") for k in one["params"])
+
+
 def test_example_under_torchrun_matches_one_process(tmp_path):
     data = corpus(tmp_path)
     common = ["--data", data, "--model", "tiny", "--context", "512", "--tokens", "1K", "--steps", "2", "--lr", "1e-3",
-              "--warmup", "1"]
-    check_run(launch_cmd(2, EXAMPLES / "torch_hdp_train.py", *common, "--capacity", "256",
-                         "--metrics", tmp_path / "two.jsonl"))
-    check_run([sys.executable, str(EXAMPLES / "torch_hdp_train.py"), *common, "--capacity", "512", "--nproc", "1",
-               "--metrics", tmp_path / "one.jsonl"])
+              "--warmup", "1", "--capacity", "256"]
+    check_run(launch_cmd(2, EXAMPLES / "torch_hdp_train.py", *common, "--metrics", tmp_path / "two.jsonl"))
+    # the same flags on one process: it plans at the context, and says so
+    one_run = check_run([sys.executable, str(EXAMPLES / "torch_hdp_train.py"), *common, "--nproc", "1",
+                         "--metrics", tmp_path / "one.jsonl"])
+    assert "one HDP rank: capacity 256 raised to the context 512" in one_run.stderr
     two = [json.loads(x) for x in (tmp_path / "two.jsonl").read_text().splitlines()]
     one = [json.loads(x) for x in (tmp_path / "one.jsonl").read_text().splitlines()]
     assert [x["step"] for x in two] == [1, 2] and all(len(x["ranks"]) == 2 for x in two)

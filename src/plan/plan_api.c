@@ -36,6 +36,11 @@ const char *bs_policy_name(int i, const char **summary) {
     return p ? p->name : NULL;
 }
 
+const char *bs_policy_no_train(int i) {
+    const Policy *p = policy_at(i);
+    return p ? p->no_train : NULL;
+}
+
 int bs_model_count(void) { return model_count(); }
 
 const char *bs_model_name(int i) {

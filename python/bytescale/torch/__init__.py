@@ -38,8 +38,11 @@ from .step import (Batch, FunctionSource, MicroBatch, StepPlan, TokenSource, bro
 from .train import HDPTrainer, StepResult, lr_schedule
 from .ulysses import Ulysses, head_split, ulysses_attention
 from .check import PlanCheckError, check_plan, plan_fingerprint
-from .step import MicroBatches
+from .step import MicroBatches, PlanError, check_batch
 from .train import all_reduce_gradients
+from .check import Reading, plan_problem
+from .guard import PeerError, StallError, set_timeout
+from .sharded import clip_grad_norm_, load_tp, save_tp
 
 __all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge", "varlen_attention",
            "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint", "Dataset",
@@ -52,3 +55,5 @@ __all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge"
            "vocab_embedding", "vocab_parallel_cross_entropy", "PipeStats", "pipeline_slots", "run_stage",
            "stage_order"]
 __all__ += ["PlanCheckError", "check_plan", "plan_fingerprint", "MicroBatches", "all_reduce_gradients"]
+__all__ += ["PlanError", "check_batch", "Reading", "plan_problem", "PeerError", "StallError", "set_timeout",
+            "clip_grad_norm_", "load_tp", "save_tp"]

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .. import blas_coretype
+from . import guard
 
 
 def free_port() -> int:
@@ -41,10 +42,14 @@ def default_backend() -> str:
 
 
 def init(rank: int, world: int, backend: str = "gloo", port: Optional[int] = None, timeout_s: float = 300.0,
-         threads: Optional[int] = 1) -> None:
+         threads: Optional[int] = 1, store_port: Optional[int] = None) -> None:
     """Initialise the default process group for this process (rank of world). Under torchrun the
-    environment already names the rendezvous; otherwise `port` on 127.0.0.1 does. threads: torch's
-    intra-op threads (1: one core per rank, as the C engine's timing runs use)."""
+    environment already names the rendezvous; otherwise `port` on 127.0.0.1 does (rank 0 then holds
+    the job's store), or `store_port`, a store another process holds (spawn's parent: it outlives the
+    ranks, so a failure rank 0 records still reaches the others). threads: torch's intra-op threads
+    (1: one core per rank, as the C engine's timing runs use). timeout_s: the process group's timeout,
+    and the control collectives' unless BYTESCALE_TIMEOUT says otherwise (guard.py). The control
+    groups are made here, so a rank that never arrives at the first step is named too."""
     if port is not None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: the loopback interface
@@ -52,25 +57,48 @@ def init(rank: int, world: int, backend: str = "gloo", port: Optional[int] = Non
         torch.set_num_threads(threads)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store_port is not None:
+        store = dist.TCPStore("127.0.0.1", store_port, world, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    guard.reset()
+    guard.control_group()
+    guard.install()
 
 
-def _entry(rank, fn, world, backend, port, timeout_s, out_dir, args):
-    init(rank, world, backend, port, timeout_s)
-    try:
-        result = fn(rank, world, *args)
-        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
-            pickle.dump(result, f)
-    finally:
+def finish() -> None:
+    """Destroy the default process group (and every other group with it): every rank at the end of a
+    job that went well. A process that exits with its groups alive may abort at exit (guard._at_exit,
+    which does this at exit where the script did not). After an error, leave without it: it would wait
+    for the collectives the failed step left pending."""
+    if dist.is_initialized():
         dist.destroy_process_group()
+    guard.reset()
+
+
+def _entry(rank, fn, world, backend, store_port, timeout_s, out_dir, args):
+    init(rank, world, backend, None, timeout_s, store_port=store_port)
+    with guard.failing():  # recorded before this process leaves: its peers name it (guard.py)
+        result = fn(rank, world, *args)
+    with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+    finish()  # not after an error (finish's docstring): the process leaves, its peers' waits end
+
+
+def host_store(nprocs: int, timeout_s: float):
+    """A TCPStore server in this process for nprocs ranks on 127.0.0.1 (a free port): the ranks
+    connect to it (init(store_port=)), and it outlives them."""
+    return dist.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = "gloo",
           timeout_s: float = 300.0) -> List[Any]:
     """Run fn(rank, world, *args) in `nprocs` fresh processes with the default process group
     initialised; return their results, rank 0 first. fn must be importable by name (a module-level
-    function) and its results picklable."""
+    function) and its results picklable. This process holds the job's store (host_store)."""
     # the workers are fresh interpreters whose OpenBLAS (the system one libbytescale links; torch's pip
     # wheel brings its own BLAS, on x86-64 MKL, which ignores the variable) reads OPENBLAS_CORETYPE when
     # it loads: where it would fall back to kernels older than this CPU, they get the ones `bytescale
@@ -78,8 +106,9 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = 
     coretype = blas_coretype()
     if coretype and "OPENBLAS_CORETYPE" not in os.environ:
         os.environ["OPENBLAS_CORETYPE"] = coretype
+    store = host_store(nprocs, timeout_s)
     with tempfile.TemporaryDirectory(prefix="bytescale-torch-") as out_dir:
-        mp.start_processes(_entry, args=(fn, nprocs, backend, free_port(), timeout_s, out_dir, args),
+        mp.start_processes(_entry, args=(fn, nprocs, backend, store.port, timeout_s, out_dir, args),
                            nprocs=nprocs, join=True, start_method="spawn")
         results = []
         for r in range(nprocs):

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import guard
 from .attention import local_attention
 from .parallel import (column_parallel_group, copy_to_tp, row_parallel, tp_part, vocab_embedding,
                        vocab_parallel_cross_entropy)
@@ -120,7 +121,8 @@ def microbatch_context(mb) -> Iterator[None]:
     else:
         _current.attention = lambda q, k, v: local_attention(q, k, v, rows, None)
     try:
-        yield
+        with guard.failing():  # this rank's error, recorded for the peers waiting on it (guard.py)
+            yield
     finally:
         _current.attention = prev
 

@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from . import guard
+
 
 def split_layers(n_layers: int, pp: int, layer_time: float = 1.0, head_time: float = 0.0) -> List[int]:
     """Stage boundaries [b_0 = 0, b_1, ..., b_pp = n_layers] as the C engine's pipeline_split_layers:
@@ -147,7 +149,8 @@ class Layout:
 def _all_reduce(x: Tensor, group, op=dist.ReduceOp.SUM) -> Tensor:
     x = x.contiguous().clone()
     if x.numel() > 0:
-        dist.all_reduce(x, op=op, group=group)
+        with guard.waiting("a tensor-parallel all-reduce"):  # a tp peer that failed is named (guard.py)
+            dist.all_reduce(x, op=op, group=group)
     return x
 
 
@@ -208,7 +211,8 @@ class _ColumnParallel(torch.autograd.Function):
         work = dist.all_reduce(dx, group=ctx.group, async_op=True) if dx.numel() > 0 else None
         dws = [dy.t() @ x for dy in dys]
         if work is not None:
-            work.wait()
+            with guard.waiting("a tensor-parallel all-reduce"):
+                work.wait()
         return (dx, None, *dws)
 
 
@@ -237,35 +241,114 @@ def _part(n: int, tp: int, r: int, what: str) -> range:
     return range(r * n // tp, (r + 1) * n // tp)
 
 
-class ColumnParallelLinear(nn.Module):
-    """y = x @ W^T without bias, W (out, in) split by output rows over the tp group: rank r holds rows
-    [r out/T, (r+1) out/T) and returns its columns of y. The backward sums the input's gradient over
-    the group, overlapped with the weight's gradient (column_parallel_group: several weights that
-    share an input, summed once, as the model does for wq, wk, wv)."""
+def _full_init(out_features: int, in_features: int, bias: bool, seed: Optional[int], dtype, device):
+    """The whole layer's (weight, bias) as nn.Linear(in_features, out_features) initialises them:
+    kaiming-uniform weight (a = sqrt(5), bound 1 / sqrt(in)), uniform bias in +-1 / sqrt(in), drawn in
+    that order from torch.Generator().manual_seed(seed), or from the default generator when seed is
+    None (then every tp rank must be seeded alike, and the draws are nn.Linear's own)."""
+    import math
+    gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+    # drawn on the CPU in the layer's dtype, as nn.Linear(..., dtype=) on the CPU draws them
+    w = torch.empty(out_features, in_features, dtype=dtype)
+    nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=gen)
+    b = None
+    if bias:
+        bound = 1 / math.sqrt(in_features) if in_features > 0 else 0.0
+        b = torch.empty(out_features, dtype=dtype)
+        nn.init.uniform_(b, -bound, bound, generator=gen)
+    return w.to(device=device), (b.to(device=device) if b is not None else None)
 
-    def __init__(self, in_features: int, out_features: int, layout: Layout, dtype=torch.float32, device=None):
+
+def _given(t: Tensor, shape, what: str) -> Tensor:
+    t = torch.as_tensor(t)
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, the whole layer's is {tuple(shape)}")
+    return t
+
+
+def _mark(p: nn.Parameter, dim: Optional[int], full_shape, start: int, layout: "Layout") -> nn.Parameter:
+    """Note on a parameter how it lies in the whole layer: split along `dim` (None: replicated on every
+    tp rank) from `start`, of `full_shape`. clip_grad_norm_ and the TP checkpoints (tp_checkpoint.py)
+    read it."""
+    p.tp_dim, p.tp_full_shape, p.tp_start, p.tp_layout = dim, tuple(full_shape), int(start), layout
+    return p
+
+
+class _TPLinear(nn.Module):
+    """What the two layers share: the whole layer's init (a seed, the default generator, or the
+    user's whole weight and bias), sliced to this rank's part."""
+
+    def _params(self, in_features: int, out_features: int, layout: "Layout", split_dim: int, bias, weight,
+                seed, dtype, device):
+        self.in_features, self.out_features = in_features, out_features
+        self.layout, self.group = layout, layout.tp_group
+        given_bias = bias if isinstance(bias, Tensor) else None
+        has_bias = given_bias is not None or bool(bias)
+        if weight is None:
+            w, b = _full_init(out_features, in_features, has_bias, seed, dtype, device)
+        else:
+            w, b = _given(weight, (out_features, in_features), "weight").to(dtype=dtype, device=device), None
+            if has_bias and given_bias is None:
+                b = torch.zeros(out_features, dtype=dtype, device=device)
+        if given_bias is not None:
+            b = _given(given_bias, (out_features,), "bias").to(dtype=dtype, device=device)
+        part = self.rows if split_dim == 0 else self.cols
+        local = w[part.start:part.stop] if split_dim == 0 else w[:, part.start:part.stop]
+        self.weight = _mark(nn.Parameter(local.contiguous().clone()), split_dim, w.shape, part.start, layout)
+        self.bias = None
+        if b is not None:
+            if split_dim == 0:  # a column-parallel bias is split with the output rows
+                self.bias = _mark(nn.Parameter(b[part.start:part.stop].clone()), 0, b.shape, part.start, layout)
+            else:  # a row-parallel bias is added once, after the sum: whole on every rank
+                self.bias = _mark(nn.Parameter(b.clone()), None, b.shape, 0, layout)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"tp={self.layout.tp}, tp_rank={self.layout.tp_rank}")
+
+
+class ColumnParallelLinear(_TPLinear):
+    """y = x @ W^T + b, W (out, in) and b (out,) split by output rows over the layout's tp group: rank
+    r holds rows [r out/T, (r+1) out/T) and returns its columns of y (T = layout.tp). The input x is
+    whole on every tp rank; the backward sums its gradient over the group, overlapped with the
+    weight's gradient (column_parallel_group).
+
+    Initialisation, the same whole layer on every tp rank, each keeping its rows:
+      weight=None (default)   nn.Linear's: from torch.Generator().manual_seed(seed), or with seed=None
+                              from the default generator exactly as nn.Linear(in, out) draws it (seed
+                              every rank alike: torch.manual_seed)
+      weight=W                the whole (out, in) weight given; bias=True then starts at zero, or
+                              bias=B the whole (out,) bias
+    bias=False: no bias. The parameters carry tp_dim (0), tp_full_shape and tp_start for
+    clip_grad_norm_ and save_tp / load_tp."""
+
+    def __init__(self, in_features: int, out_features: int, layout: "Layout", bias=True, *,
+                 weight: Optional[Tensor] = None, seed: Optional[int] = None, dtype=torch.float32, device=None):
         super().__init__()
         self.rows = _part(out_features, layout.tp, layout.tp_rank, "out_features")
-        self.group = layout.tp_group
-        self.weight = nn.Parameter(torch.zeros(len(self.rows), in_features, dtype=dtype, device=device))
+        self._params(in_features, out_features, layout, 0, bias, weight, seed, dtype, device)
 
     def forward(self, x: Tensor) -> Tensor:
-        return column_parallel(x, self.weight, self.group)
+        y = column_parallel(x, self.weight, self.group)
+        return y if self.bias is None else y + self.bias
 
 
-class RowParallelLinear(nn.Module):
-    """y = x @ W^T without bias, W (out, in) split by input columns: rank r holds columns
-    [r in/T, (r+1) in/T) and takes its columns of x (a column-parallel layer's output); the partial
-    products are summed over the group forward, the replicated gradient needs nothing backward."""
+class RowParallelLinear(_TPLinear):
+    """y = x @ W^T + b, W (out, in) split by input columns over the layout's tp group: rank r holds
+    columns [r in/T, (r+1) in/T) and takes its columns of x (a column-parallel layer's output); the
+    partial products are summed over the group forward, then b (whole on every rank, added once) is
+    added; the replicated output gradient needs nothing backward. Initialisation and bias as
+    ColumnParallelLinear's (the weight's columns kept; tp_dim 1, the bias's tp_dim None)."""
 
-    def __init__(self, in_features: int, out_features: int, layout: Layout, dtype=torch.float32, device=None):
+    def __init__(self, in_features: int, out_features: int, layout: "Layout", bias=True, *,
+                 weight: Optional[Tensor] = None, seed: Optional[int] = None, dtype=torch.float32, device=None):
         super().__init__()
         self.cols = _part(in_features, layout.tp, layout.tp_rank, "in_features")
-        self.group = layout.tp_group
-        self.weight = nn.Parameter(torch.zeros(out_features, len(self.cols), dtype=dtype, device=device))
+        self._params(in_features, out_features, layout, 1, bias, weight, seed, dtype, device)
 
     def forward(self, x: Tensor) -> Tensor:
-        return row_parallel(x, self.weight, self.group)
+        y = row_parallel(x, self.weight, self.group)
+        return y if self.bias is None else y + self.bias
 
 
 def vocab_embedding(tokens: Tensor, w: Tensor, v0: int, group) -> Tensor:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import guard
 from .model import Llama, microbatch_context
 from .step import MicroBatch, StepPlan
 
@@ -78,7 +79,9 @@ def _recv(shape, like: Tensor, src: int, group, tag: int, stats: PipeStats) -> T
     buf = torch.empty(shape, dtype=like.dtype, device=like.device)
     if buf.numel() > 0:
         t0 = time.perf_counter()
-        dist.recv(buf, src, group=group, tag=tag)
+        what = "activations from the previous stage" if tag == TAG_ACT else "gradients from the next stage"
+        with guard.waiting(f"the pipeline's {what}", [src]):  # a stage that failed is named (guard.py)
+            dist.recv(buf, src, group=group, tag=tag)
         stats.p2p_wait += time.perf_counter() - t0
     return buf
 
@@ -100,8 +103,16 @@ def run_stage(model: Llama, plan: StepPlan, mbs: List[MicroBatch], scale: float,
     S, P = lay.stage, lay.pp
     prev = lay.world_rank(S - 1, lay.hdp_rank, lay.tp_rank) if S > 0 else None
     nxt = lay.world_rank(S + 1, lay.hdp_rank, lay.tp_rank) if S < P - 1 else None
-    D = model.cfg.d_model
     st = stats if stats is not None else PipeStats()
+    with guard.failing():  # this stage's error, recorded for the stages and peers waiting on it
+        return _run_stage(model, plan, mbs, scale, grad_hook, st, prev, nxt)
+
+
+def _run_stage(model: Llama, plan: StepPlan, mbs: List[MicroBatch], scale: float, grad_hook, st: PipeStats,
+               prev: Optional[int], nxt: Optional[int]) -> float:
+    lay = model.parallel
+    S, P = lay.stage, lay.pp
+    D = model.cfg.d_model
     held = {}  # micro-batch index -> (input activations or None, output or loss) between F and B
     sends, loss_sum = [], 0.0
     order = stage_order(plan, lay.hdp_rank, S, P)
@@ -131,6 +142,7 @@ def run_stage(model: Llama, plan: StepPlan, mbs: List[MicroBatch], scale: float,
                 dx = x.grad if x.grad is not None else torch.zeros_like(x)
                 _send(dx, prev, lay.pipe_bwd, TAG_GRAD, st, sends)
         st.ops += 1
-    for w, _ in sends:
-        w.wait()
+    with guard.waiting("the pipeline's sends", [r for r in (prev, nxt) if r is not None]):
+        for w, _ in sends:
+            w.wait()
     return loss_sum

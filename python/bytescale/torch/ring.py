@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import guard
 from .attention import Rows, _acc_dtype, block_backward, block_forward, merge
 from .shapes import check_qkv
 
@@ -145,8 +146,10 @@ def _exchange(ops: List[dist.P2POp]):
 
 def _wait(works, ring: Ring):
     t0 = time.perf_counter()
-    for w in works:
-        w.wait()
+    # a member that failed leaves; its peers' waits then fail, and name it and its error (guard.py)
+    with guard.waiting(f"ring attention (member {ring.me} of ring {ring.ranks})", [ring.prev]):
+        for w in works:
+            w.wait()
     ring.stats.wait += time.perf_counter() - t0
 
 
@@ -345,7 +348,8 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, ring):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, lse = ring_forward(q, k, v, ring)
+        with guard.failing():  # an error here is recorded for the peers before it leaves (guard.py)
+            out, lse = ring_forward(q, k, v, ring)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring = ring
         return out
@@ -353,7 +357,8 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.ring)
+        with guard.failing():
+            dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.ring)
         return dq, dk, dv, None
 
 

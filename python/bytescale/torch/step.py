@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .attention import Rows
-from .check import check_plan
+from .check import READ_PAST_END, READ_SHORT, Reading, check_plan, plan_problem
 from .ring import Ring, RingStats
 from .ulysses import Ulysses
 
@@ -163,8 +163,9 @@ class StepPlan:
     def from_plan(cls, plan, batch: Batch, labelled: int) -> "StepPlan":
         """From a bytescale.Plan of batch.lengths (made with any `context`: pieces map back to their
         documents through the plan's seq_id / seq_offset)."""
-        ids, off = plan.seq_id, plan.seq_offset
+        ids, off = np.asarray(plan.seq_id, np.int64), np.asarray(plan.seq_offset, np.int64)
         docs, starts = np.asarray(batch.docs, np.int64), np.asarray(batch.starts, np.int64)
+        _same_lengths(plan, ids, batch)
         return cls(n_ranks=plan.n_ranks, seq_doc=docs[ids].tolist(), seq_start=(starts[ids] + off).tolist(),
                    seq_len=plan.seq_len.tolist(),
                    items=[(tuple(it.ranks), tuple(tuple(s) for s in it.segments)) for it in plan.items],
@@ -194,6 +195,23 @@ class StepPlan:
                    barriers=[int(b) for b in d.get("barriers", [])])
 
 
+def _same_lengths(plan, ids: np.ndarray, batch: Batch) -> None:
+    """The plan's pieces of each batch sequence add up to its length: a plan made for other lengths
+    than the batch it is paired with would train other tokens than the batch's (and divide by the
+    batch's labelled count). Raises ValueError naming the first sequence that differs."""
+    lengths = np.asarray(batch.lengths, np.int64)
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(lengths)):
+        raise ValueError(f"the plan names sequence {int(ids.max())} but the batch has {len(lengths)} sequences: "
+                         f"a plan of another batch")
+    planned = np.bincount(ids, weights=np.asarray(plan.seq_len, np.int64), minlength=len(lengths)).astype(np.int64)
+    bad = np.nonzero(planned != lengths)[0]
+    if len(bad):
+        q = int(bad[0])
+        raise ValueError(f"sequence {q} of the batch (document {int(batch.docs[q])}) has {int(lengths[q])} tokens, "
+                         f"the plan {int(planned[q])}: a plan made for other lengths than the batch's"
+                         f"{f' ({len(bad)} sequences differ)' if len(bad) > 1 else ''}")
+
+
 def _item_ulysses(D: int, a2a, ulysses) -> int:
     """An item's Ulysses group size from the plan's fields: `ulysses` (a hybrid), else D for an a2a
     item (a single group), else 0."""
@@ -201,6 +219,22 @@ def _item_ulysses(D: int, a2a, ulysses) -> int:
     if u == 0 and a2a and D > 1:
         u = D
     return u
+
+
+def check_batch(batch: Batch, source: TokenSource) -> None:
+    """Every sequence of the batch lies within its document (start >= 0, at least one token, ending at
+    or before the document's end); raises ValueError naming the first that does not, so a bad batch
+    fails where it is planned (rank 0; broadcast_plan carries the error to every rank) instead of
+    where a rank reads its tokens."""
+    for q, (doc, start, n) in enumerate(zip(batch.docs, batch.starts, batch.lengths)):
+        doc, start, n = int(doc), int(start), int(n)
+        if start < 0 or n < 1:
+            raise ValueError(f"sequence {q} (document {doc}): start {start}, length {n}: a start >= 0 and at "
+                             f"least one token")
+        end = source.doc_length(doc)
+        if start + n > end:
+            raise ValueError(f"sequence {q} (document {doc}, tokens [{start}, {start + n})) runs past its "
+                             f"document's end: it ends at token {start + n}, the document has {end}")
 
 
 def labelled_tokens(batch: Batch, source: TokenSource) -> int:
@@ -218,6 +252,7 @@ def plan_step(batch: Batch, source: TokenSource, *, ranks: int, capacity: int, p
     is the C trainer's: the `tiny` model on the `cpu` hardware profile, tp 1."""
     import bytescale  # the C library: only the planning rank needs it loaded
 
+    check_batch(batch, source)
     if "cost" not in plan_args:
         plan_args.setdefault("model", "tiny")
         plan_args.setdefault("hardware", "cpu")
@@ -228,18 +263,52 @@ def plan_step(batch: Batch, source: TokenSource, *, ranks: int, capacity: int, p
     return StepPlan.from_plan(p, batch, labelled_tokens(batch, source))
 
 
-def broadcast_plan(plan: Optional[StepPlan], src: int = 0) -> StepPlan:
-    """Every rank gets rank `src`'s plan (broadcast_object_list on the default group). If the planning
-    rank passes an Exception instead, every rank raises it (no rank is left waiting)."""
+class PlanError(RuntimeError):
+    """The planning rank could not plan the step: raised on every rank by broadcast_plan, with the
+    planning rank's error (`cause`: 'Type: message'; on the planning rank the exception is chained)."""
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message)
+        self.cause = cause
+
+
+def broadcast_plan(plan, src: int = 0) -> StepPlan:
+    """Every rank gets rank `src`'s plan. `plan` is, on rank src, the StepPlan, an Exception (the
+    step could not be planned), or a callable that makes the plan (called on rank src only; what it
+    raises goes to every rank); the other ranks pass None (or the same callable, not called there):
+
+        plan = broadcast_plan(lambda: plan_step(batch, source, ranks=world, capacity=C))
+
+    A failure on rank src raises PlanError on every rank with its reason (type and message), so no
+    rank is left waiting and none sees only a transport error. The broadcast runs on the control
+    group (guard.py: gloo, the job's timeout; a rank that never arrives is named)."""
+    from . import guard
+
+    me = dist.get_rank() if dist.is_initialized() else 0
+    err = None
+    if callable(plan) and not isinstance(plan, StepPlan):
+        if me == src:
+            try:
+                plan = plan()
+            except Exception as e:  # every rank stops with this reason
+                err, plan = e, e
+        else:
+            plan = None
+    if isinstance(plan, BaseException):
+        err = plan
+        plan = ("failed", guard.describe(plan))  # the reason, not the object: it may not pickle
     box = [plan]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        if dist.get_backend() == "nccl":
-            dist.broadcast_object_list(box, src=src, device=torch.device("cuda", torch.cuda.current_device()))
-        else:
-            dist.broadcast_object_list(box, src=src)
-    if isinstance(box[0], BaseException):
-        raise RuntimeError(f"rank {src} could not plan the step: {box[0]}")
-    return box[0]
+        group = guard.control_group()
+        with guard.control("the plan's broadcast"):
+            dist.broadcast_object_list(box, src=src, group=group)
+    got = box[0]
+    if isinstance(got, tuple) and len(got) == 2 and got[0] == "failed":
+        raise PlanError(f"bytescale.torch: rank {src} could not plan the step: {got[1]}", got[1]) from err
+    if not isinstance(got, StepPlan):
+        raise PlanError(f"bytescale.torch: rank {src} gave broadcast_plan {type(got).__name__}, not a StepPlan "
+                        f"(or an exception, or a callable making one)", type(got).__name__)
+    return got
 
 
 @dataclasses.dataclass
@@ -279,6 +348,59 @@ class MicroBatches(list):
     checked: Optional[StepPlan] = None
 
 
+def _read_item(plan: StepPlan, k: int, m: int, source: TokenSource, reading: Reading):
+    """Member m's tokens and labels of item k: for each piece the tokens plus one past it (the label of
+    its last row; -1 at the document's end). What does not match the plan (a sequence past its
+    document's end, a source that returns too few tokens) is noted in `reading`, not raised: the
+    plan check reports it on every rank."""
+    ranks, segs = plan.items[k]
+    D = len(ranks)
+    toks, tgts = [], []
+    for q, start, length in segs:
+        doc, base = plan.seq_doc[q], plan.seq_start[q] + start
+        end = plan.seq_start[q] + plan.seq_len[q]
+        doc_len = int(source.doc_length(doc))
+        if end > doc_len:
+            reading.note(READ_PAST_END, q, doc_len, end)
+        for s, n in member_pieces(length, D, m):
+            if n == 0:
+                continue
+            got = np.asarray(source.read(doc, base + s, n + 1), dtype=np.int64)[:n + 1]
+            if len(got) < n:
+                reading.note(READ_SHORT if end <= doc_len else READ_PAST_END, q,
+                             n if end <= doc_len else doc_len, len(got) if end <= doc_len else end)
+                got = np.concatenate([got, np.zeros(n - len(got), np.int64)])  # the check raises before use
+            toks.append(got[:n])
+            tgt = np.full(n, -1, dtype=np.int64)
+            tgt[:len(got) - 1] = got[1:]
+            tgts.append(tgt)
+    tokens = np.concatenate(toks) if toks else np.zeros(0, np.int64)
+    targets = np.concatenate(tgts) if tgts else np.zeros(0, np.int64)
+    return tokens, targets
+
+
+def _build(plan: StepPlan, k: int, m: int, tokens, targets, device, stats: RingStats, layout) -> "MicroBatch":
+    """The MicroBatch of member m of item k (its Ring or Ulysses group from the plan's rows)."""
+    ranks, segs = plan.items[k]
+    D = len(ranks)
+    pos, seg = plan.member_rows(k, m)
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
+    rows = Rows(torch.from_numpy(pos), torch.from_numpy(seg))
+    ring, cu, group = None, None, None
+    if D > 1:
+        members = [Rows(*map(torch.from_numpy, plan.member_rows(k, j))) if j != m else rows for j in range(D)]
+        u = plan.item_ulysses(k)
+        peers = layout.hdp_to_world(ranks) if layout is not None else ranks
+        pg = layout.hdp_group if layout is not None else None
+        if u:
+            group = Ulysses(peers, m, members, u, stats, pg)
+        else:
+            ring = Ring(peers, m, members, stats, pg)
+    else:
+        cu = torch.from_numpy(np.concatenate([[0], np.cumsum([n for _, _, n in segs])]).astype(np.int64))
+    return MicroBatch(k, t(tokens), t(targets), t(pos), t(seg), rows, ring, cu, int((targets >= 0).sum()), group)
+
+
 def microbatches(plan: StepPlan, rank: int, source: TokenSource, device=None,
                  ring_stats: Optional[RingStats] = None, *, check: bool = True,
                  hdp: Optional[int] = None, layout=None) -> List[MicroBatch]:
@@ -286,54 +408,37 @@ def microbatches(plan: StepPlan, rank: int, source: TokenSource, device=None,
     piece the tokens plus one past it (the label of its last row; -1 at the document's end).
 
     Every rank calls it once per step, also a rank without items, before any message of the step:
-    first it checks (check.py, one all_gather of a few integers on the default group) that every
-    rank holds the same plan and that the plan fits the world (`hdp`: the HDP dimension of a
-    TP x PP x HDP layout, `rank` then this process's HDP rank; a `layout` gives it); if not, every
-    rank raises the same PlanCheckError. check=False skips that (one process looking at any rank's
-    share).
+    it reads its tokens, then checks (check.py, one all_gather of a few integers on the control
+    group) that every rank holds the same plan, that the plan fits the world (`hdp`: the HDP dimension
+    of a TP x PP x HDP layout, `rank` then this process's HDP rank; a `layout` gives it), that the plan
+    is whole, that every rank found the tokens the plan names, and that the labelled rows of all ranks
+    add up to plan.labelled (the loss's denominator); if not, every rank raises the same
+    PlanCheckError. check=False skips that (one process looking at any rank's share; a problem
+    reading is then raised here).
 
     With a 3D `layout` (parallel.Layout) `rank` is the HDP rank (layout.hdp_rank; the plan's ranks
     are HDP ranks), and rings and all-to-alls run on the layout's hdp group with this process's
     stage and tp rank of the item's HDP ranks as peers."""
     out = MicroBatches()
+    reading = Reading(labelled=0)
+    read = []
+    if check:  # the plan's own faults first, so reading does not trip over them (the check reports them)
+        broken = plan_problem(plan) is not None
+    else:
+        broken = False
+    for k in ([] if broken else plan.schedule(rank)):
+        tokens, targets = _read_item(plan, k, plan.items[k][0].index(rank), source, reading)
+        reading.labelled += int((targets >= 0).sum())
+        read.append((k, tokens, targets))
     if check:
-        check_plan(plan, rank, hdp=layout.hdp if layout is not None and hdp is None else hdp)
+        check_plan(plan, rank, hdp=layout.hdp if layout is not None and hdp is None else hdp, reading=reading)
         out.checked = plan
+    elif reading.problem:
+        raise RuntimeError(f"plan sequence {reading.seq}: the plan reads to token {reading.got} of document "
+                           f"{plan.seq_doc[reading.seq]}, which has {reading.want}" if reading.problem == READ_PAST_END
+                           else f"plan sequence {reading.seq}: the source returned {reading.got} of {reading.want} "
+                           f"tokens")
     stats = ring_stats if ring_stats is not None else RingStats()
-    for k in plan.schedule(rank):
-        ranks, segs = plan.items[k]
-        D, m = len(ranks), ranks.index(rank)
-        toks, tgts = [], []
-        for q, start, length in segs:
-            doc, base = plan.seq_doc[q], plan.seq_start[q] + start
-            for s, n in member_pieces(length, D, m):
-                if n == 0:
-                    continue
-                got = np.asarray(source.read(doc, base + s, n + 1), dtype=np.int64)
-                if len(got) < n:
-                    raise RuntimeError(f"plan item {k}: document {doc} ends {n - len(got)} tokens before its "
-                                       f"sequence {q}'s chunk does")
-                toks.append(got[:n])
-                tgt = np.full(n, -1, dtype=np.int64)
-                tgt[:len(got) - 1] = got[1:]
-                tgts.append(tgt)
-        pos, seg = plan.member_rows(k, m)
-        tokens = np.concatenate(toks) if toks else np.zeros(0, np.int64)
-        targets = np.concatenate(tgts) if tgts else np.zeros(0, np.int64)
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
-        rows = Rows(torch.from_numpy(pos), torch.from_numpy(seg))
-        ring, cu, group = None, None, None
-        if D > 1:
-            members = [Rows(*map(torch.from_numpy, plan.member_rows(k, j))) if j != m else rows for j in range(D)]
-            u = plan.item_ulysses(k)
-            peers = layout.hdp_to_world(ranks) if layout is not None else ranks
-            pg = layout.hdp_group if layout is not None else None
-            if u:
-                group = Ulysses(peers, m, members, u, stats, pg)
-            else:
-                ring = Ring(peers, m, members, stats, pg)
-        else:
-            cu = torch.from_numpy(np.concatenate([[0], np.cumsum([n for _, _, n in segs])]).astype(np.int64))
-        out.append(MicroBatch(k, t(tokens), t(targets), t(pos), t(seg), rows, ring, cu,
-                              int((targets >= 0).sum()), group))
+    for k, tokens, targets in read:
+        out.append(_build(plan, k, plan.items[k][0].index(rank), tokens, targets, device, stats, layout))
     return out

@@ -26,6 +26,7 @@ from typing import Iterable, List, Optional, Union
 import torch
 import torch.distributed as dist
 
+from . import guard
 from .model import Llama, microbatch_context
 from .ring import RingStats
 from .check import check_plan
@@ -43,20 +44,27 @@ def lr_schedule(step: int, lr: float, min_lr: float, warmup: int, total: int) ->
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def all_reduce_gradients(parameters: Union[torch.nn.Module, Iterable[torch.Tensor]], group=None) -> None:
+def all_reduce_gradients(parameters: Union[torch.nn.Module, Iterable[torch.Tensor]], group=None, *,
+                         layout=None) -> None:
     """Sum the gradients of `parameters` (a module's, or an iterable) over the ranks of `group` (default:
     every rank), in place: the gradient all-reduce of a user's own loop (HDPTrainer does its own, bucket
     by bucket). SUM, no division by the world: the loss scaled by 1 / plan.labelled already makes the
     sum the gradient of the batch's mean token loss. A parameter whose gradient is None (every one on a
     rank that ran no micro-batch this step) gets zeros first, so every rank joins the same all-reduce
     with the same sizes and ends with the summed gradient. One all-reduce per dtype and device, over a
-    flat copy of the gradients in the parameters' order (the same on every rank)."""
+    flat copy of the gradients in the parameters' order (the same on every rank). With a 3D `layout`
+    (parallel.Layout) the sum runs over its hdp group, the processes holding the same part of the
+    model, and not at all where the HDP dimension is 1."""
     if isinstance(parameters, torch.nn.Module):
         parameters = parameters.parameters()
     params = [p for p in parameters if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+    if layout is not None:
+        if layout.hdp == 1:
+            return
+        group = layout.hdp_group  # None where the HDP ranks are the whole world: the default group
     if not (dist.is_initialized() and dist.get_world_size(group) > 1):
         return
     kinds = {}
@@ -64,7 +72,8 @@ def all_reduce_gradients(parameters: Union[torch.nn.Module, Iterable[torch.Tenso
         kinds.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
     for grads in kinds.values():
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
+        with guard.waiting("the gradient all-reduce"):  # a rank that failed is named (guard.py)
+            dist.all_reduce(flat, group=group)
         off = 0
         for g in grads:
             g.copy_(flat[off:off + g.numel()].view_as(g))
@@ -172,8 +181,9 @@ class HDPTrainer:
         if self.sync_size > 1:
             for b in range(len(self._buckets)):
                 self._launch(b)
-            for w in self._pending.values():
-                w.wait()
+            with guard.waiting("the gradient all-reduce"):  # a rank that failed is named (guard.py)
+                for w in self._pending.values():
+                    w.wait()
         self._pending = {}
         return time.perf_counter() - t0
 
@@ -185,6 +195,10 @@ class HDPTrainer:
         checked here, so every rank must pass the same kind. apply=False stops after the gradients
         (summed over ranks, unclipped, in flat_grad / .grad); apply_update(result) then takes the
         optimizer step."""
+        with guard.failing():  # this rank's error, recorded for the ranks waiting on it (guard.py)
+            return self._step(plan, mbs, apply)
+
+    def _step(self, plan: StepPlan, mbs: List[MicroBatch], apply: bool) -> StepResult:
         t0 = time.perf_counter()
         if getattr(mbs, "checked", None) is not plan:  # a list microbatches() did not check for this plan
             if self.par is not None:  # 3D: the plan's ranks are HDP ranks
@@ -208,7 +222,8 @@ class HDPTrainer:
                 sq = float(g2.sum())
         total = torch.tensor([loss_sum if counts else 0.0, sq], dtype=torch.float64, device=self.flat_grad.device)
         if self.world > 1:
-            dist.all_reduce(total)
+            with guard.waiting("the loss's all-reduce"):
+                dist.all_reduce(total)
         loss = float(total[0].item()) / max(1, plan.labelled)
         if self.par is not None:
             norm = math.sqrt(float(total[1].item()))

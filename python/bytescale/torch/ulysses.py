@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import guard
 from .attention import Rows, _acc_dtype, block_backward, block_forward
 from .ring import Ring, RingStats, _exchange, ring_backward, ring_forward
 from .shapes import check_qkv
@@ -140,8 +141,11 @@ class Ulysses:
                 ops.append(dist.P2POp(dist.isend, parts[i], self.group[i], self.pg, tag=tag))
                 self.stats.bytes_sent += parts[i].numel() * parts[i].element_size()
         t0 = time.perf_counter()
-        for w in _exchange(ops):
-            w.wait()
+        # a member that failed leaves; its peers' waits then fail, and name it and its error (guard.py)
+        with guard.waiting(f"the all-to-all of item {self.ranks} (member {self.g * self.u + self.j})",
+                           [p for i, p in enumerate(self.group) if i != self.j]):
+            for w in _exchange(ops):
+                w.wait()
         self.stats.wait += time.perf_counter() - t0
         return got
 
@@ -221,6 +225,11 @@ def grp_kv_heads(H: int, G: int, u: int, j: int) -> int:
 class _UlyssesAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, grp):
+        with guard.failing():  # an error here is recorded for the peers before it leaves (guard.py)
+            return _UlyssesAttention._forward(ctx, q, k, v, grp)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, grp):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         H, G = q.shape[1], k.shape[1]
         qh, kh, vh = grp.to_heads([q, k, v], ["q", "kv", "kv"], H, G, TAG_A2A_FWD_IN)
@@ -239,6 +248,11 @@ class _UlyssesAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        with guard.failing():
+            return _UlyssesAttention._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout):
         qh, kh, vh, oh, lse = ctx.saved_tensors
         grp, idx, (H, G) = ctx.grp, ctx.idx, ctx.shape
         (doh,) = grp.to_heads([dout.contiguous()], ["q"], H, G, TAG_A2A_BWD_IN)
