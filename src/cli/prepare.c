@@ -7,9 +7,10 @@
 #include "bytescale/fileio.h"
 #include "bytescale/prepare.h"
 #include "bytescale/progress.h"
+#include "bytescale/tokenizer.h"
 #include "cli/cli.h"
 
-#define RANKS_REL "data/tiktoken/r50k_base.tiktoken"
+#define RANKS_DIR "data/tiktoken/"
 enum { MAX_INPUTS = 256 };
 
 static void usage(FILE *f) {
@@ -24,10 +25,12 @@ static void usage(FILE *f) {
             "  --input PATH       a file or directory; repeatable (default: %s, *.go)\n"
             "  --ext EXT          keep only files in directories whose name ends in EXT\n"
             "                     (default: .go for the default corpus, every file otherwise)\n"
-            "  --tokenizer NAME   byte (default) or gpt2 (GPT-2 BPE, r50k_base)\n"
-            "  --bpe-ranks PATH   the tiktoken rank file for gpt2 (default: %s,\n"
+            "  --tokenizer NAME   byte (default); gpt2, cl100k or o200k (tiktoken's r50k_base,\n"
+            "                     cl100k_base, o200k_base); hf:PATH (a Hugging Face tokenizer.json,\n"
+            "                     byte-level BPE) - docs/tokenizers.md\n"
+            "  --bpe-ranks PATH   the tiktoken rank file for gpt2, cl100k, o200k (default: %s<name>.tiktoken,\n"
             "                     looked up in the current directory, then $BS_SOURCE_DIR, then next to\n"
-            "                     the bytescale binary's parent directory; `make tokenizer` fetches it)\n"
+            "                     the bytescale binary's parent directory; `make tokenizer` fetches them)\n"
             "  --out DIR          output directory (default: data/go-<tokenizer> for the default corpus;\n"
             "                     required with --input)\n"
             "  --shard-size N     most bytes of tokens per shard, suffixes K M G (default 256M)\n"
@@ -43,17 +46,19 @@ static void usage(FILE *f) {
             "fails or is killed leaves it as it was, and the next run removes what a killed one left.\n"
             "--out may not lie inside an --input directory.\n"
             "Set BS_QUIET=1 to hide the progress line.\n",
-            PREPARE_DEFAULT_CORPUS, RANKS_REL);
+            PREPARE_DEFAULT_CORPUS, RANKS_DIR);
 }
 
 static int bad_usage(const char *fmt, const char *arg) { return cli_usage_error("prepare", fmt, arg); }
 
-// The default rank file, looked up in the source tree (file_find_source).
-static int find_ranks(char *out, size_t cap) {
-    if (file_find_source(RANKS_REL, out, cap) == 0) return 0;
-    return bs_fail("gpt2: no rank file %s in the current directory, $BS_SOURCE_DIR or the source tree: run "
+// The default rank file of a tiktoken encoding, looked up in the source tree (file_find_source).
+static int find_ranks(const char *tokenizer, char *out, size_t cap) {
+    char rel[128];
+    snprintf(rel, sizeof rel, RANKS_DIR "%s.tiktoken", tiktoken_encoding_name(tokenizer));
+    if (file_find_source(rel, out, cap) == 0) return 0;
+    return bs_fail("%s: no rank file %s in the current directory, $BS_SOURCE_DIR or the source tree: run "
                    "`make tokenizer` or pass --bpe-ranks PATH",
-                   RANKS_REL);
+                   tokenizer, rel);
 }
 
 int cmd_prepare(int argc, char **argv) {
@@ -93,8 +98,9 @@ int cmd_prepare(int argc, char **argv) {
         } else if (!strcmp(name, "--ext")) {
             cfg.ext = value;
         } else if (!strcmp(name, "--tokenizer")) {
-            if (strcmp(value, "byte") != 0 && strcmp(value, "gpt2") != 0)
-                return bad_usage("--tokenizer: '%s' is not a tokenizer (byte or gpt2)", value);
+            if (strcmp(value, "byte") != 0 && !tiktoken_encoding_name(value) && strncmp(value, "hf:", 3) != 0)
+                return bad_usage("--tokenizer: '%s' is not a tokenizer (byte, gpt2, cl100k, o200k or hf:PATH)", value);
+            if (!strcmp(value, "hf:")) return bad_usage("--tokenizer hf: needs the path of a tokenizer.json%s", "");
             cfg.tokenizer = value;
         } else if (!strcmp(name, "--bpe-ranks")) {
             cfg.bpe_ranks = value;
@@ -116,12 +122,13 @@ int cmd_prepare(int argc, char **argv) {
     char out_default[64];
     if (!cfg.out_dir) {
         if (cfg.n_inputs > 0) return bad_usage("--out is required with --input%s", "");
+        if (!strncmp(cfg.tokenizer, "hf:", 3)) return bad_usage("--out is required with --tokenizer hf:PATH%s", "");
         snprintf(out_default, sizeof out_default, "data/go-%s", cfg.tokenizer);
         cfg.out_dir = out_default;
     }
     char ranks[4200];
-    if (!strcmp(cfg.tokenizer, "gpt2") && !cfg.bpe_ranks) {
-        if (find_ranks(ranks, sizeof ranks) != 0) cli_die("prepare", "%s", bs_errmsg());
+    if (tiktoken_encoding_name(cfg.tokenizer) && !cfg.bpe_ranks) {
+        if (find_ranks(cfg.tokenizer, ranks, sizeof ranks) != 0) cli_die("prepare", "%s", bs_errmsg());
         cfg.bpe_ranks = ranks;
     }
 

@@ -24,6 +24,7 @@ struct Tokenizer {
 
     // gpt2: token bytes, by rank; the special token last
     uint8_t *blob;       // all token bytes back to back
+    uint32_t blob_used;
     uint32_t *tok_off;   // (vocab,) offset of each token's bytes in blob
     uint32_t *tok_len;   // (vocab,)
     // byte string -> rank: open addressing with linear probing; slot holds rank + 1, 0 = empty
@@ -42,6 +43,10 @@ struct Tokenizer {
 };
 
 void tokenizer_gpt2_free(Tokenizer *t);
+// Compile a pre-tokenizer pattern into t->re / t->md (UTF, Unicode classes, invalid UTF-8 allowed in
+// subjects, plus extra_flags). what names the tokenizer in messages.
+int bpe_compile_pattern(Tokenizer *t, const char *pattern, uint32_t extra_flags, const char *what);
 int tokenizer_gpt2_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out);
+int tokenizer_hf_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out);
 
 #endif

@@ -212,7 +212,7 @@ static int open_dataset(Trainer *t) {
     if ((int64_t)ix->vocab != t->model.vocab_size) {
         int rc = bs_fail("dataset %s has a vocabulary of %u tokens (%s tokenizer) but model %s has %d: prepare the "
                          "data with the tokenizer the model was made for (--tokenizer byte for vocab 256)",
-                         dir, ix->vocab, ix->tokenizer == TOKENIZER_GPT2 ? "gpt2" : "byte", t->model.name,
+                         dir, ix->vocab, tokenizer_kind_name(ix->tokenizer), t->model.name,
                          t->model.vocab_size);
         dataset_close(&t->data);
         memset(&t->data, 0, sizeof t->data);
