@@ -15,7 +15,9 @@
 # cl100k_base and o200k_base: documents and their encodings by tiktoken (pip), given these rank
 # files; tests/data/test_tokenizer.c compares bytescale's encodings with them. The multilingual
 # sample takes Debian's own test data (libpython3.11-testsuite, unicode-data); a vectors file made
-# before it was (no "python-cjk" document) is made again.
+# before it was (no "python-cjk" document) is made again. Last, scripts/hf_tokenizers.py writes
+# Hugging Face tokenizer.json files made offline from these rank files (and one trained by the
+# library) and the tokenizers library's encodings of the same documents (vectors-hf-<name>.jsonl).
 set -euo pipefail
 data=${1:?usage: tokenizer_data.sh DATA VENV}
 venv=${2:?usage: tokenizer_data.sh DATA VENV}
@@ -75,5 +77,10 @@ for name in r50k_base cl100k_base o200k_base; do
     "$venv/bin/python" "$(dirname "$0")/tiktoken_vectors.py" --ranks-dir "$dir" --encoding "$name" \
       --debian-samples --out "$tmp/vectors.jsonl"
     mv "$tmp/vectors.jsonl" "$dir/vectors-$name.jsonl"
+  fi
+done
+for name in gpt2 llama3 o200k trained; do
+  if [ ! -f "$dir/vectors-hf-$name.jsonl" ]; then
+    "$venv/bin/python" "$(dirname "$0")/hf_tokenizers.py" --ranks-dir "$dir" --out-dir "$dir" --only "$name"
   fi
 done

@@ -87,7 +87,7 @@ int64_t gpt2_rank(const Tokenizer *t, const uint8_t *bytes, size_t n) {
 }
 
 // Insert rank r (its bytes already in blob). -1 when the same bytes are there already.
-static int rank_insert(Tokenizer *t, uint32_t r) {
+int bpe_table_insert(Tokenizer *t, uint32_t r) {
     const uint8_t *b = t->blob + t->tok_off[r];
     uint32_t n = t->tok_len[r];
     uint32_t i = (uint32_t)hash_bytes(b, n) & t->slot_mask;
@@ -230,7 +230,7 @@ static int build_table(Tokenizer *t, const char *path) {
     if (!t->slots) return -1;
     t->slot_mask = n_slots - 1;
     for (uint32_t r = 0; r < t->n_ranks; r++)
-        if (rank_insert(t, r) != 0) return bs_fail("%s: rank %u repeats the bytes of another rank", path, r);
+        if (bpe_table_insert(t, r) != 0) return bs_fail("%s: rank %u repeats the bytes of another rank", path, r);
     // every single byte must be a token, or some byte strings could not be encoded
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
@@ -301,6 +301,9 @@ void tokenizer_gpt2_free(Tokenizer *t) {
     free(t->prev);
     free(t->ver);
     free(t->heap);
+    free(t->pid);
+    free(t->pair_key);
+    free(t->pair_val);
     if (t->md) pcre2_match_data_free(t->md);
     if (t->re) pcre2_code_free(t->re);
 }
@@ -333,7 +336,7 @@ int gpt2_split(Tokenizer *t, const uint8_t *text, size_t n, int (*fn)(void *ctx,
 
 static int entry_less(MergeEntry a, MergeEntry b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
 
-static void heap_push(MergeEntry *h, size_t *n, MergeEntry e) {
+void bpe_heap_push(MergeEntry *h, size_t *n, MergeEntry e) {
     size_t i = (*n)++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
@@ -344,7 +347,7 @@ static void heap_push(MergeEntry *h, size_t *n, MergeEntry e) {
     h[i] = e;
 }
 
-static MergeEntry heap_pop(MergeEntry *h, size_t *n) {
+MergeEntry bpe_heap_pop(MergeEntry *h, size_t *n) {
     MergeEntry top = h[0], last = h[--*n];
     size_t i = 0;
     for (;;) {
@@ -359,7 +362,7 @@ static MergeEntry heap_pop(MergeEntry *h, size_t *n) {
     return top;
 }
 
-static int ensure_scratch(Tokenizer *t, size_t n) {
+int bpe_ensure_scratch(Tokenizer *t, size_t n) {
     if (n <= t->scratch_cap) return 0;
     size_t cap = t->scratch_cap ? t->scratch_cap : 256;
     while (cap < n) cap *= 2;
@@ -367,11 +370,13 @@ static int ensure_scratch(Tokenizer *t, size_t n) {
     free(t->prev);
     free(t->ver);
     free(t->heap);
+    free(t->pid);
+    t->pid = bs_malloc(cap * sizeof(uint32_t));
     t->next = bs_malloc(cap * sizeof(uint32_t));
     t->prev = bs_malloc(cap * sizeof(uint32_t));
     t->ver = bs_malloc(cap * sizeof(uint32_t));
     t->heap = bs_malloc(3 * cap * sizeof(MergeEntry));
-    t->scratch_cap = (t->next && t->prev && t->ver && t->heap) ? cap : 0;
+    t->scratch_cap = (t->pid && t->next && t->prev && t->ver && t->heap) ? cap : 0;
     return t->scratch_cap ? 0 : -1;
 }
 
@@ -379,7 +384,7 @@ static int ensure_scratch(Tokenizer *t, size_t n) {
 static void push_pair(Tokenizer *t, const uint8_t *piece, uint32_t pos, size_t *heap_n) {
     uint32_t end = t->next[t->next[pos]];
     int64_t r = gpt2_rank(t, piece + pos, end - pos);
-    if (r >= 0) heap_push(t->heap, heap_n, (MergeEntry){(uint32_t)r, pos, t->ver[pos]});
+    if (r >= 0) bpe_heap_push(t->heap, heap_n, (MergeEntry){(uint32_t)r, pos, t->ver[pos]});
 }
 
 int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out) {
@@ -387,7 +392,7 @@ int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out)
     int64_t whole = gpt2_rank(t, piece, n);
     if (whole >= 0) return tokens_push(out, (uint32_t)whole);  // the common case: a known word
     if (n >= UINT32_MAX / 4) return bs_fail("gpt2: a piece of %zu bytes is too long to merge", n);
-    if (ensure_scratch(t, n) != 0) return -1;
+    if (bpe_ensure_scratch(t, n) != 0) return -1;
     uint32_t *next = t->next, *prev = t->prev, *ver = t->ver;
     // parts start as single bytes; part i covers [i, next[i])
     for (uint32_t i = 0; i < n; i++) {
@@ -398,7 +403,7 @@ int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out)
     size_t heap_n = 0;
     for (uint32_t i = 0; i + 1 < n; i++) push_pair(t, piece, i, &heap_n);
     while (heap_n > 0) {
-        MergeEntry e = heap_pop(t->heap, &heap_n);
+        MergeEntry e = bpe_heap_pop(t->heap, &heap_n);
         if (ver[e.pos] != e.ver) continue;  // stale: that pair changed since it was pushed
         uint32_t pos = e.pos, right = next[pos], after = next[right];
         // join `right` into `pos`

@@ -29,14 +29,10 @@ static Tokenizer *open_gpt2(void) {
 // vectors-<encoding>.jsonl (scripts/tiktoken_vectors.py, run by `make tokenizer`): one document a
 // line, {"name", "text", "ids"}, the ids from tiktoken (pip) given the same rank file. Every document
 // is encoded here and must give tiktoken's ids exactly, then decode back to its text.
-static void check_vectors(const char *name, const char *encoding, uint32_t vocab, int64_t eot) {
-    char ranks[128], vectors[128];
-    snprintf(ranks, sizeof ranks, "%s.tiktoken", encoding);
-    snprintf(vectors, sizeof vectors, "vectors-%s.jsonl", encoding);
-    Tokenizer *t;
-    if (tokenizer_open_tiktoken(&t, name, tokenizer_file(ranks)) != 0) fail_msg("%s", bs_errmsg());
-    assert_int_equal(tokenizer_vocab_size(t), vocab);
-    assert_int_equal(tokenizer_eot(t), eot);
+// prefix_space: the tokenizer encodes a text not starting with ' ' as if it did (ByteLevel's
+// add_prefix_space), so it decodes back with that space in front.
+static void compare_vectors(Tokenizer *t, const char *encoding, const char *vectors, const char *reference,
+                            int prefix_space) {
     char *text;
     size_t size;
     if (file_read_all(tokenizer_file(vectors), &text, &size) != 0) fail_msg("%s", bs_errmsg());
@@ -62,13 +58,15 @@ static void check_vectors(const char *name, const char *encoding, uint32_t vocab
             if (first_diff < 0 && (i >= got.n || got.ids[i] != (uint32_t)id->valuedouble)) first_diff = i;
         if (first_diff < 0 && got.n != n_want) first_diff = n_want;
         if (first_diff >= 0)
-            fail_msg("%s: %s: %lld tokens, tiktoken %lld; first difference at token %lld", encoding, dname,
-                     (long long)got.n, (long long)n_want, (long long)first_diff);
+            fail_msg("%s: %s: %lld tokens, %s %lld; first difference at token %lld", encoding, dname,
+                     (long long)got.n, reference, (long long)n_want, (long long)first_diff);
         uint8_t *back;
         size_t back_n;
         assert_int_equal(tokenizer_decode(t, got.ids, got.n, &back, &back_n), 0);
-        assert_int_equal(back_n, len);
-        assert_memory_equal(back, sample, len);
+        size_t skip = prefix_space && len > 0 && sample[0] != ' ';
+        assert_int_equal(back_n, len + skip);
+        if (skip) assert_int_equal(back[0], ' ');
+        assert_memory_equal(back + skip, sample, len);
         free(back);
         tokens += got.n;
         multilingual += !strncmp(dname, "multilingual", 12);
@@ -80,12 +78,59 @@ static void check_vectors(const char *name, const char *encoding, uint32_t vocab
         line = eol + 1;
     }
     free(text);
-    print_message("%s: %lld documents (%lld multilingual), %lld tokens, equal to tiktoken's\n", encoding,
-                  (long long)docs, (long long)multilingual, (long long)tokens);
+    print_message("%s: %lld documents (%lld multilingual), %lld tokens, equal to %s's\n", encoding,
+                  (long long)docs, (long long)multilingual, (long long)tokens, reference);
     // the file holds the hand-written cases, the multilingual samples (Debian's among them) and a
     // tenth of the Go corpus: fewer means it was cut short
     assert_true(docs >= 600 && multilingual >= 60 && debian >= 50 && tokens >= 1000000);
+}
+
+static void check_vectors(const char *name, const char *encoding, uint32_t vocab, int64_t eot) {
+    char ranks[128], vectors[128];
+    snprintf(ranks, sizeof ranks, "%s.tiktoken", encoding);
+    snprintf(vectors, sizeof vectors, "vectors-%s.jsonl", encoding);
+    Tokenizer *t;
+    if (tokenizer_open_tiktoken(&t, name, tokenizer_file(ranks)) != 0) fail_msg("%s", bs_errmsg());
+    assert_int_equal(tokenizer_vocab_size(t), vocab);
+    assert_int_equal(tokenizer_eot(t), eot);
+    compare_vectors(t, encoding, vectors, "tiktoken", 0);
     tokenizer_free(t);
+}
+
+// hf-<name>.json and vectors-hf-<name>.jsonl (scripts/hf_tokenizers.py, run by `make tokenizer`):
+// tokenizer.json files written offline and the Hugging Face tokenizers library's ids for the same
+// documents.
+static void check_hf(const char *name, uint32_t vocab, int64_t eot) {
+    char json[128], vectors[128], spec[4200];
+    snprintf(json, sizeof json, "hf-%s.json", name);
+    snprintf(vectors, sizeof vectors, "vectors-hf-%s.jsonl", name);
+    snprintf(spec, sizeof spec, "hf:%s", tokenizer_file(json));
+    Tokenizer *t;
+    if (tokenizer_open(&t, spec, NULL) != 0) fail_msg("%s", bs_errmsg());
+    if (vocab) assert_int_equal(tokenizer_vocab_size(t), vocab);
+    assert_int_equal(tokenizer_eot(t), eot);
+    compare_vectors(t, json, vectors, "HF tokenizers", !strcmp(name, "trained"));
+    tokenizer_free(t);
+}
+
+static void test_hf_gpt2_matches_hf_tokenizers(void **state) {
+    (void)state;
+    check_hf("gpt2", 50257, 50256);
+}
+
+static void test_hf_llama3_matches_hf_tokenizers(void **state) {
+    (void)state;
+    check_hf("llama3", 100258, 100257);
+}
+
+static void test_hf_o200k_matches_hf_tokenizers(void **state) {
+    (void)state;
+    check_hf("o200k", 200000, 199999);
+}
+
+static void test_hf_trained_matches_hf_tokenizers(void **state) {
+    (void)state;
+    check_hf("trained", 2000, 0);
 }
 
 static void test_gpt2_matches_tiktoken(void **state) {
@@ -330,6 +375,10 @@ int main(void) {
         cmocka_unit_test(test_cl100k_matches_tiktoken),
         cmocka_unit_test(test_o200k_matches_tiktoken),
         cmocka_unit_test(test_tiktoken_holes_and_wrong_file),
+        cmocka_unit_test(test_hf_gpt2_matches_hf_tokenizers),
+        cmocka_unit_test(test_hf_llama3_matches_hf_tokenizers),
+        cmocka_unit_test(test_hf_o200k_matches_hf_tokenizers),
+        cmocka_unit_test(test_hf_trained_matches_hf_tokenizers),
         cmocka_unit_test(test_gpt2_merge_matches_naive_reference),
         cmocka_unit_test(test_gpt2_roundtrip_any_bytes),
         cmocka_unit_test(test_gpt2_split_follows_the_regex),
