@@ -36,6 +36,8 @@ typedef struct {
     int threads;                // tokenizing threads; 0 = one per core this process may run on
     const char *text_field;     // JSONL: the member holding a document's text; NULL = "text"
     int skip_bad_lines;         // JSONL: skip bad lines (counted in n_skipped) instead of failing
+    const char *stdin_name;     // the input "-" is JSONL on standard input, named this in messages
+                                // and in the index's sources ("<name>:<line>"); NULL = "-"
 } PrepareConfig;
 
 typedef struct {

@@ -22,7 +22,8 @@ static void usage(FILE *f) {
             "its text in the line's --text-field. Directories are walked recursively, symbolic links\n"
             "followed, files taken in sorted path order.\n"
             "\n"
-            "  --input PATH       a file or directory; repeatable (default: %s, *.go)\n"
+            "  --input PATH       a file or directory; repeatable (default: %s, *.go);\n"
+            "                     - is JSONL on standard input\n"
             "  --ext EXT          keep only files in directories whose name ends in EXT\n"
             "                     (default: .go for the default corpus, every file otherwise)\n"
             "  --tokenizer NAME   byte (default); gpt2, cl100k or o200k (tiktoken's r50k_base,\n"
@@ -38,6 +39,7 @@ static void usage(FILE *f) {
             "  --skip-bad-lines   JSONL: skip a bad line (not JSON, no such field, not a string, invalid\n"
             "                     UTF-8) and count it, instead of stopping at it\n"
             "  --threads N        tokenizing threads (default: one per core)\n"
+            "  --stdin-name NAME  what --input - is called in messages and in the index (default -)\n"
             "  --help             this text\n"
             "\n"
             "A file that cannot be read, or a bad JSONL line (<file>:<line>: <reason>), stops the run with\n"
@@ -84,7 +86,7 @@ int cmd_prepare(int argc, char **argv) {
         name[len] = '\0';
         int known = !strcmp(name, "--input") || !strcmp(name, "--ext") || !strcmp(name, "--tokenizer") ||
                     !strcmp(name, "--bpe-ranks") || !strcmp(name, "--out") || !strcmp(name, "--shard-size") ||
-                    !strcmp(name, "--text-field") || !strcmp(name, "--threads");
+                    !strcmp(name, "--text-field") || !strcmp(name, "--threads") || !strcmp(name, "--stdin-name");
         if (!known) return bad_usage("unknown flag '%s'", name);
         if (eq) {
             value = eq + 1;
@@ -106,6 +108,8 @@ int cmd_prepare(int argc, char **argv) {
             cfg.bpe_ranks = value;
         } else if (!strcmp(name, "--out")) {
             cfg.out_dir = value;
+        } else if (!strcmp(name, "--stdin-name")) {
+            cfg.stdin_name = value;
         } else if (!strcmp(name, "--text-field")) {
             if (!*value) return bad_usage("--text-field needs a name%s", "");
             cfg.text_field = value;

@@ -146,6 +146,10 @@ static int list_files(const char *const *inputs, int n_inputs, const char *ext, 
     if (!wk) return -1;
     for (int i = 0; i < n_inputs; i++) {
         struct stat st;
+        if (!strcmp(inputs[i], "-")) {  // JSONL on standard input (prepare_pipe.c)
+            if (list_push(&l, "-") != 0) break;
+            continue;
+        }
         if (stat(inputs[i], &st) != 0) {
             list_free(&l);
             free(wk);
@@ -299,7 +303,8 @@ static int run_pipe(const PrepareConfig *cfg, char **files, int64_t n_files, Pre
     int writer_open = rc == 0;
     PipeConfig pc = {.files = files, .n_files = n_files, .in_bytes = total_size(files, n_files), .toks = toks,
                      .threads = threads, .text_field = cfg->text_field ? cfg->text_field : "text",
-                     .skip_bad = cfg->skip_bad_lines, .quiet = cfg->quiet};
+                     .skip_bad = cfg->skip_bad_lines, .quiet = cfg->quiet,
+                     .stdin_name = cfg->stdin_name ? cfg->stdin_name : "-"};
     int64_t *lens = NULL;
     if (rc == 0) rc = prepare_pipe_run(&pc, &w, stats, &lens);
     if (rc == 0) {

@@ -56,6 +56,13 @@ typedef struct {
 
 // ---- the reader ------------------------------------------------------------------------------
 
+static int is_stdin(const char *path) { return !strcmp(path, "-"); }
+
+// A file as messages and the index name it.
+static const char *shown(const PipeConfig *cfg, int64_t file) {
+    return is_stdin(cfg->files[file]) ? cfg->stdin_name : cfg->files[file];
+}
+
 // Wait for slot seq's turn (FREE); NULL when the run stops.
 static Chunk *slot_for_reader(Pipe *p, int64_t seq) {
     Chunk *c = &p->slots[seq % p->n_slots];
@@ -112,7 +119,7 @@ static int emit_lines(Pipe *p, int64_t *seq, int64_t file, Carry *k, size_t cut,
 // A chunk that holds nothing but the reader's failure, at the line where it happened.
 static int emit_failure(Pipe *p, int64_t *seq, int64_t file, int64_t line) {
     char msg[MSG_CAP];
-    if (line > 0) snprintf(msg, sizeof msg, "%s:%lld: %s", p->cfg->files[file], (long long)line, bs_errmsg());
+    if (line > 0) snprintf(msg, sizeof msg, "%s:%lld: %s", shown(p->cfg, file), (long long)line, bs_errmsg());
     else snprintf(msg, sizeof msg, "%s", bs_errmsg());
     Chunk *c = slot_for_reader(p, *seq);
     if (!c) return -1;
@@ -137,7 +144,8 @@ static int carry_grow(Carry *k, size_t need) {
 // of its own). Reading stops for the file at a read or decompression error, which becomes a chunk.
 static int read_jsonl(Pipe *p, int64_t *seq, int64_t file, int64_t done_before) {
     InStream *in;
-    if (instream_open(&in, p->cfg->files[file]) != 0) return emit_failure(p, seq, file, 0);
+    if (instream_open(&in, is_stdin(p->cfg->files[file]) ? "/dev/stdin" : p->cfg->files[file]) != 0)
+        return emit_failure(p, seq, file, 0);
     Carry k = {.line = 1};
     int eof = 0, rc = 0;
     while (rc == 0 && !(eof && k.n == 0)) {
@@ -183,7 +191,8 @@ static void *reader_main(void *arg) {
     for (int64_t f = 0; f < p->cfg->n_files; f++) {
         struct stat st;
         int64_t size = stat(p->cfg->files[f], &st) == 0 ? (int64_t)st.st_size : 0;
-        int rc = jsonl_is_jsonl(p->cfg->files[f]) ? read_jsonl(p, &seq, f, done) : read_document(p, &seq, f, done + size);
+        int jsonl = jsonl_is_jsonl(p->cfg->files[f]) || is_stdin(p->cfg->files[f]);
+        int rc = jsonl ? read_jsonl(p, &seq, f, done) : read_document(p, &seq, f, done + size);
         if (rc != 0) break;
         done += size;
     }
@@ -219,7 +228,7 @@ static int encode_doc(Tokenizer *tok, Chunk *c, const char *text, size_t n, int6
 }
 
 static int encode_lines(const PipeConfig *cfg, Tokenizer *tok, Chunk *c, JsonlText *field) {
-    const char *path = cfg->files[c->file], *s = c->text, *end = c->text + c->n;
+    const char *path = shown(cfg, c->file), *s = c->text, *end = c->text + c->n;
     char why[600];
     for (int64_t line = c->line0; s < end; line++) {
         const char *eol = memchr(s, '\n', (size_t)(end - s));
@@ -248,7 +257,7 @@ static void work_chunk(const PipeConfig *cfg, Tokenizer *tok, Chunk *c, JsonlTex
     if (c->read_failed) return;
     int rc = c->jsonl ? encode_lines(cfg, tok, c, field) : encode_doc(tok, c, c->text, c->n, 0);
     if (rc != 0) {
-        snprintf(c->msg, sizeof c->msg, "%s: %s", cfg->files[c->file], bs_errmsg());
+        snprintf(c->msg, sizeof c->msg, "%s: %s", shown(cfg, c->file), bs_errmsg());
         c->failed = 1;
     }
 }
@@ -309,7 +318,7 @@ static int write_chunk(const PipeConfig *cfg, Chunk *c, ShardWriter *w, PrepareS
         if (!l) return -1;
         ws->lens = l, ws->cap = cap;
     }
-    const char *path = cfg->files[c->file];
+    const char *path = shown(cfg, c->file);
     char source[4200];
     int64_t at = 0;
     for (int64_t d = 0; d < c->n_docs; d++) {

@@ -21,6 +21,7 @@ typedef struct {
     const char *text_field;  // JSONL: the member holding a document's text
     int skip_bad;            // JSONL: skip bad lines (counted) instead of stopping
     int quiet;
+    const char *stdin_name;  // what the file "-" (JSONL on standard input) is called
 } PipeConfig;
 
 // Run the pipeline into w (opened by the caller; not finished here). Fills stats' document, token
