@@ -170,9 +170,7 @@ def save(args, path, model, trainer, sampler, step, n_docs):
 def train(rank, world, args):
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     ds = bt.Dataset(args.data)
-    cfg = bt.LlamaConfig.named(args.model)
-    if ds.vocab != cfg.vocab_size:
-        raise SystemExit(f"{args.data}: vocabulary {ds.vocab}, model {args.model} has {cfg.vocab_size}")
+    cfg = bt.LlamaConfig.for_dataset(args.model, ds)  # the vocabulary is the dataset's tokenizer's
     if world == 1 and args.capacity < args.context:
         raise SystemExit(f"context {args.context} above capacity {args.capacity}: rings need 2 or more ranks "
                          "(--nproc N or torchrun)")

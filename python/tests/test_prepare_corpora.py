@@ -143,3 +143,22 @@ def test_parquet_gives_the_jsonl_dataset(cli, tmp_path, texts):
         prepare_parquet([tmp_path / "null.parquet"], tmp_path / "n", command=cli)
     out = prepare_parquet([tmp_path / "null.parquet"], tmp_path / "n", skip_bad_lines=True, command=cli)
     assert "into 2 documents" in out and "skipped 1 bad line" in out
+
+
+def test_torch_trains_from_cl100k_jsonl_zst(cli, tmp_path, texts):
+    """examples/torch_hdp_train.py on 2 processes, from a JSONL.zst corpus prepared with cl100k: the
+    model's vocabulary is the dataset's (100277), and the loss starts near ln(100277)."""
+    need("cl100k_base.tiktoken")
+    write_jsonl_zst(tmp_path / "c.jsonl.zst", texts[:60])
+    r = prepare(cli, "--input", tmp_path / "c.jsonl.zst", "--tokenizer", "cl100k", "--bpe-ranks",
+                DATA / "cl100k_base.tiktoken", "--out", tmp_path / "ds")
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "torch_hdp_train.py"), "--data", tmp_path / "ds",
+                        "--model", "tiny", "--context", "256", "--capacity", "256", "--tokens", "512", "--steps", "2",
+                        "--warmup", "1", "--nproc", "2", "--metrics", tmp_path / "m.jsonl"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and abs(losses[0] - np.log(100277)) < 0.5, losses
+    from bytescale.torch import LlamaConfig
+    assert LlamaConfig.for_dataset("tiny", Dataset(tmp_path / "ds"), tp=2).vocab_size == 100278
