@@ -348,6 +348,7 @@ static int write_all(Pipe *p, ShardWriter *w, PrepareStats *st, WriteState *ws) 
         pthread_mutex_unlock(&p->mu);
         if (end) break;
         rc = write_chunk(p->cfg, c, w, st, ws);
+        int64_t in_done = c->in_done;  // the slot is the reader's again once freed
         pthread_mutex_lock(&p->mu);
         c->state = SLOT_FREE;
         pthread_cond_broadcast(&p->cv);
@@ -356,7 +357,7 @@ static int write_all(Pipe *p, ShardWriter *w, PrepareStats *st, WriteState *ws) 
         double el = now_seconds() - t0;
         snprintf(note, sizeof note, "%lld docs  %lld tokens  %.1f MB/s of text", (long long)st->n_docs,
                  (long long)st->n_tokens, el > 0 ? (double)st->n_bytes / 1e6 / el : 0.0);
-        if (rc == 0) progress_update(&prog, c->in_done, note);
+        if (rc == 0) progress_update(&prog, in_done, note);
     }
     if (rc == 0) {
         char note[96];
