@@ -3,14 +3,15 @@ tokenizers library's batch encoders, on the same CPU, the same input and in one 
 cores (docs/tokenizers.md, "Speed").
 
     .venv/bin/python bench/tokenize.py [--corpus /usr/share/go-1.19/src] [--every 1] [--cores 1,2]
-        [--reps 3] [--families gpt2,cl100k,o200k] [--bytescale build/bytescale]
+        [--reps 3] [--hf-reps 1] [--families gpt2,cl100k,o200k] [--bytescale build/bytescale]
 
 The input: the corpus's .go files (every EVERY-th, in path order), one document each. bytescale
 reads them as one JSONL file (its JSON parsing and its dataset writing, fsync included, are in its
 time); tiktoken gets the same texts as a list for encode_ordinary_batch(num_threads=N); the HF
 library gets them for encode_batch(add_special_tokens=False) with RAYON_NUM_THREADS=N, each library
 in a fresh process. Every contender runs pinned to the first N cores (sched_setaffinity), and the
-best of --reps runs counts (other jobs on a shared machine only ever slow a run down). Tokens/s is
+best of --reps runs counts (other jobs on a shared machine only ever slow a run down; the HF library,
+the slowest by far, runs --hf-reps times). Tokens/s is
 each encoder's own count over its wall time: the encodings are equal (tests/data/test_tokenizer.c),
 save bytescale's end-of-document token per document, which it counts.
 
@@ -102,6 +103,7 @@ def main():
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("--cores", default="1,2")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--hf-reps", type=int, default=1)
     ap.add_argument("--families", default="gpt2,cl100k,o200k")
     ap.add_argument("--bytescale", default=os.environ.get("BS_BINARY", str(ROOT / "build" / "bytescale")))
     a = ap.parse_args()
@@ -113,14 +115,14 @@ def main():
         n_docs, size = corpus_jsonl(a.corpus, a.every, path)
         cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
         print(f"input: {n_docs} .go files of {a.corpus} (every {a.every}), {size / 1e6:.1f} MB; CPU: {cpu}; "
-              f"best of {a.reps}")
+              f"best of {a.reps} (HF: {a.hf_reps})")
         print(f"| family | encoder | cores | tokens | seconds | tokens/s | vs tiktoken | vs HF |")
         print("|---|---|---:|---:|---:|---:|---:|---:|")
         for fam in a.families.split(","):
             enc, hf_json = FAMILIES[fam]
             for c in cores:
                 rows = [("tiktoken " + enc, best(lambda: library("tiktoken", enc, path, c), a.reps)),
-                        ("HF tokenizers " + hf_json, best(lambda: library("hf", DATA / hf_json, path, c), a.reps)),
+                        ("HF tokenizers " + hf_json, best(lambda: library("hf", DATA / hf_json, path, c), a.hf_reps)),
                         ("bytescale " + fam, best(lambda: bytescale(a.bytescale, fam, path, c, f"{tmp}/o"), a.reps)),
                         ("bytescale hf:" + hf_json,
                          best(lambda: bytescale(a.bytescale, f"hf:{DATA / hf_json}", path, c, f"{tmp}/o"), a.reps))]

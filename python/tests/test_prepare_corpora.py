@@ -162,3 +162,52 @@ def test_torch_trains_from_cl100k_jsonl_zst(cli, tmp_path, texts):
     assert len(losses) == 2 and abs(losses[0] - np.log(100277)) < 0.5, losses
     from bytescale.torch import LlamaConfig
     assert LlamaConfig.for_dataset("tiny", Dataset(tmp_path / "ds"), tp=2).vocab_size == 100278
+
+
+def test_jsonl_lines_read_as_pythons_json_reads_them(cli, tmp_path):
+    """2,000 JSONL lines, valid and broken (escapes, surrogate pairs, NUL, nesting, truncations, flipped
+    bytes), prepared with the byte tokenizer and --skip-bad-lines: the documents are exactly the lines
+    Python's json module (strict UTF-8, objects only, no NaN) takes, each the UTF-8 of its "text"."""
+    rng = np.random.default_rng(40)
+    alphabet = ["a", " ", "\n", "\t", '"', "\\", "/", "\0", "\x1f", "é", "世", "😀", "\u0301", "\u2028", "\ud7ff", "x" * 40]
+
+    def text():
+        return "".join(rng.choice(alphabet) for _ in range(rng.integers(0, 12)))
+
+    def good():
+        obj = {"id": int(rng.integers(1 << 40)), "text": text(), "meta": {"a": [1.5e-3, None, True, {"b": text()}]}}
+        if rng.random() < 0.3:
+            obj = {"text": "shadowed", **obj}  # a repeated key: the last one counts, as in Python
+        return json.dumps(obj, ensure_ascii=bool(rng.random() < 0.5)).encode()
+
+    lines = []
+    for i in range(2000):
+        line = good()
+        kind = rng.random()
+        if kind < 0.15:
+            line = line[:int(rng.integers(0, len(line)))]
+        elif kind < 0.3:
+            at = int(rng.integers(0, len(line)))
+            b = int(rng.integers(0, 256))
+            line = line[:at] + bytes([b if b != 10 else 11]) + line[at + 1:]
+        elif kind < 0.35:
+            line = rng.choice([b'{"text": "\\ud800"}', b'{"text": NaN}', b'[{"text": "a"}]', b'{"text": "a"} {}',
+                               b'{"text": "\xed\xa0\x80"}', b'{"text": "\xc0\xaf"}', b'{"text": "a\\x"}', b""])
+        lines.append(line)
+    (tmp_path / "r.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+
+    def reference(line):
+        try:
+            obj = json.loads(line.decode("utf-8"), parse_constant=lambda c: 1 / 0)
+            return obj["text"].encode("utf-8") if isinstance(obj, dict) and isinstance(obj.get("text"), str) else None
+        except (ValueError, UnicodeError, ZeroDivisionError, RecursionError):
+            return None
+
+    want = [(i + 1, t) for i, t in enumerate(map(reference, lines)) if t is not None]
+    r = prepare(cli, "--input", tmp_path / "r.jsonl", "--out", tmp_path / "ds", "--skip-bad-lines", "--threads", 2)
+    assert r.returncode == 0, r.stderr
+    assert f"skipped {len(lines) - len(want)} bad lines" in r.stdout
+    ds = Dataset(tmp_path / "ds")
+    assert ds.n_docs == len(want)
+    for d, (line_no, t) in enumerate(want):
+        assert bytes(ds.read(d, 0, ds.doc_length(d)).astype(np.uint8)) == t, f"line {line_no}"

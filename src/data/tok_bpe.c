@@ -304,6 +304,7 @@ void tokenizer_gpt2_free(Tokenizer *t) {
     free(t->pid);
     free(t->pair_key);
     free(t->pair_val);
+    free(t->cache);
     if (t->md) pcre2_match_data_free(t->md);
     if (t->re) pcre2_code_free(t->re);
 }
@@ -424,6 +425,40 @@ int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out)
     return 0;
 }
 
+// Pieces repeat (a corpus has far fewer distinct words than words), and each that is not a token
+// whole (and, for tok_hf.c, each at all unless ignore_merges) costs a merge. So short pieces' ids are
+// kept in a direct-mapped cache, as the HF library keeps its own: a hit is a hash and a compare.
+enum { CACHE_SLOTS = 1 << 14, CACHE_BYTES = 24, CACHE_IDS = 12 };
+
+struct PieceCache {
+    uint8_t len, n_ids;  // len 0: empty
+    uint8_t bytes[CACHE_BYTES];
+    uint32_t ids[CACHE_IDS];
+};
+
+
+
+int bpe_encode_cached(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out,
+                      int (*merge)(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out)) {
+    if (n == 0 || n > CACHE_BYTES) return merge(t, piece, n, out);
+    if (!t->cache && !(t->cache = bs_calloc(CACHE_SLOTS, sizeof *t->cache))) return -1;
+    PieceCache *c = &t->cache[(uint32_t)hash_bytes(piece, n) & (CACHE_SLOTS - 1)];
+    if (c->len == n && memcmp(c->bytes, piece, n) == 0) {
+        if (tokens_reserve(out, c->n_ids) != 0) return -1;
+        memcpy(out->ids + out->n, c->ids, c->n_ids * sizeof *c->ids);
+        out->n += c->n_ids;
+        return 0;
+    }
+    int64_t before = out->n;
+    if (merge(t, piece, n, out) != 0) return -1;
+    if (out->n - before <= CACHE_IDS) {
+        c->len = (uint8_t)n, c->n_ids = (uint8_t)(out->n - before);
+        memcpy(c->bytes, piece, n);
+        memcpy(c->ids, out->ids + before, c->n_ids * sizeof *c->ids);
+    }
+    return 0;
+}
+
 typedef struct {
     Tokenizer *t;
     Tokens *out;
@@ -431,7 +466,7 @@ typedef struct {
 
 static int encode_one(void *ctx, const uint8_t *piece, size_t len) {
     EncodeCtx *c = ctx;
-    return gpt2_encode_piece(c->t, piece, len, c->out);
+    return bpe_encode_cached(c->t, piece, len, c->out, gpt2_encode_piece);
 }
 
 int tokenizer_gpt2_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out) {

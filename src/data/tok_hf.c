@@ -334,8 +334,14 @@ static void push_pair(Tokenizer *t, uint32_t pos, size_t *heap_n) {
     if (r >= 0) bpe_heap_push(t->heap, heap_n, (MergeEntry){(uint32_t)r, pos, t->ver[pos]});
 }
 
-// One piece: its bytes' tokens, merged pair by pair in merge-list order (the leftmost on ties).
+static int merge_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out);
+
 static int encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out) {
+    return bpe_encode_cached(t, piece, n, out, merge_piece);
+}
+
+// One piece: its bytes' tokens, merged pair by pair in merge-list order (the leftmost on ties).
+static int merge_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out) {
     if (n == 0) return 0;
     if (t->ignore_merges) {
         int64_t whole = gpt2_rank(t, piece, n);

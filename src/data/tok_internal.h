@@ -16,6 +16,8 @@ typedef struct {
     uint32_t ver;
 } MergeEntry;
 
+typedef struct PieceCache PieceCache;
+
 struct Tokenizer {
     TokenizerKind kind;
     uint32_t vocab;  // ids are [0, vocab)
@@ -49,6 +51,7 @@ struct Tokenizer {
     int ignore_merges;      // a piece that is a token is taken whole (LLaMA-3's tokenizer.json says so)
     int prefix_space;       // ByteLevel's add_prefix_space: a text not starting with ' ' gets one
     int eot_rank;           // which of tok_hf.c's end-of-document names eot is (the earliest wins)
+    PieceCache *cache;      // recent pieces' ids (bpe_encode_cached); NULL until the first piece
 };
 
 void tokenizer_gpt2_free(Tokenizer *t);
@@ -57,6 +60,9 @@ int bpe_table_insert(Tokenizer *t, uint32_t id);  // -1 when the same bytes are 
 void bpe_heap_push(MergeEntry *h, size_t *n, MergeEntry e);
 MergeEntry bpe_heap_pop(MergeEntry *h, size_t *n);
 int bpe_ensure_scratch(Tokenizer *t, size_t n);
+// merge(t, piece, n, out), through a cache of short pieces' ids (t->cache).
+int bpe_encode_cached(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out,
+                      int (*merge)(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out));
 // Compile a pre-tokenizer pattern into t->re / t->md (UTF, Unicode classes, invalid UTF-8 allowed in
 // subjects, plus extra_flags). what names the tokenizer in messages.
 int bpe_compile_pattern(Tokenizer *t, const char *pattern, uint32_t extra_flags, const char *what);
