@@ -236,9 +236,8 @@ def setup(rank, world, args):
     """The layout, model, trainer, sampler and first step (from --resume or 0)."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     ds = bt.Dataset(args.data)
-    cfg = bt.LlamaConfig.named(args.model)
-    if ds.vocab != cfg.vocab_size:
-        raise SystemExit(f"{args.data}: vocabulary {ds.vocab}, model {args.model} has {cfg.vocab_size}")
+    # the vocabulary is the dataset's tokenizer's, rounded up to a multiple of tp (as bytescale train)
+    cfg = bt.LlamaConfig.for_dataset(args.model, ds, tp=args.tp)
     if world % (args.tp * args.pp):
         raise SystemExit(f"torch_hdp_train: {world} processes do not divide into --tp {args.tp} x --pp {args.pp}: "
                          f"run tp x pp x H processes (H HDP ranks)")

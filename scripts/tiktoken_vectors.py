@@ -13,7 +13,11 @@ download from), so nothing is downloaded. Each output line is one document:
 The documents: hand-written cases of the split pattern's corners (contractions, digit runs, runs of
 spaces and newlines, punctuation), a multilingual sample (CJK, Hangul, Arabic, Devanagari, Thai,
 emoji with joiners and skin tones, combining marks), and every EVERY-th Go source file of the corpus
-in path order. Encoded with encode_ordinary: special-token text is ordinary text, as bytescale's
+in path order. With --debian-samples (what `make tokenizer` passes), the multilingual sample also
+takes Debian's own test data: the UTF-8 texts of Python's CJK codec tests (libpython3.11-testsuite:
+test/cjkencodings/*-utf8.txt, Chinese, Japanese, Korean), Unicode's emoji-test.txt (unicode-data:
+every emoji, with joiners, skin tones and flags) and the code point sequences of Unicode's
+NormalizationTest.txt (unicode-data: combining marks, Hangul jamo, precomposed letters), in pieces. Encoded with encode_ordinary: special-token text is ordinary text, as bytescale's
 tokenizers treat it.
 """
 
@@ -57,6 +61,40 @@ def reference_encoding(name, ranks_dir, cache_dir):
     return tiktoken.get_encoding(name)
 
 
+PY_CJK = "/usr/lib/python3.11/test/cjkencodings"
+EMOJI_TEST = "/usr/share/unicode/emoji/emoji-test.txt"
+NORMALIZATION_TEST = "/usr/share/unicode/NormalizationTest.txt.bz2"
+
+
+def debian_documents():
+    """The multilingual sample from Debian's packages (see the module's doc); missing ones are an error."""
+    import bz2
+
+    for need in (PY_CJK, EMOJI_TEST, NORMALIZATION_TEST):
+        if not os.path.exists(need):
+            sys.exit(f"tiktoken_vectors.py: {need} is missing (apt-get install libpython3.11-testsuite unicode-data; "
+                     "make deps does)")
+    for f in sorted(os.listdir(PY_CJK)):
+        if f.endswith("-utf8.txt"):
+            with open(os.path.join(PY_CJK, f), encoding="utf-8") as fh:
+                yield f"python-cjk {f}", fh.read()
+    with open(EMOJI_TEST, encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for i in range(0, len(lines), 500):
+        yield f"emoji-test lines {i + 1}-{min(i + 500, len(lines))}", "".join(lines[i:i + 500])
+    # each test line: five columns of code point sequences; a document is 400 lines of them, as text
+    rows = []
+    with bz2.open(NORMALIZATION_TEST, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            line = line.split("#", 1)[0].strip()
+            if not line or line.startswith("@"):
+                continue
+            cols = line.split(";")[:5]
+            rows.append(" ".join("".join(chr(int(h, 16)) for h in c.split()) for c in cols))
+    for i in range(0, len(rows), 400):
+        yield f"normalization-test rows {i + 1}-{min(i + 400, len(rows))}", "\n".join(rows[i:i + 400]) + "\n"
+
+
 def go_documents(corpus, every):
     paths = []
     for root, dirs, files in os.walk(corpus):
@@ -78,6 +116,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--corpus", default="/usr/share/go-1.19/src")
     ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--debian-samples", action="store_true",
+                    help="add the multilingual sample from Debian's packages (Python's CJK tests, Unicode's data)")
     a = ap.parse_args()
     if not os.path.isdir(a.corpus):
         sys.exit(f"tiktoken_vectors.py: no corpus at {a.corpus} (apt-get install golang-1.19-src; make deps does)")
@@ -85,6 +125,8 @@ def main():
         enc = reference_encoding(a.encoding, a.ranks_dir, cache)
         docs = [(f"case {i}", t) for i, t in enumerate(CASES)]
         docs += [(f"multilingual {i}", t) for i, t in enumerate(MULTILINGUAL)]
+        if a.debian_samples:
+            docs += [(f"multilingual {name}", t) for name, t in debian_documents()]
         docs += list(go_documents(a.corpus, a.every))
         n_tokens = 0
         with open(a.out, "w", encoding="utf-8") as out:

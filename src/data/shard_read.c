@@ -62,7 +62,7 @@ static int check_header(const char *file, const uint8_t *h, size_t size, const c
 }
 
 static int check_tokenizer(const char *file, uint32_t kind, uint32_t vocab, uint32_t width) {
-    if (kind != TOKENIZER_BYTE && kind != TOKENIZER_GPT2) return bs_fail("%s: unknown tokenizer id %u", file, kind);
+    if (kind < TOKENIZER_BYTE || kind > TOKENIZER_HF) return bs_fail("%s: unknown tokenizer id %u", file, kind);
     if (vocab == 0 || width != token_width(vocab))
         return bs_fail("%s: token width %u does not fit vocab size %u", file, width, vocab);
     return 0;

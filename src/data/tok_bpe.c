@@ -1,4 +1,6 @@
-// tok_bpe.c: GPT-2 byte-level BPE (tiktoken's r50k_base) - rank file, pre-tokenizer, merging.
+// tok_bpe.c: tiktoken's byte-level BPE encodings - r50k_base (GPT-2's), cl100k_base and o200k_base:
+// rank file, pre-tokenizer, merging. Hugging Face tokenizer.json files reuse the pre-tokenizer and
+// the heap (tok_hf.c).
 //
 // Encoding is two steps. The pre-tokenizer splits text into pieces with GPT-2's regex (PCRE2, so
 // Unicode letter / number / space classes are PCRE2's, not ours). Then each piece is merged on its
@@ -14,7 +16,51 @@
 
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-static const char EOT_TEXT[] = "<|endoftext|>";
+// tiktoken_ext/openai_public.py's patterns, character for character
+static const char CL100K_PATTERN[] = "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}++|\\p{N}{1,3}+| "
+                                     "?[^\\s\\p{L}\\p{N}]++[\\r\\n]*+|\\s++$|\\s*[\\r\\n]|\\s+(?!\\S)|\\s";
+static const char O200K_PATTERN[] =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+// The special tokens sit above the ranks, at the ids tiktoken gives them; the ids between are
+// holes (no token: decoding one is an error).
+typedef struct {
+    const char *text;
+    uint32_t id;
+} Special;
+
+typedef struct {
+    const char *name;    // --tokenizer
+    const char *tiktoken;  // tiktoken's name of the encoding, and of its rank file
+    TokenizerKind kind;
+    const char *pattern;
+    uint32_t n_ranks;    // the rank file's tokens: a file of another size is the wrong file
+    uint32_t vocab;      // tiktoken's n_vocab: the highest id + 1
+    Special specials[5];
+} Encoding;
+
+static const Encoding ENCODINGS[] = {
+    {"gpt2", "r50k_base", TOKENIZER_GPT2, GPT2_PATTERN, 50256, 50257, {{"<|endoftext|>", 50256}}},
+    {"cl100k", "cl100k_base", TOKENIZER_CL100K, CL100K_PATTERN, 100256, 100277,
+     {{"<|endoftext|>", 100257}, {"<|fim_prefix|>", 100258}, {"<|fim_middle|>", 100259}, {"<|fim_suffix|>", 100260},
+      {"<|endofprompt|>", 100276}}},
+    {"o200k", "o200k_base", TOKENIZER_O200K, O200K_PATTERN, 199998, 200019,
+     {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}}},
+};
+enum { N_ENCODINGS = sizeof ENCODINGS / sizeof ENCODINGS[0] };
+
+static const Encoding *encoding_named(const char *name) {
+    for (int i = 0; i < N_ENCODINGS; i++)
+        if (!strcmp(ENCODINGS[i].name, name)) return &ENCODINGS[i];
+    return NULL;
+}
+
+const char *tiktoken_encoding_name(const char *name) {
+    const Encoding *e = encoding_named(name);
+    return e ? e->tiktoken : NULL;
+}
 
 #define NONE UINT32_MAX
 
@@ -41,7 +87,7 @@ int64_t gpt2_rank(const Tokenizer *t, const uint8_t *bytes, size_t n) {
 }
 
 // Insert rank r (its bytes already in blob). -1 when the same bytes are there already.
-static int rank_insert(Tokenizer *t, uint32_t r) {
+int bpe_table_insert(Tokenizer *t, uint32_t r) {
     const uint8_t *b = t->blob + t->tok_off[r];
     uint32_t n = t->tok_len[r];
     uint32_t i = (uint32_t)hash_bytes(b, n) & t->slot_mask;
@@ -95,7 +141,7 @@ static int parse_ranks(Tokenizer *t, const char *path, char *data, size_t size) 
     uint32_t lines = 0;
     for (size_t i = 0; i < size; i++) lines += data[i] == '\n';
     lines += 1;
-    t->blob = bs_malloc(size + sizeof EOT_TEXT);
+    t->blob = bs_malloc(size + 1);
     t->tok_off = bs_malloc(((size_t)lines + 1) * sizeof(uint32_t));
     t->tok_len = bs_calloc((size_t)lines + 1, sizeof(uint32_t));
     uint8_t *seen = bs_calloc((size_t)lines + 1, 1);
@@ -145,11 +191,35 @@ static int parse_ranks(Tokenizer *t, const char *path, char *data, size_t size) 
     }
     free(seen);
     if (n < 256) return bs_fail("%s: %u ranks; a byte-level BPE needs at least the 256 single bytes", path, n);
-    // the special token goes last, right after the ranks
-    memcpy(t->blob + blob_used, EOT_TEXT, sizeof EOT_TEXT - 1);
-    t->tok_off[n] = blob_used;
-    t->tok_len[n] = sizeof EOT_TEXT - 1;
     t->n_ranks = n;
+    t->blob_used = blob_used;
+    return 0;
+}
+
+// The ids above the ranks: the encoding's special tokens at their ids, holes between them.
+static int add_specials(Tokenizer *t, const Encoding *e, const char *path) {
+    if (t->n_ranks != e->n_ranks)
+        return bs_fail("%s: %u ranks, but %s has %u: the rank file of another encoding? (%s wants %s.tiktoken)", path,
+                       t->n_ranks, e->tiktoken, e->n_ranks, e->name, e->tiktoken);
+    size_t text = 0;
+    for (int i = 0; i < 5 && e->specials[i].text; i++) text += strlen(e->specials[i].text);
+    uint8_t *blob = bs_realloc(t->blob, t->blob_used + text + 1);
+    uint32_t *off = blob ? bs_realloc(t->tok_off, (size_t)e->vocab * sizeof *off) : NULL;
+    uint32_t *len = off ? bs_realloc(t->tok_len, (size_t)e->vocab * sizeof *len) : NULL;
+    if (blob) t->blob = blob;
+    if (off) t->tok_off = off;
+    if (len) t->tok_len = len;
+    if (!len) return -1;
+    for (uint32_t id = t->n_ranks; id < e->vocab; id++) off[id] = 0, len[id] = 0;  // holes
+    for (int i = 0; i < 5 && e->specials[i].text; i++) {
+        size_t n = strlen(e->specials[i].text);
+        memcpy(blob + t->blob_used, e->specials[i].text, n);
+        off[e->specials[i].id] = t->blob_used;
+        len[e->specials[i].id] = (uint32_t)n;
+        t->blob_used += (uint32_t)n;
+    }
+    t->vocab = e->vocab;
+    t->eot = e->specials[0].id;  // <|endoftext|>, first in every table
     return 0;
 }
 
@@ -160,7 +230,7 @@ static int build_table(Tokenizer *t, const char *path) {
     if (!t->slots) return -1;
     t->slot_mask = n_slots - 1;
     for (uint32_t r = 0; r < t->n_ranks; r++)
-        if (rank_insert(t, r) != 0) return bs_fail("%s: rank %u repeats the bytes of another rank", path, r);
+        if (bpe_table_insert(t, r) != 0) return bs_fail("%s: rank %u repeats the bytes of another rank", path, r);
     // every single byte must be a token, or some byte strings could not be encoded
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
@@ -169,30 +239,32 @@ static int build_table(Tokenizer *t, const char *path) {
     return 0;
 }
 
-static int compile_pattern(Tokenizer *t) {
+int bpe_compile_pattern(Tokenizer *t, const char *pattern, uint32_t extra_flags, const char *what) {
     int err;
     PCRE2_SIZE err_at;
     // MATCH_INVALID_UTF: invalid UTF-8 is allowed in the subject and simply never matches, so the
     // bytes between matches (see gpt2_split) still reach the merger and round-trip.
-    t->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
-                          &err, &err_at, NULL);
+    t->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | extra_flags, &err, &err_at, NULL);
     if (!t->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return bs_fail("gpt2 pre-tokenizer regex: %s at offset %zu", (char *)msg, (size_t)err_at);
+        return bs_fail("%s pre-tokenizer regex: %s at offset %zu", what, (char *)msg, (size_t)err_at);
     }
     pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);  // much faster; the interpreter still works without it
     t->md = pcre2_match_data_create_from_pattern(t->re, NULL);
-    if (!t->md) return bs_fail("gpt2 pre-tokenizer: out of memory for match data");
+    if (!t->md) return bs_fail("%s pre-tokenizer: out of memory for match data", what);
     return 0;
 }
 
-int tokenizer_open_gpt2(Tokenizer **out, const char *ranks_path) {
+int tokenizer_open_tiktoken(Tokenizer **out, const char *name, const char *ranks_path) {
     *out = NULL;
-    if (!ranks_path) return bs_fail("gpt2 tokenizer: no rank file given");
+    const Encoding *e = encoding_named(name);
+    if (!e) return bs_fail("'%s' is not a tiktoken encoding (gpt2, cl100k or o200k)", name);
+    if (!ranks_path) return bs_fail("%s tokenizer: no rank file given", name);
     char *data;
     size_t size;
-    if (file_read_all(ranks_path, &data, &size) != 0) return bs_fail_ctx("gpt2 tokenizer ranks");
+    if (file_read_all(ranks_path, &data, &size) != 0) return bs_fail_ctx("%s tokenizer ranks", name);
     if (size >= UINT32_MAX / 2) {
         free(data);
         return bs_fail("%s: rank file too large (%zu bytes)", ranks_path, size);
@@ -202,21 +274,23 @@ int tokenizer_open_gpt2(Tokenizer **out, const char *ranks_path) {
         free(data);
         return -1;
     }
-    t->kind = TOKENIZER_GPT2;
+    t->kind = e->kind;
     int rc = parse_ranks(t, ranks_path, data, size);
     free(data);
+    if (rc == 0) rc = add_specials(t, e, ranks_path);
     if (rc == 0) rc = build_table(t, ranks_path);
-    if (rc == 0) rc = compile_pattern(t);
+    // $ in tiktoken's patterns (Rust regex) is the end of the text only, never before a final newline
+    if (rc == 0) rc = bpe_compile_pattern(t, e->pattern, PCRE2_DOLLAR_ENDONLY, name);
     if (rc != 0) {
         tokenizer_gpt2_free(t);  // not tokenizer_free: that is tokenizer.c's, which calls this file
         free(t);
         return -1;
     }
-    t->vocab = t->n_ranks + 1;
-    t->eot = t->n_ranks;
     *out = t;
     return 0;
 }
+
+int tokenizer_open_gpt2(Tokenizer **out, const char *ranks_path) { return tokenizer_open_tiktoken(out, "gpt2", ranks_path); }
 
 void tokenizer_gpt2_free(Tokenizer *t) {
     free(t->blob);
@@ -227,6 +301,10 @@ void tokenizer_gpt2_free(Tokenizer *t) {
     free(t->prev);
     free(t->ver);
     free(t->heap);
+    free(t->pid);
+    free(t->pair_key);
+    free(t->pair_val);
+    free(t->cache);
     if (t->md) pcre2_match_data_free(t->md);
     if (t->re) pcre2_code_free(t->re);
 }
@@ -259,7 +337,7 @@ int gpt2_split(Tokenizer *t, const uint8_t *text, size_t n, int (*fn)(void *ctx,
 
 static int entry_less(MergeEntry a, MergeEntry b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
 
-static void heap_push(MergeEntry *h, size_t *n, MergeEntry e) {
+void bpe_heap_push(MergeEntry *h, size_t *n, MergeEntry e) {
     size_t i = (*n)++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
@@ -270,7 +348,7 @@ static void heap_push(MergeEntry *h, size_t *n, MergeEntry e) {
     h[i] = e;
 }
 
-static MergeEntry heap_pop(MergeEntry *h, size_t *n) {
+MergeEntry bpe_heap_pop(MergeEntry *h, size_t *n) {
     MergeEntry top = h[0], last = h[--*n];
     size_t i = 0;
     for (;;) {
@@ -285,7 +363,7 @@ static MergeEntry heap_pop(MergeEntry *h, size_t *n) {
     return top;
 }
 
-static int ensure_scratch(Tokenizer *t, size_t n) {
+int bpe_ensure_scratch(Tokenizer *t, size_t n) {
     if (n <= t->scratch_cap) return 0;
     size_t cap = t->scratch_cap ? t->scratch_cap : 256;
     while (cap < n) cap *= 2;
@@ -293,11 +371,13 @@ static int ensure_scratch(Tokenizer *t, size_t n) {
     free(t->prev);
     free(t->ver);
     free(t->heap);
+    free(t->pid);
+    t->pid = bs_malloc(cap * sizeof(uint32_t));
     t->next = bs_malloc(cap * sizeof(uint32_t));
     t->prev = bs_malloc(cap * sizeof(uint32_t));
     t->ver = bs_malloc(cap * sizeof(uint32_t));
     t->heap = bs_malloc(3 * cap * sizeof(MergeEntry));
-    t->scratch_cap = (t->next && t->prev && t->ver && t->heap) ? cap : 0;
+    t->scratch_cap = (t->pid && t->next && t->prev && t->ver && t->heap) ? cap : 0;
     return t->scratch_cap ? 0 : -1;
 }
 
@@ -305,7 +385,7 @@ static int ensure_scratch(Tokenizer *t, size_t n) {
 static void push_pair(Tokenizer *t, const uint8_t *piece, uint32_t pos, size_t *heap_n) {
     uint32_t end = t->next[t->next[pos]];
     int64_t r = gpt2_rank(t, piece + pos, end - pos);
-    if (r >= 0) heap_push(t->heap, heap_n, (MergeEntry){(uint32_t)r, pos, t->ver[pos]});
+    if (r >= 0) bpe_heap_push(t->heap, heap_n, (MergeEntry){(uint32_t)r, pos, t->ver[pos]});
 }
 
 int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out) {
@@ -313,7 +393,7 @@ int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out)
     int64_t whole = gpt2_rank(t, piece, n);
     if (whole >= 0) return tokens_push(out, (uint32_t)whole);  // the common case: a known word
     if (n >= UINT32_MAX / 4) return bs_fail("gpt2: a piece of %zu bytes is too long to merge", n);
-    if (ensure_scratch(t, n) != 0) return -1;
+    if (bpe_ensure_scratch(t, n) != 0) return -1;
     uint32_t *next = t->next, *prev = t->prev, *ver = t->ver;
     // parts start as single bytes; part i covers [i, next[i])
     for (uint32_t i = 0; i < n; i++) {
@@ -324,7 +404,7 @@ int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out)
     size_t heap_n = 0;
     for (uint32_t i = 0; i + 1 < n; i++) push_pair(t, piece, i, &heap_n);
     while (heap_n > 0) {
-        MergeEntry e = heap_pop(t->heap, &heap_n);
+        MergeEntry e = bpe_heap_pop(t->heap, &heap_n);
         if (ver[e.pos] != e.ver) continue;  // stale: that pair changed since it was pushed
         uint32_t pos = e.pos, right = next[pos], after = next[right];
         // join `right` into `pos`
@@ -345,6 +425,40 @@ int gpt2_encode_piece(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out)
     return 0;
 }
 
+// Pieces repeat (a corpus has far fewer distinct words than words), and each that is not a token
+// whole (and, for tok_hf.c, each at all unless ignore_merges) costs a merge. So short pieces' ids are
+// kept in a direct-mapped cache, as the HF library keeps its own: a hit is a hash and a compare.
+enum { CACHE_SLOTS = 1 << 14, CACHE_BYTES = 24, CACHE_IDS = 12 };
+
+struct PieceCache {
+    uint8_t len, n_ids;  // len 0: empty
+    uint8_t bytes[CACHE_BYTES];
+    uint32_t ids[CACHE_IDS];
+};
+
+
+
+int bpe_encode_cached(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out,
+                      int (*merge)(Tokenizer *t, const uint8_t *piece, size_t n, Tokens *out)) {
+    if (n == 0 || n > CACHE_BYTES) return merge(t, piece, n, out);
+    if (!t->cache && !(t->cache = bs_calloc(CACHE_SLOTS, sizeof *t->cache))) return -1;
+    PieceCache *c = &t->cache[(uint32_t)hash_bytes(piece, n) & (CACHE_SLOTS - 1)];
+    if (c->len == n && memcmp(c->bytes, piece, n) == 0) {
+        if (tokens_reserve(out, c->n_ids) != 0) return -1;
+        memcpy(out->ids + out->n, c->ids, c->n_ids * sizeof *c->ids);
+        out->n += c->n_ids;
+        return 0;
+    }
+    int64_t before = out->n;
+    if (merge(t, piece, n, out) != 0) return -1;
+    if (out->n - before <= CACHE_IDS) {
+        c->len = (uint8_t)n, c->n_ids = (uint8_t)(out->n - before);
+        memcpy(c->bytes, piece, n);
+        memcpy(c->ids, out->ids + before, c->n_ids * sizeof *c->ids);
+    }
+    return 0;
+}
+
 typedef struct {
     Tokenizer *t;
     Tokens *out;
@@ -352,7 +466,7 @@ typedef struct {
 
 static int encode_one(void *ctx, const uint8_t *piece, size_t len) {
     EncodeCtx *c = ctx;
-    return gpt2_encode_piece(c->t, piece, len, c->out);
+    return bpe_encode_cached(c->t, piece, len, c->out, gpt2_encode_piece);
 }
 
 int tokenizer_gpt2_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out) {

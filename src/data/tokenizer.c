@@ -1,5 +1,5 @@
-// tokenizer.c: the byte tokenizer, and the calls that dispatch to the byte or GPT-2 tokenizer
-// (tok_bpe.c). The token array both append to is tokens.c.
+// tokenizer.c: the byte tokenizer, and the calls that dispatch to the byte, tiktoken (tok_bpe.c) or
+// Hugging Face (tok_hf.c) tokenizer. The token array both append to is tokens.c.
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,23 +9,36 @@
 int tokenizer_open(Tokenizer **out, const char *name, const char *ranks_path) {
     *out = NULL;
     if (!strcmp(name, "byte")) return tokenizer_open_byte(out);
-    if (!strcmp(name, "gpt2")) return tokenizer_open_gpt2(out, ranks_path);
-    return bs_fail("unknown tokenizer '%s' (expected byte or gpt2)", name);
+    if (tiktoken_encoding_name(name)) return tokenizer_open_tiktoken(out, name, ranks_path);
+    if (!strncmp(name, "hf:", 3)) return tokenizer_open_hf(out, name + 3);
+    return bs_fail("unknown tokenizer '%s' (expected byte, gpt2, cl100k, o200k or hf:PATH/tokenizer.json)", name);
 }
 
 void tokenizer_free(Tokenizer *t) {
     if (!t) return;
-    if (t->kind == TOKENIZER_GPT2) tokenizer_gpt2_free(t);
+    if (t->kind != TOKENIZER_BYTE) tokenizer_gpt2_free(t);
     free(t);
 }
 
 TokenizerKind tokenizer_kind(const Tokenizer *t) { return t->kind; }
-const char *tokenizer_name(const Tokenizer *t) { return t->kind == TOKENIZER_BYTE ? "byte" : "gpt2"; }
+const char *tokenizer_kind_name(TokenizerKind kind) {
+    switch (kind) {
+    case TOKENIZER_BYTE: return "byte";
+    case TOKENIZER_GPT2: return "gpt2";
+    case TOKENIZER_CL100K: return "cl100k";
+    case TOKENIZER_O200K: return "o200k";
+    case TOKENIZER_HF: return "hf";
+    }
+    return "unknown";
+}
+
+const char *tokenizer_name(const Tokenizer *t) { return tokenizer_kind_name(t->kind); }
 uint32_t tokenizer_vocab_size(const Tokenizer *t) { return t->vocab; }
 int64_t tokenizer_eot(const Tokenizer *t) { return t->eot; }
 
 int tokenizer_encode(Tokenizer *t, const void *text, size_t n, Tokens *out) {
-    if (t->kind == TOKENIZER_GPT2) return tokenizer_gpt2_encode(t, text, n, out);
+    if (t->kind == TOKENIZER_HF) return tokenizer_hf_encode(t, text, n, out);
+    if (t->kind != TOKENIZER_BYTE) return tokenizer_gpt2_encode(t, text, n, out);
     if (tokens_reserve(out, (int64_t)n) != 0) return -1;
     const uint8_t *p = text;
     for (size_t i = 0; i < n; i++) out->ids[out->n + (int64_t)i] = p[i];
@@ -40,7 +53,7 @@ const uint8_t *tokenizer_token_bytes(const Tokenizer *t, uint32_t id, size_t *le
         return &t->bytes[id];
     }
     *len = t->tok_len[id];
-    return t->blob + t->tok_off[id];
+    return *len ? t->blob + t->tok_off[id] : NULL;  // no token has 0 bytes: a hole
 }
 
 int tokenizer_decode(const Tokenizer *t, const uint32_t *ids, int64_t n, uint8_t **out, size_t *out_len) {
@@ -49,7 +62,8 @@ int tokenizer_decode(const Tokenizer *t, const uint32_t *ids, int64_t n, uint8_t
     size_t total = 0, len;
     for (int64_t i = 0; i < n; i++) {
         if (!tokenizer_token_bytes(t, ids[i], &len))
-            return bs_fail("decode: token %lld: id %u out of range [0, %u)", (long long)i, ids[i], t->vocab);
+            return bs_fail("decode: token %lld: id %u out of range [0, %u)%s", (long long)i, ids[i], t->vocab,
+                           ids[i] < t->vocab ? " (no token has that id)" : "");
         total += len;
     }
     uint8_t *buf = bs_malloc(total + 1);

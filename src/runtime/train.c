@@ -199,6 +199,23 @@ static int check_stage_budgets(Trainer *t) {
     return 0;
 }
 
+// The model's vocabulary is the dataset's: the tokenizer's ids (byte 256, gpt2 50257, cl100k 100277,
+// o200k 200019, hf: the tokenizer.json's highest id + 1), rounded up to a multiple of --tp so that the
+// vocabulary-parallel embedding and head split evenly. The catalogue's vocab_size (src/core/model.c)
+// only stands where no dataset can be read here (a remote data server's, or none: open_dataset and
+// open_remote_dataset say so). The rows past the tokenizer's are ids no document holds.
+static void vocab_from_dataset(Trainer *t, int tp) {
+    char index[TRAIN_PATH_MAX + 16];
+    snprintf(index, sizeof index, "%s/%s", t->cfg.data, INDEX_FILE);
+    DocIndex ix;
+    if (access(index, R_OK) != 0 || docindex_read(&ix, t->cfg.data) != 0) {
+        bs_error_clear();
+        return;
+    }
+    t->model.vocab_size = (int)(((int64_t)ix.vocab + tp - 1) / tp * tp);
+    docindex_free(&ix);
+}
+
 static int open_dataset(Trainer *t) {
     const char *dir = t->cfg.data;
     char index[TRAIN_PATH_MAX + 16];
@@ -209,10 +226,10 @@ static int open_dataset(Trainer *t) {
                        dir, index);
     if (dataset_open(&t->data, dir) != 0) return bs_fail_ctx("dataset %s", dir);
     const DocIndex *ix = &t->data.index;
-    if ((int64_t)ix->vocab != t->model.vocab_size) {
-        int rc = bs_fail("dataset %s has a vocabulary of %u tokens (%s tokenizer) but model %s has %d: prepare the "
-                         "data with the tokenizer the model was made for (--tokenizer byte for vocab 256)",
-                         dir, ix->vocab, ix->tokenizer == TOKENIZER_GPT2 ? "gpt2" : "byte", t->model.name,
+    if ((int64_t)ix->vocab > t->model.vocab_size) {
+        int rc = bs_fail("dataset %s has a vocabulary of %u tokens (%s tokenizer) but model %s has %d: its ids would "
+                         "have no row in the embedding (the dataset changed after training began?)",
+                         dir, ix->vocab, tokenizer_kind_name(ix->tokenizer), t->model.name,
                          t->model.vocab_size);
         dataset_close(&t->data);
         memset(&t->data, 0, sizeof t->data);
@@ -245,7 +262,7 @@ static int open_remote_dataset(Trainer *t) {
     if (train_loader_roles(t, &fetchers, &n_fetchers) != 0) return -1;
     if (t->rank == 0) {
         int rc = loader_gather_index(t->roles, fetchers, n_fetchers, ix, &t->doc_server);
-        if (rc == 0 && (int64_t)ix->vocab != t->model.vocab_size)
+        if (rc == 0 && (int64_t)ix->vocab > t->model.vocab_size)
             rc = bs_fail("the data servers' dataset %s has a vocabulary of %u tokens but model %s has %d: prepare the "
                          "data with the tokenizer the model was made for",
                          t->cfg.data, ix->vocab, t->model.name, t->model.vocab_size);
@@ -366,6 +383,8 @@ int trainer_init_roles(Trainer *t, const TrainConfig *cfg, Comm *comm, const Com
     const ModelConfig *mc = model_find(cfg->model);
     if (!mc) return -1;
     t->model = *mc;
+    vocab_from_dataset(t, tp);
+    mc = &t->model;
     // the layout's limits first, in its own words: the cost model would refuse them too, less clearly
     LlamaShard whole_tp = {.tp = tp, .tp_rank = 0, .layer_begin = 0, .layer_end = mc->n_layers, .first = 1, .last = 1};
     if (pipeline_split_layers(mc->n_layers, pp, NULL, 0, NULL) != 0 || llama_shard_check(mc, &whole_tp) != 0)

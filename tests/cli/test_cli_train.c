@@ -142,14 +142,26 @@ static void test_train_bad_flags_and_data(void **state) {
     expect("train --data " DIR "/data --model huge", 2, "unknown model");
 }
 
-// a GPT-2 dataset for a byte-level model (the rank file comes through BS_SOURCE_DIR)
-static void test_train_refuses_gpt2_data_for_byte_model(void **state) {
+// The model's vocabulary follows the dataset's tokenizer (cl100k: 100277 ids) and is said; a
+// checkpoint trained on one vocabulary does not resume on another's data.
+static void test_train_vocabulary_follows_the_dataset(void **state) {
     (void)state;
+    TEST_TOKENIZER_OR_SKIP("cl100k_base.tiktoken");
     TEST_TOKENIZER_OR_SKIP("r50k_base.tiktoken");
     make_data();
-    int rc = run("", "prepare --input " DIR "/in --tokenizer gpt2 --out " DIR "/gpt2");
+    const char *lines = "{\"text\": \"package main\\n\\nfunc main() { println(\\\"hi\\\") }\\n\"}\n"
+                        "{\"text\": \"if err != nil { return err } // \\u4e16\\u754c\"}\n";
+    assert_int_equal(file_write_atomic(DIR "/c.jsonl", lines, strlen(lines)), 0);
+    int rc = run("", "prepare --input " DIR "/c.jsonl --tokenizer cl100k --out " DIR "/cl100k");
+    if (rc != 0) fail_msg("prepare cl100k: exit %d: %s", rc, cli_err);
+    rc = run("", "train --data " DIR "/cl100k --model tiny --tokens 64 --context 32 --steps 1 --warmup 1 --ckpt-dir " DIR
+                 "/ck");
+    if (rc != 0) fail_msg("train: exit %d: %s", rc, cli_err);
+    assert_non_null(strstr(cli_out, "vocabulary 100277: the dataset's cl100k tokenizer"));
+    rc = run("", "prepare --input " DIR "/c.jsonl --tokenizer gpt2 --out " DIR "/gpt2");
     if (rc != 0) fail_msg("prepare gpt2: exit %d: %s", rc, cli_err);
-    expect("train --data " DIR "/gpt2 --model tiny", 1, "vocabulary of 50257 tokens");
+    expect("train --data " DIR "/gpt2 --model tiny --tokens 64 --context 32 --steps 2 --resume " DIR "/ck/ckpt-000001.bin", 1,
+           "with vocab_size 100277, this run's model tiny has 50257");
 }
 
 int main(void) {
@@ -157,7 +169,7 @@ int main(void) {
         cmocka_unit_test(test_train_run_and_resume),
         cmocka_unit_test(test_train_plot),
         cmocka_unit_test(test_train_bad_flags_and_data),
-        cmocka_unit_test(test_train_refuses_gpt2_data_for_byte_model),
+        cmocka_unit_test(test_train_vocabulary_follows_the_dataset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
-// test_tokenizer.c: GPT-2 BPE against tiktoken's encodings (pip), the merge against a
-// naive reference, byte-level round trips (invalid UTF-8 included), rank-file errors.
+// test_tokenizer.c: tiktoken's encodings (r50k_base = gpt2, cl100k_base, o200k_base) against
+// tiktoken's own ids (pip), the merge against a naive reference, byte-level round trips (invalid UTF-8 included), rank-file errors.
 #include "test_util.h"
 
 #include <cJSON.h>
@@ -26,29 +26,28 @@ static Tokenizer *open_gpt2(void) {
 
 // ---- tiktoken's encodings ----------------------------------------------------------------------
 
-// vectors-r50k_base.jsonl (scripts/tiktoken_vectors.py, run by `make tokenizer`): one document a line,
-// {"name", "text", "ids"}, the ids from tiktoken (pip) given the same rank file. Every document is
-// encoded here and must give tiktoken's ids exactly, then decode back to its text.
-static void test_gpt2_matches_tiktoken(void **state) {
-    (void)state;
-    Tokenizer *t = open_gpt2();
-    assert_int_equal(tokenizer_vocab_size(t), 50257);
-    assert_int_equal(tokenizer_eot(t), 50256);
+// vectors-<encoding>.jsonl (scripts/tiktoken_vectors.py, run by `make tokenizer`): one document a
+// line, {"name", "text", "ids"}, the ids from tiktoken (pip) given the same rank file. Every document
+// is encoded here and must give tiktoken's ids exactly, then decode back to its text.
+// prefix_space: the tokenizer encodes a text not starting with ' ' as if it did (ByteLevel's
+// add_prefix_space), so it decodes back with that space in front.
+static void compare_vectors(Tokenizer *t, const char *encoding, const char *vectors, const char *reference,
+                            int prefix_space) {
     char *text;
     size_t size;
-    if (file_read_all(tokenizer_file("vectors-r50k_base.jsonl"), &text, &size) != 0) fail_msg("%s", bs_errmsg());
-    int64_t docs = 0, tokens = 0, multilingual = 0;
+    if (file_read_all(tokenizer_file(vectors), &text, &size) != 0) fail_msg("%s", bs_errmsg());
+    int64_t docs = 0, tokens = 0, multilingual = 0, debian = 0;
     char *line = text;
     while (line < text + size) {
         char *eol = memchr(line, '\n', (size_t)(text + size - line));
         if (!eol) eol = text + size;
         *eol = '\0';
         cJSON *doc = cJSON_Parse(line);
-        if (!doc) fail_msg("vectors-r50k_base.jsonl: line %lld is not JSON", (long long)docs + 1);
-        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "name"));
+        if (!doc) fail_msg("%s: line %lld is not JSON", vectors, (long long)docs + 1);
+        const char *dname = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "name"));
         const char *sample = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "text"));
         cJSON *ids = cJSON_GetObjectItem(doc, "ids");
-        assert_non_null(name);
+        assert_non_null(dname);
         assert_non_null(sample);
         assert_true(cJSON_IsArray(ids));
         size_t len = strlen(sample);
@@ -59,27 +58,115 @@ static void test_gpt2_matches_tiktoken(void **state) {
             if (first_diff < 0 && (i >= got.n || got.ids[i] != (uint32_t)id->valuedouble)) first_diff = i;
         if (first_diff < 0 && got.n != n_want) first_diff = n_want;
         if (first_diff >= 0)
-            fail_msg("%s: %lld tokens, tiktoken %lld; first difference at token %lld", name, (long long)got.n,
-                     (long long)n_want, (long long)first_diff);
+            fail_msg("%s: %s: %lld tokens, %s %lld; first difference at token %lld", encoding, dname,
+                     (long long)got.n, reference, (long long)n_want, (long long)first_diff);
         uint8_t *back;
         size_t back_n;
         assert_int_equal(tokenizer_decode(t, got.ids, got.n, &back, &back_n), 0);
-        assert_int_equal(back_n, len);
-        assert_memory_equal(back, sample, len);
+        size_t skip = prefix_space && len > 0 && sample[0] != ' ';
+        assert_int_equal(back_n, len + skip);
+        if (skip) assert_int_equal(back[0], ' ');
+        assert_memory_equal(back + skip, sample, len);
         free(back);
         tokens += got.n;
-        multilingual += !strncmp(name, "multilingual", 12);
+        multilingual += !strncmp(dname, "multilingual", 12);
+        debian += !strncmp(dname, "multilingual python-cjk", 23) || !strncmp(dname, "multilingual emoji-test", 23) ||
+                  !strncmp(dname, "multilingual normalization-test", 31);
         docs++;
         tokens_free(&got);
         cJSON_Delete(doc);
         line = eol + 1;
     }
     free(text);
-    print_message("r50k_base: %lld documents, %lld tokens, equal to tiktoken's\n", (long long)docs, (long long)tokens);
-    // the file holds the hand-written cases, the multilingual sample and a tenth of the Go corpus:
-    // fewer means it was cut short
-    assert_true(docs >= 500 && multilingual >= 10 && tokens >= 1000000);
+    print_message("%s: %lld documents (%lld multilingual), %lld tokens, equal to %s's\n", encoding,
+                  (long long)docs, (long long)multilingual, (long long)tokens, reference);
+    // the file holds the hand-written cases, the multilingual samples (Debian's among them) and a
+    // tenth of the Go corpus: fewer means it was cut short
+    assert_true(docs >= 600 && multilingual >= 60 && debian >= 50 && tokens >= 1000000);
+}
+
+static void check_vectors(const char *name, const char *encoding, uint32_t vocab, int64_t eot) {
+    char ranks[128], vectors[128];
+    snprintf(ranks, sizeof ranks, "%s.tiktoken", encoding);
+    snprintf(vectors, sizeof vectors, "vectors-%s.jsonl", encoding);
+    Tokenizer *t;
+    if (tokenizer_open_tiktoken(&t, name, tokenizer_file(ranks)) != 0) fail_msg("%s", bs_errmsg());
+    assert_int_equal(tokenizer_vocab_size(t), vocab);
+    assert_int_equal(tokenizer_eot(t), eot);
+    compare_vectors(t, encoding, vectors, "tiktoken", 0);
     tokenizer_free(t);
+}
+
+// hf-<name>.json and vectors-hf-<name>.jsonl (scripts/hf_tokenizers.py, run by `make tokenizer`):
+// tokenizer.json files written offline and the Hugging Face tokenizers library's ids for the same
+// documents.
+static void check_hf(const char *name, uint32_t vocab, int64_t eot) {
+    char json[128], vectors[128], spec[4200];
+    snprintf(json, sizeof json, "hf-%s.json", name);
+    snprintf(vectors, sizeof vectors, "vectors-hf-%s.jsonl", name);
+    snprintf(spec, sizeof spec, "hf:%s", tokenizer_file(json));
+    Tokenizer *t;
+    if (tokenizer_open(&t, spec, NULL) != 0) fail_msg("%s", bs_errmsg());
+    if (vocab) assert_int_equal(tokenizer_vocab_size(t), vocab);
+    assert_int_equal(tokenizer_eot(t), eot);
+    compare_vectors(t, json, vectors, "HF tokenizers", !strcmp(name, "trained"));
+    tokenizer_free(t);
+}
+
+static void test_hf_gpt2_matches_hf_tokenizers(void **state) {
+    (void)state;
+    check_hf("gpt2", 50257, 50256);
+}
+
+static void test_hf_llama3_matches_hf_tokenizers(void **state) {
+    (void)state;
+    check_hf("llama3", 100258, 100257);
+}
+
+static void test_hf_o200k_matches_hf_tokenizers(void **state) {
+    (void)state;
+    check_hf("o200k", 200000, 199999);
+}
+
+static void test_hf_trained_matches_hf_tokenizers(void **state) {
+    (void)state;
+    check_hf("trained", 2000, 0);
+}
+
+static void test_gpt2_matches_tiktoken(void **state) {
+    (void)state;
+    check_vectors("gpt2", "r50k_base", 50257, 50256);
+}
+
+static void test_cl100k_matches_tiktoken(void **state) {
+    (void)state;
+    check_vectors("cl100k", "cl100k_base", 100277, 100257);
+}
+
+static void test_o200k_matches_tiktoken(void **state) {
+    (void)state;
+    check_vectors("o200k", "o200k_base", 200019, 199999);
+}
+
+// The ids between the ranks and the special tokens are no tokens; a rank file of the wrong size for
+// the encoding is refused, naming both counts.
+static void test_tiktoken_holes_and_wrong_file(void **state) {
+    (void)state;
+    Tokenizer *t;
+    if (tokenizer_open(&t, "cl100k", tokenizer_file("cl100k_base.tiktoken")) != 0) fail_msg("%s", bs_errmsg());
+    size_t len;
+    assert_null(tokenizer_token_bytes(t, 100256, &len));
+    const uint8_t *b = tokenizer_token_bytes(t, 100276, &len);
+    assert_non_null(b);
+    assert_int_equal(len, strlen("<|endofprompt|>"));
+    uint32_t hole = 100270;
+    uint8_t *out;
+    assert_int_equal(tokenizer_decode(t, &hole, 1, &out, &len), -1);
+    assert_non_null(strstr(bs_errmsg(), "no token has that id"));
+    assert_string_equal(tokenizer_name(t), "cl100k");
+    tokenizer_free(t);
+    assert_int_equal(tokenizer_open(&t, "o200k", tokenizer_file("r50k_base.tiktoken")), -1);
+    assert_non_null(strstr(bs_errmsg(), "50256 ranks, but o200k_base has 199998"));
 }
 
 // ---- the merge against a naive reference ---------------------------------------------------
@@ -253,6 +340,7 @@ static void test_byte_tokenizer_is_identity(void **state) {
     tokenizer_free(t);
     assert_int_equal(tokenizer_open(&t, "unigram", NULL), -1);
     assert_non_null(strstr(bs_errmsg(), "unknown tokenizer 'unigram'"));
+    assert_non_null(strstr(bs_errmsg(), "cl100k, o200k or hf:PATH"));
     tokenizer_free(NULL);
 }
 
@@ -284,6 +372,13 @@ static void test_rank_file_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_matches_tiktoken),
+        cmocka_unit_test(test_cl100k_matches_tiktoken),
+        cmocka_unit_test(test_o200k_matches_tiktoken),
+        cmocka_unit_test(test_tiktoken_holes_and_wrong_file),
+        cmocka_unit_test(test_hf_gpt2_matches_hf_tokenizers),
+        cmocka_unit_test(test_hf_llama3_matches_hf_tokenizers),
+        cmocka_unit_test(test_hf_o200k_matches_hf_tokenizers),
+        cmocka_unit_test(test_hf_trained_matches_hf_tokenizers),
         cmocka_unit_test(test_gpt2_merge_matches_naive_reference),
         cmocka_unit_test(test_gpt2_roundtrip_any_bytes),
         cmocka_unit_test(test_gpt2_split_follows_the_regex),

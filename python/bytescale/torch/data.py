@@ -42,7 +42,10 @@ def _header(path: str, raw: bytes, magic: bytes) -> None:
 
 class Dataset(TokenSource):
     """A prepared dataset: `n_docs` documents, `doc_len`, `doc_offset` (global token offsets, the
-    `src` of a batch sequence), `vocab`, `tokenizer` (1 byte, 2 gpt2); read(doc, start, n)."""
+    `src` of a batch sequence), `vocab`, `tokenizer` (1 byte, 2 gpt2, 3 cl100k, 4 o200k, 5 hf:
+    TOKENIZERS names them); read(doc, start, n)."""
+
+    TOKENIZERS = {1: "byte", 2: "gpt2", 3: "cl100k", 4: "o200k", 5: "hf"}
 
     def __init__(self, path: str, verify: bool = True):
         self.path = os.fspath(path)
@@ -112,6 +115,11 @@ class Dataset(TokenSource):
 
     def doc_length(self, doc: int) -> int:
         return int(self.doc_len[doc])
+
+    def max_token(self) -> int:
+        """The highest token id in the shards (-1 when there are none): below `vocab` in a sound
+        dataset (prepare checks every id it writes)."""
+        return max((int(s.max()) for s in self.shards if len(s)), default=-1)
 
 
 class Sampler:

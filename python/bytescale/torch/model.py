@@ -72,6 +72,17 @@ class LlamaConfig:
         return cls(*cls.CATALOGUE[name], name=name)
 
     @classmethod
+    def for_dataset(cls, name: str, ds, tp: int = 1) -> "LlamaConfig":
+        """Model `name` with the vocabulary of dataset `ds` (a Dataset: its tokenizer's highest id + 1),
+        rounded up to a multiple of tp: what `bytescale train` does (docs/training.md, "The
+        vocabulary"). Raises ValueError when a token of the dataset is outside it (a damaged shard)."""
+        vocab = -(-int(ds.vocab) // tp) * tp
+        top = ds.max_token() if hasattr(ds, "max_token") else -1
+        if top >= vocab:
+            raise ValueError(f"{getattr(ds, 'path', 'dataset')}: token id {top} outside its vocabulary of {ds.vocab}")
+        return dataclasses.replace(cls.named(name), vocab_size=vocab)
+
+    @classmethod
     def from_dict(cls, d: dict) -> "LlamaConfig":
         """From a checkpoint's config["model"] object (docs/training.md)."""
         if int(d.get("n_experts", 1)) != 1:
