@@ -304,7 +304,7 @@ static void test_search_short_cuts_change_nothing(void **state) {
                                   "uniform:100:2000"};
     static const char *MODELS[] = {"tiny", "llama-7b", "llama-13b", "mixtral-8x7b"};
     enum { N_DISTS = sizeof DISTS / sizeof DISTS[0] };
-    const int trials = test_trials(1500);
+    const int trials = test_trials(500);  // (1,500 when it was written: the same outcome, 3x the suite's time)
     Rng rng;
     rng_seed(&rng, 4242);
     int counts[3] = {0, 0, 0};

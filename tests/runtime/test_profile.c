@@ -482,7 +482,12 @@ static void test_wall_clock(void **state) {
         p->cfg.reps = 2;
         p->cfg.holdout = 0;
         p->cfg.wall_clock = 1;
-        if (profile_measure_compute(p, comm_local(), NULL, NULL) != 0) fail_msg("%s", bs_errmsg());
+        // the measurement itself refuses a sample where the larger model took no longer ("too
+        // noisy to measure"): the same upset by a loaded machine, so it is another try too
+        if (profile_measure_compute(p, comm_local(), NULL, NULL) != 0) {
+            printf("attempt %d: %s\n", attempt, bs_errmsg());
+            continue;
+        }
         ordered = 1;
         for (int i = 0; i < 3; i++) {
             const ProfilePoint *pt = &p->pts[i];
