@@ -8,7 +8,7 @@ and pipeline stages, of a 3D Layout's hdp groups), token-level loss over the
 whole global batch, gradients summed bucket by bucket. gloo on CPU, NCCL on CUDA; torch >= 1.13.
 
     import bytescale.torch as bt
-    plan = bt.broadcast_plan(bt.plan_step(batch, source, ranks=world, capacity=C) if rank == 0 else None)
+    plan = bt.broadcast_plan(lambda: bt.plan_step(batch, source, ranks=world, capacity=C))  # rank 0 plans
     for mb in bt.microbatches(plan, rank, source):
         with bt.microbatch_context(mb):           # HDPAttention / hdp_attention attend as mb needs
             loss = model.loss_sum(mb.tokens, mb.targets, mb.pos) / plan.labelled

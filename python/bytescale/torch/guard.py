@@ -151,8 +151,10 @@ def record(exc: BaseException) -> None:
     """Write "rank r failed: Type: message" to the job's store, once per exception and only the first
     failure of the job (a later one is a consequence); nothing for PeerError, PlanCheckError and
     PlanError (every rank raises those itself) nor outside a process group."""
+    if _is_ours(exc):  # raised before any message of the step (or a peer's: waiting() marks that)
+        return
     _state["failed"] = True
-    if getattr(exc, "_bytescale_recorded", False) or _is_ours(exc) or _world() == 1:
+    if getattr(exc, "_bytescale_recorded", False) or _world() == 1:
         return
     store = _store()
     if store is None:
@@ -234,8 +236,10 @@ def failing() -> Iterator[None]:
     try:
         yield
     except BaseException as e:
-        if not isinstance(e, (GeneratorExit, SystemExit)):
-            record(e) if not isinstance(e, KeyboardInterrupt) else _state.update(failed=True)
+        if isinstance(e, KeyboardInterrupt):
+            _state["failed"] = True  # leaving mid-step, but no failure for the peers to name
+        elif not isinstance(e, (GeneratorExit, SystemExit)):
+            record(e)
         raise
 
 
@@ -269,7 +273,8 @@ def install() -> None:
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        _state["failed"] = True
+        if not _is_ours(value):  # a plan check or plan error leaves nothing pending: the exit may destroy
+            _state["failed"] = True
         if value is not None and not isinstance(value, (KeyboardInterrupt, SystemExit)):
             err = peer_error(value, "a collective of the script")
             if err is not None and err.ranks:
