@@ -3,9 +3,9 @@
 checks") costs, on N processes (gloo, CPU, one thread each), printed as a table.
 
 For plans of growing size (the C planner's `balance` plans of long-tailed batches of S sequences),
-per step: the fingerprint alone (thread CPU time), the whole check (fingerprint + one all_gather of 6
-int64 per rank + the verdict; the slowest rank's wall time, the ranks leaving a barrier together),
-the check's CPU time on rank 0's calling thread (thread CPU time: what a loaded machine does not
+per step: the fingerprint alone (thread CPU time), the whole check (fingerprint + the plan's own
+check + one all_gather of 12 int64 per rank on the control group + the verdict; the slowest rank's
+wall time, the ranks leaving a barrier together), the check's CPU time on rank 0's calling thread (thread CPU time: what a loaded machine does not
 inflate), the bare all_gather of the same tensor, and microbatches() without the check (reading the
 rank's tokens: work every step does anyway); medians of --repeats. With --step, one training step of
 the tiny model on the smallest plan, for scale.
@@ -79,7 +79,8 @@ def worker(rank, world, sizes, repeats, step):
             t0 = time.thread_time()
             bt.plan_fingerprint(plan)
             fps.append(time.thread_time() - t0)
-        row = [rank, plan.n_ranks, world, bt.plan_fingerprint(plan), len(plan.items), plan.n_tokens]
+        row = [rank, plan.n_ranks, world, bt.plan_fingerprint(plan), len(plan.items), plan.n_tokens, plan.labelled,
+               -1, 0, -1, 0, 0]  # check_plan's row (check._FIELDS)
         # the two alternate, so the machine's noise hits both alike
         pairs = [(timed(lambda: bt.check_plan(plan, rank), 1), timed(lambda: _gather(row), 1))
                  for _ in range(repeats)]

@@ -54,7 +54,7 @@ static void usage(FILE *f) {
             "  --data DIR           prepared dataset (default %s)\n"
             "  --steps N            train until N steps are done; the LR schedule spans the first run's N\n"
             "                       (default %lld)\n"
-            "  --ckpt-dir DIR       write checkpoints DIR/ckpt-<step>.bin (default: none)\n"
+            "  --ckpt-dir DIR       write checkpoints DIR/ckpt-NNNNNN.bin, the step in six digits (default: none)\n"
             "  --ckpt-every N       a checkpoint every N steps and at the end (default: at the end only)\n"
             "  --ckpt-keep N        keep the newest N checkpoints this run wrote, 0 = all (default %d)\n"
             "  --metrics PATH       one JSON line per step, with every rank's compute / comm / wait seconds\n"

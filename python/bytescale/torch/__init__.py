@@ -9,7 +9,7 @@ whole global batch, gradients summed bucket by bucket. gloo on CPU, NCCL on CUDA
 (docs/torch.md, "Supported PyTorch versions": 1.13 is not supported).
 
     import bytescale.torch as bt
-    plan = bt.broadcast_plan(bt.plan_step(batch, source, ranks=world, capacity=C) if rank == 0 else None)
+    plan = bt.broadcast_plan(lambda: bt.plan_step(batch, source, ranks=world, capacity=C))  # rank 0 plans
     for mb in bt.microbatches(plan, rank, source):
         with bt.microbatch_context(mb):           # HDPAttention / hdp_attention attend as mb needs
             loss = model.loss_sum(mb.tokens, mb.targets, mb.pos) / plan.labelled

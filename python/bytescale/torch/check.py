@@ -176,10 +176,48 @@ def _item_problem(plan, k: int, held: List[List[Tuple[int, int, int]]]) -> Optio
     return None
 
 
+def _whole(plan) -> bool:
+    """The common case at NumPy speed (every step checks the plan): True when the plan is whole, False
+    when _problem must find what is wrong and say it."""
+    S = len(plan.seq_len)
+    seq_len = np.asarray(plan.seq_len, np.int64)
+    if not (len(plan.seq_doc) == len(plan.seq_start) == S) or (S and (seq_len.min() < 1 or min(plan.seq_start) < 0
+                                                                     or min(plan.seq_doc) < 0)):
+        return False
+    segs = [seg for _, item_segs in plan.items for seg in item_segs]
+    for ranks, _ in plan.items:
+        if not ranks or len(set(ranks)) != len(ranks) or min(ranks) < 0 or max(ranks) >= plan.n_ranks:
+            return False
+    if S == 0 or not segs:
+        return S == 0 and not segs and plan.labelled == 0
+    a = np.asarray(segs, np.int64)
+    if a.ndim != 2 or a.shape[1] != 3:
+        return False
+    q, start, n = a[:, 0], a[:, 1], a[:, 2]
+    if q.min() < 0 or q.max() >= S or start.min() < 0 or n.min() < 1 or (start + n > seq_len[q]).any():
+        return False
+    order = np.lexsort((start, q))  # by sequence, then start: each sequence's segments must tile it
+    q, start, end = q[order], start[order], (start + n)[order]
+    first = np.r_[True, q[1:] != q[:-1]]
+    last = np.r_[q[1:] != q[:-1], True]
+    tiled = np.where(first, start == 0, start == np.r_[0, end[:-1]]).all()
+    if not tiled or len(np.unique(q)) != S or not (end[last] == seq_len[q[last]]).all():
+        return False
+    tokens = int(seq_len.sum())
+    return tokens - S <= int(plan.labelled) <= tokens
+
+
 def plan_problem(plan) -> Optional[str]:
     """What is wrong with the plan itself, else None: every sequence's tokens in exactly one item's
     segments, every segment within its sequence, items of distinct ranks of the plan, and the sums
     (tokens, the labelled count) right. The same on every rank for the same plan (no collective)."""
+    if _whole(plan):
+        return None
+    return _problem(plan)
+
+
+def _problem(plan) -> Optional[str]:
+    """plan_problem's message, found segment by segment (a plan _whole refused)."""
     S = len(plan.seq_len)
     if not len(plan.seq_doc) == len(plan.seq_start) == S:
         return (f"seq_doc, seq_start and seq_len have {len(plan.seq_doc)}, {len(plan.seq_start)} and {S} entries: "

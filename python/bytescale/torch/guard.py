@@ -151,8 +151,12 @@ def record(exc: BaseException) -> None:
     """Write "rank r failed: Type: message" to the job's store, once per exception and only the first
     failure of the job (a later one is a consequence); nothing for PeerError, PlanCheckError and
     PlanError (every rank raises those itself) nor outside a process group."""
+    # a plan check or plan error is raised before any message of the step (a peer's failure: waiting()
+    # marks the exit); one process has no peers to wait for: its exit may destroy its group
+    if _is_ours(exc) or _world() == 1:
+        return
     _state["failed"] = True
-    if getattr(exc, "_bytescale_recorded", False) or _is_ours(exc) or _world() == 1:
+    if getattr(exc, "_bytescale_recorded", False):
         return
     store = _store()
     if store is None:
@@ -234,15 +238,17 @@ def failing() -> Iterator[None]:
     try:
         yield
     except BaseException as e:
-        if not isinstance(e, (GeneratorExit, SystemExit)):
-            record(e) if not isinstance(e, KeyboardInterrupt) else _state.update(failed=True)
+        if isinstance(e, KeyboardInterrupt):
+            _state["failed"] = _world() > 1  # leaving mid-step, but no failure for the peers to name
+        elif not isinstance(e, (GeneratorExit, SystemExit)):
+            record(e)
         raise
 
 
 def _at_exit() -> None:
     """atexit: destroy the process groups the script left, while the interpreter is whole. A process
-    that exits with its default group alive aborts about once in three exits ("terminate called
-    without an active exception"): a gloo worker thread drops its last finished work, whose tensors
+    that exits with its default group alive aborts now and then ("terminate called without an
+    active exception"; the report: once in three runs): a gloo worker thread drops its last finished work, whose tensors
     belong to Python objects, while the main thread is already in Py_FinalizeEx; acquiring the GIL
     there ends the worker thread with pthread_exit, whose unwinding crosses a noexcept frame
     (docs/torch.md, "Failures and timeouts"). destroy_process_group shuts the workers down first. Not
@@ -269,7 +275,8 @@ def install() -> None:
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        _state["failed"] = True
+        if not _is_ours(value) and _world() > 1:  # else nothing is left pending: the exit may destroy
+            _state["failed"] = True
         if value is not None and not isinstance(value, (KeyboardInterrupt, SystemExit)):
             err = peer_error(value, "a collective of the script")
             if err is not None and err.ranks:

@@ -2,8 +2,8 @@
 rank's micro-batches in the plan's global order.
 
     batch = Batch(docs, starts, lengths)               # sequence k: tokens [starts[k], +lengths[k]) of docs[k]
-    plan = plan_step(batch, source, ranks=world, capacity=C, policy="elastic") if rank == 0 else None
-    plan = broadcast_plan(plan)                        # every rank: the same StepPlan
+    plan = broadcast_plan(lambda: plan_step(batch, source, ranks=world, capacity=C, policy="elastic"))
+                                                       # rank 0 plans; every rank: the same StepPlan (or PlanError)
     for mb in microbatches(plan, rank, source):        # checks the plan (check.py), then this rank's items
         with microbatch_context(mb):
             loss = model.loss_sum(mb.tokens, mb.targets, mb.pos) / plan.labelled

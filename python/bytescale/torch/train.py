@@ -4,7 +4,7 @@ clipped AdamW step. The C engine's step (docs/training.md), in torch.
 
     trainer = HDPTrainer(model, lr=1e-3, warmup=20, schedule_steps=300)
     for step in range(steps):
-        plan = broadcast_plan(plan_step(...) if rank == 0 else None)
+        plan = broadcast_plan(lambda: plan_step(...))
         result = trainer.step(plan, microbatches(plan, rank, source, ring_stats=trainer.ring_stats))
 
 Every micro-batch's loss is scaled by 1 / (labelled tokens of the whole global batch), so the summed
