@@ -17,11 +17,11 @@ for b in "$BUILD"/bench_*; do
     fi
     echo
 done
-# the Python ones that compare with other libraries: tokenizers (bench/tokenize.py, a quarter of the
+# the Python ones that compare with other libraries: tokenizers (bench/tokenizer_speed.py, a quarter of the
 # Go corpus; docs/tokenizers.md "Speed" has the whole one)
 if [ -x .venv/bin/python ] && [ -f data/tiktoken/hf-o200k.json ]; then
-    echo "==> bench/tokenize.py"
-    BS_BINARY="$BUILD/bytescale" .venv/bin/python bench/tokenize.py --every 4 --reps 1 || failed="$failed bench/tokenize.py"
+    echo "==> bench/tokenizer_speed.py"
+    BS_BINARY="$BUILD/bytescale" .venv/bin/python bench/tokenizer_speed.py --every 4 --reps 1 || failed="$failed bench/tokenizer_speed.py"
     echo
 fi
 if [ "$found" = 0 ]; then

@@ -1,8 +1,8 @@
-"""bench/tokenize.py: tokens per second of `bytescale prepare` against tiktoken's and the Hugging Face
+"""bench/tokenizer_speed.py: tokens per second of `bytescale prepare` against tiktoken's and the Hugging Face
 tokenizers library's batch encoders, on the same CPU, the same input and in one run, with 1 and 2
 cores (docs/tokenizers.md, "Speed").
 
-    .venv/bin/python bench/tokenize.py [--corpus /usr/share/go-1.19/src] [--every 1] [--cores 1,2]
+    .venv/bin/python bench/tokenizer_speed.py [--corpus /usr/share/go-1.19/src] [--every 1] [--cores 1,2]
         [--reps 3] [--hf-reps 1] [--families gpt2,cl100k,o200k] [--bytescale build/bytescale]
 
 The input: the corpus's .go files (every EVERY-th, in path order), one document each. bytescale
@@ -20,6 +20,9 @@ Families, each with its tokenizer.json from scripts/hf_tokenizers.py (make token
     cl100k  tiktoken cl100k_base, HF hf-llama3.json (cl100k's ranks, LLaMA-3's regex), bytescale
             cl100k and hf:hf-llama3.json
     o200k   tiktoken o200k_base, HF hf-o200k.json, bytescale o200k and hf:hf-o200k.json
+
+(Not named tokenize.py: a script run from bench/ has bench/ first on sys.path, and that name hid the
+standard library's tokenize from the other scripts there, bench/torch_failures.py among them.)
 """
 
 import argparse
@@ -109,7 +112,7 @@ def main():
     a = ap.parse_args()
     cores = [int(c) for c in a.cores.split(",")]
     if max(cores) > len(os.sched_getaffinity(0)):
-        sys.exit(f"tokenize.py: {max(cores)} cores asked, {len(os.sched_getaffinity(0))} available")
+        sys.exit(f"tokenizer_speed.py: {max(cores)} cores asked, {len(os.sched_getaffinity(0))} available")
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "corpus.jsonl"
         n_docs, size = corpus_jsonl(a.corpus, a.every, path)
