@@ -86,7 +86,8 @@ static void test_tp2_pp2_trains_traces_and_resumes_anywhere(void **state) {
     int D = m->d_model, Q = m->n_heads * m->head_dim / 2, KV = m->n_kv_heads * m->head_dim / 2, F = m->d_ff / 2;
     double share = (double)m->vocab_size / 2 * D + 2 * D + (double)(Q + 2 * KV) * D + (double)D * Q + 3.0 * F * D;
     char want[128];
-    snprintf(want, sizeof want, "model tiny (%.2fM parameters, %.2fM on this process)",
+    // (then the vocabulary, which follows the dataset: ", vocabulary 256: the dataset's byte tokenizer)")
+    snprintf(want, sizeof want, "model tiny (%.2fM parameters, %.2fM on this process, vocabulary 256",
              (double)model_params_total(m) / 1e6, share / 1e6);
     if (!strstr(cli_out, want)) fail_msg("the start line does not say '%s': %s", want, cli_out);
     double a[6] = {0}, one[6] = {0};
