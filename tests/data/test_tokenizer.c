@@ -9,6 +9,12 @@
 #include "bytescale/rng.h"
 #include "bytescale/tokenizer.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZER_BUILD 1
+#else
+#define SANITIZER_BUILD 0
+#endif
+
 static char data_dir[4096];
 
 // The tokenizer data from `make tokenizer`; without it the GPT-2 cases skip, saying so (test_util.h).
@@ -38,10 +44,19 @@ static void compare_vectors(Tokenizer *t, const char *encoding, const char *vect
     if (file_read_all(tokenizer_file(vectors), &text, &size) != 0) fail_msg("%s", bs_errmsg());
     int64_t docs = 0, tokens = 0, multilingual = 0, debian = 0;
     char *line = text;
+    int64_t go_docs = 0, skipped = 0;
     while (line < text + size) {
         char *eol = memchr(line, '\n', (size_t)(text + size - line));
         if (!eol) eol = text + size;
         *eol = '\0';
+        // under the sanitizers (ten times slower) an eighth of the Go files, every other document
+        static const char CASE[] = "{\"name\": \"case ", MULTI[] = "{\"name\": \"multilingual ";
+        if (SANITIZER_BUILD && strncmp(line, CASE, sizeof CASE - 1) != 0 && strncmp(line, MULTI, sizeof MULTI - 1) != 0 &&
+            go_docs++ % 8 != 0) {
+            skipped++, docs++;
+            line = eol + 1;
+            continue;
+        }
         cJSON *doc = cJSON_Parse(line);
         if (!doc) fail_msg("%s: line %lld is not JSON", vectors, (long long)docs + 1);
         const char *dname = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "name"));
@@ -78,11 +93,12 @@ static void compare_vectors(Tokenizer *t, const char *encoding, const char *vect
         line = eol + 1;
     }
     free(text);
-    print_message("%s: %lld documents (%lld multilingual), %lld tokens, equal to %s's\n", encoding,
-                  (long long)docs, (long long)multilingual, (long long)tokens, reference);
+    print_message("%s: %lld documents (%lld multilingual), %lld tokens, equal to %s's%s\n", encoding,
+                  (long long)(docs - skipped), (long long)multilingual, (long long)tokens, reference,
+                  skipped ? " (a sanitizer build: an eighth of the Go files)" : "");
     // the file holds the hand-written cases, the multilingual samples (Debian's among them) and a
     // tenth of the Go corpus: fewer means it was cut short
-    assert_true(docs >= 600 && multilingual >= 60 && debian >= 50 && tokens >= 1000000);
+    assert_true(docs >= 600 && multilingual >= 60 && debian >= 50 && tokens >= (skipped ? 200000 : 1000000));
 }
 
 static void check_vectors(const char *name, const char *encoding, uint32_t vocab, int64_t eot) {
