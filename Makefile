@@ -19,7 +19,7 @@ DATA       ?= data
 PREFIX     ?= /usr/local
 
 APT_PACKAGES = build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libcjson-dev libyajl-dev \
-               libglpk-dev libcmocka-dev zlib1g-dev libzstd-dev libpcre2-dev gnuplot-nox golang-1.19-src \
+               libglpk-dev libcmocka-dev zlib1g-dev libzstd-dev libutf8proc-dev libpcre2-dev gnuplot-nox golang-1.19-src \
                libpython3.11-testsuite unicode-data zstd python3-venv python3-pip
 
 export OMPI_ALLOW_RUN_AS_ROOT = 1

@@ -13,6 +13,10 @@ on its bytes with the ranks below its own), in the shapes of the families bytesc
                      <|begin_of_text|> and <|end_of_text|> (LLaMA-3's shape; its vocabulary is
                      cl100k's plus 28K tokens)
     hf-o200k.json    o200k_base's ranks, Split by o200k's regex then ByteLevel
+    hf-qwen2.json    cl100k_base's ranks in the Qwen2 family's shape: the NFC normalizer, Split by
+                     Qwen2's regex (digits one by one) then ByteLevel, Qwen2's special tokens and
+                     Qwen2.5's added tokens that are not special (<tool_call>, <|fim_prefix|>, ...,
+                     matched in text); Qwen2's own vocabulary is cl100k's plus 51K tokens
     hf-trained.json  a byte-level BPE of 2,000 tokens trained by the library's own BpeTrainer on
                      every 50th Go file, ByteLevel with add_prefix_space: its merges are the
                      trainer's, not a rank file's
@@ -20,7 +24,8 @@ on its bytes with the ranks below its own), in the shapes of the families bytesc
 Then vectors-hf-<name>.jsonl: the documents of tiktoken_vectors.py (cases, multilingual samples
 with Debian's, every EVERY-th Go file), {"name", "text", "ids"}, the ids from the library's
 encode_batch with add_special_tokens=False and encode_special_tokens=True (special-token text is
-ordinary text, as bytescale treats it).
+ordinary text, as bytescale treats it). For a tokenizer with a normalizer (hf-qwen2.json's NFC) each
+line also holds "normalized", the library's normalized text: what the ids decode to.
 """
 
 import argparse
@@ -34,6 +39,11 @@ import tiktoken_vectors as tv  # noqa: E402
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN25_ADDED = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                "<|repo_name|>", "<|file_sep|>"]
 O200K_PATTERN = "|".join([
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
@@ -86,14 +96,16 @@ def recover_merges(ranks):
     return merges
 
 
-def converted_json(ranks, pre_tokenizer, specials, ignore_merges):
+def converted_json(ranks, pre_tokenizer, specials, ignore_merges, plain=(), normalizer=None):
+    """specials: (text, id) of the special tokens; plain: (text, id) of added tokens that are not
+    special (matched in text by the library)."""
     m = bytes_to_unicode()
     spell = lambda b: "".join(m[x] for x in b)  # noqa: E731
     vocab = {spell(t): r for t, r in ranks.items()}
     merges = [[spell(a), spell(b)] for a, b in recover_merges(ranks)]
     added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-              "special": True} for c, i in specials]
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+              "special": special} for special, group in ((True, specials), (False, plain)) for c, i in group]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": normalizer,
             "pre_tokenizer": pre_tokenizer, "post_processor": None,
             "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
@@ -101,10 +113,10 @@ def converted_json(ranks, pre_tokenizer, specials, ignore_merges):
                       "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}}
 
 
-def split_then_bytelevel(pattern):
+def split_then_bytelevel(pattern, trim_offsets=True):
     return {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": trim_offsets, "use_regex": False}]}
 
 
 def trained_json(corpus):
@@ -129,6 +141,13 @@ def make_json(name, ranks_dir, corpus):
         ranks = load_ranks(os.path.join(ranks_dir, "cl100k_base.tiktoken"))
         return converted_json(ranks, split_then_bytelevel(LLAMA3_PATTERN),
                               [("<|begin_of_text|>", 100256), ("<|end_of_text|>", 100257)], True)
+    if name == "qwen2":
+        ranks = load_ranks(os.path.join(ranks_dir, "cl100k_base.tiktoken"))
+        ids = iter(range(len(ranks), len(ranks) + len(QWEN2_SPECIAL) + len(QWEN25_ADDED)))
+        specials = [(c, next(ids)) for c in QWEN2_SPECIAL]
+        plain = [(c, next(ids)) for c in QWEN25_ADDED]
+        return converted_json(ranks, split_then_bytelevel(QWEN2_PATTERN, trim_offsets=False), specials, False,
+                              plain, {"type": "NFC"})
     if name == "o200k":
         ranks = load_ranks(os.path.join(ranks_dir, "o200k_base.tiktoken"))
         return converted_json(ranks, split_then_bytelevel(O200K_PATTERN), [("<|endoftext|>", 199999)], False)
@@ -145,7 +164,10 @@ def write_vectors(json_path, docs, out):
     with open(out, "w", encoding="utf-8") as f:
         for (name, text), e in zip(docs, encs):
             n_tokens += len(e.ids)
-            f.write(json.dumps({"name": name, "text": text, "ids": e.ids}, ensure_ascii=False) + "\n")
+            doc = {"name": name, "text": text, "ids": e.ids}
+            if tok.normalizer is not None:  # the text the ids decode to: the library's normalized text
+                doc["normalized"] = tok.normalizer.normalize_str(text)
+            f.write(json.dumps(doc, ensure_ascii=False) + "\n")
     return n_tokens
 
 
@@ -155,7 +177,7 @@ def main():
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--corpus", default="/usr/share/go-1.19/src")
     ap.add_argument("--every", type=int, default=10)
-    ap.add_argument("--only", default="gpt2,llama3,o200k,trained")
+    ap.add_argument("--only", default="gpt2,llama3,o200k,qwen2,trained")
     ap.add_argument("--json-only", action="store_true", help="write the tokenizer.json files, no vectors")
     a = ap.parse_args()
     from importlib.metadata import version

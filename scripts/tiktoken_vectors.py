@@ -34,6 +34,11 @@ CASES = [
     "1234567890 12 123 1234 3.14159 -42 0x1F 1e10", "a1b2c3", "$$$ ... !!! ??? --- ***",
     "line one\r\nline two\rline three\n", "<|endoftext|> is text here", "tab\tseparated\tvalues\t",
     "func main() {\n\tfmt.Println(\"hi\")\n}\n", "x := []int{1, 2, 3}", "// comment\n/* block */",
+    # the added tokens of hf-qwen2.json (scripts/hf_tokenizers.py): next to each other, inside words,
+    # one inside another's text, cut short, beside special-token text and combining marks
+    "<tool_call>{\"name\": \"f\"}</tool_call>", "a<|fim_prefix|>b<|fim_suffix|>c<|fim_middle|>d<|fim_pad|>",
+    "<<tool_call>> <tool_call</tool_call>> <tool_cal", "<|im_start|>user\n<|repo_name|>x<|file_sep|>e\u0301<|im_end|>",
+    "\u0301<tool_call>\u0301 A\u030a<tool_call>",
 ]
 
 MULTILINGUAL = [

@@ -79,7 +79,7 @@ for name in r50k_base cl100k_base o200k_base; do
     mv "$tmp/vectors.jsonl" "$dir/vectors-$name.jsonl"
   fi
 done
-for name in gpt2 llama3 o200k trained; do
+for name in gpt2 llama3 o200k qwen2 trained; do
   if [ ! -f "$dir/vectors-hf-$name.jsonl" ]; then
     "$venv/bin/python" "$(dirname "$0")/hf_tokenizers.py" --ranks-dir "$dir" --out-dir "$dir" --only "$name"
   fi

@@ -74,17 +74,19 @@ def test_jsonl_zst_cl100k_dataset_is_tiktoken(cli, tmp_path, texts):
     print(f"cl100k: {len(texts)} documents, {tokens} tokens equal to tiktoken's (end-of-document tokens included)")
 
 
-def test_hf_tokenizer_json_dataset_is_hf_tokenizers(cli, tmp_path, texts):
-    need("hf-llama3.json")
+# llama3: LLaMA-3's shape; qwen2: Qwen2's, with the NFC normalizer and added tokens matched in text
+@pytest.mark.parametrize("name,eot_text", [("llama3", "<|end_of_text|>"), ("qwen2", "<|endoftext|>")])
+def test_hf_tokenizer_json_dataset_is_hf_tokenizers(cli, tmp_path, texts, name, eot_text):
+    need(f"hf-{name}.json")
     from tokenizers import Tokenizer
 
     src = tmp_path / "corpus.jsonl.zst"
     write_jsonl_zst(src, texts)
-    r = prepare(cli, "--input", src, "--tokenizer", f"hf:{DATA / 'hf-llama3.json'}", "--out", tmp_path / "ds")
+    r = prepare(cli, "--input", src, "--tokenizer", f"hf:{DATA / f'hf-{name}.json'}", "--out", tmp_path / "ds")
     assert r.returncode == 0, r.stderr
-    tok = Tokenizer.from_file(str(DATA / "hf-llama3.json"))
+    tok = Tokenizer.from_file(str(DATA / f"hf-{name}.json"))
     tok.encode_special_tokens = True
-    eot = tok.token_to_id("<|end_of_text|>")
+    eot = tok.token_to_id(eot_text)
     ds = Dataset(tmp_path / "ds")
     assert ds.n_docs == len(texts) and ds.tokenizer == 5 and ds.vocab == tok.get_vocab_size()
     for d, (text, e) in enumerate(zip(texts, tok.encode_batch(texts, add_special_tokens=False))):
@@ -102,16 +104,56 @@ def test_hf_refuses_other_kinds_by_name(cli, tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
     wp = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     uni = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], 0))
-    nfc = Tokenizer(models.BPE({"a": 0}, []))
-    nfc.normalizer = normalizers.NFC()
-    nfc.pre_tokenizer = pre_tokenizers.ByteLevel()
+    nfkc = Tokenizer(models.BPE({"a": 0}, []))
+    nfkc.normalizer = normalizers.NFKC()
+    nfkc.pre_tokenizer = pre_tokenizers.ByteLevel()
     cases = [(wp, "a WordPiece model (BERT-style)"), (uni, "a SentencePiece unigram model"),
-             (nfc, 'normalizer "NFC" is not supported')]
+             (nfkc, 'normalizer "NFKC" is not supported (bytescale reads none, or NFC)')]
+    # added tokens matched in text that strip spaces or match whole words, or are matched in the
+    # normalized text, in a copy of hf-qwen2.json
+    if (DATA / "hf-qwen2.json").exists():
+        qwen2 = json.loads((DATA / "hf-qwen2.json").read_text(encoding="utf-8"))
+        for flag, msg in [("lstrip", "has lstrip"), ("single_word", "has single_word"),
+                          ("normalized", "is matched in NFC-normalized text")]:
+            doc = json.loads(json.dumps(qwen2))
+            next(a for a in doc["added_tokens"] if a["content"] == "<tool_call>")[flag] = True
+            cases.append((doc, f'added token "<tool_call>" {msg}'))
     for i, (tok, msg) in enumerate(cases):
-        path = save(tok, tmp_path / f"t{i}.json")
+        path = tmp_path / f"t{i}.json"
+        if isinstance(tok, dict):
+            path.write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
+        else:
+            save(tok, path)
         r = prepare(cli, "--input", tmp_path / "a.jsonl", "--tokenizer", f"hf:{path}", "--out", tmp_path / "o")
         assert r.returncode == 1 and msg in r.stderr and str(path) in r.stderr, r.stderr
     assert not (tmp_path / "o" / "index.bin").exists()
+
+
+def test_nfc_table_is_unicode_since_9_and_the_library_is_at_9():
+    """tok_hf.c normalizes as the HF library does, whose NFC has Unicode 9.0's tables: its table of the
+    characters later versions made part of normalization is the one Debian's unicode-data gives
+    (scripts/unicode_since9.py), and to the library those characters are indeed unassigned, while
+    9.0's are not. A library with newer tables fails this, naming the table to change."""
+    import re
+    import unicodedata
+
+    import unicode_since9
+    from tokenizers import normalizers
+
+    src = (ROOT / "src" / "data" / "tok_hf.c").read_text()
+    table = src[src.index("SINCE_9[][2] = {"):src.index("};", src.index("SINCE_9[][2] = {"))]
+    got = [(int(a, 16), int(b, 16)) for a, b in re.findall(r"\{0x([0-9A-F]+), 0x([0-9A-F]+)\}", table)]
+    assert got == unicode_since9.ranges(), "tok_hf.c's SINCE_9: print it again with scripts/unicode_since9.py --c"
+    nfc = normalizers.NFC()
+    for first, last in got:
+        for cp in range(first, last + 1):
+            c = chr(cp)
+            # unassigned to the library: no reordering before a mark of class 220, no decomposition
+            assert nfc.normalize_str("a" + c + "\u0316") == "a" + c + "\u0316", hex(cp)
+            assert nfc.normalize_str(c) == c, hex(cp)
+    # a combining mark of Unicode 9.0 (Adlam, class 230) is known to it: reordered after U+0316
+    assert unicodedata.combining("\U0001E944") == 230
+    assert nfc.normalize_str("a\U0001E944\u0316") == "a\u0316\U0001E944"
 
 
 def test_parquet_gives_the_jsonl_dataset(cli, tmp_path, texts):

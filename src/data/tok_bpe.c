@@ -305,6 +305,7 @@ void tokenizer_gpt2_free(Tokenizer *t) {
     free(t->pair_key);
     free(t->pair_val);
     free(t->cache);
+    free(t->added);
     if (t->md) pcre2_match_data_free(t->md);
     if (t->re) pcre2_code_free(t->re);
 }

@@ -5,12 +5,15 @@
 // in GPT-2's encoder.py), so each is decoded to the bytes it stands for. Merging follows the HF
 // library's BPE (tokenizers' models/bpe/word.rs), not tiktoken's: the candidate pairs are pairs of
 // *tokens*, ranked by the merge list (two tokens whose bytes join into a third but that no merge
-// names never merge), the lowest rank first, the leftmost on ties. Everything else in a tokenizer.json
-// that would change the ids (a normalizer, other pre-tokenizers, a unigram or WordPiece model,
-// dropout, byte fallback, added tokens matched in text) is refused by name, never ignored.
+// names never merge), the lowest rank first, the leftmost on ties. The NFC normalizer (Qwen2's) is
+// utf8proc's, and the added tokens that are not special (Qwen2.5's <tool_call>, <|fim_prefix|>, ...)
+// are found in the text first, as the HF library does. Everything else in a tokenizer.json that would
+// change the ids (another normalizer, other pre-tokenizers, a unigram or WordPiece model, dropout,
+// byte fallback, an added token that strips or matches whole words) is refused by name, never ignored.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "bytescale/error.h"
 #include "bytescale/json.h"
@@ -133,11 +136,27 @@ static int read_pretokenizer(Tokenizer *t, const char *path, const cJSON *pre) {
     return bpe_compile_pattern(t, pattern, PCRE2_MULTILINE | (literal ? PCRE2_LITERAL : 0), "hf");
 }
 
-static int read_normalizer(const char *path, const cJSON *root) {
+// None, or NFC (the Qwen2 family's): any other normalizer changes the text in ways not read here.
+static int read_normalizer(Tokenizer *t, const char *path, const cJSON *root) {
     const cJSON *n = cJSON_GetObjectItem(root, "normalizer");
     if (!n || cJSON_IsNull(n)) return 0;
-    return bs_fail("%s: normalizer \"%s\" is not supported (bytescale encodes the text as it is)", path,
-                   type_of(n) ? type_of(n) : "?");
+    const char *type = type_of(n);
+    if (type && !strcmp(type, "NFC")) return t->nfc = 1, 0;
+    return bs_fail("%s: normalizer \"%s\" is not supported (bytescale reads none, or NFC)", path, type ? type : "?");
+}
+
+// An added token that is not special is matched in the text before anything else (below). Only the
+// plain kind is read: one that strips the spaces beside it or matches whole words only would need
+// the library's rules for those, and one matched in the normalized text differs where NFC changes it.
+static int check_added(const Tokenizer *t, const char *path, const cJSON *e, const char *content) {
+    const char *flags[] = {"lstrip", "rstrip", "single_word"};
+    for (int i = 0; i < 3; i++)
+        if (is_true(e, flags[i])) return bs_fail("%s: added token \"%s\" has %s: not supported", path, content, flags[i]);
+    if (!*content) return bs_fail("%s: an added token with empty content", path);
+    if (t->nfc && is_true(e, "normalized"))
+        return bs_fail("%s: added token \"%s\" is matched in NFC-normalized text (\"normalized\": true): not supported",
+                       path, content);
+    return 0;
 }
 
 // ---- vocabulary, special tokens, merges ----------------------------------------------------
@@ -158,9 +177,10 @@ static int read_vocab(Tokenizer *t, const char *path, const cJSON *vocab, const 
         const char *content = cJSON_GetStringValue(cJSON_GetObjectItem(e, "content"));
         if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (double)UINT32_MAX / 4 || !content)
             return bs_fail("%s: an added token without an id or content", path);
-        if (!is_true(e, "special"))
-            return bs_fail("%s: added token \"%s\" is not special: matching added tokens in text is not supported", path,
-                           content);
+        if (!is_true(e, "special")) {
+            if (check_added(t, path, e, content) != 0) return -1;
+            t->n_added++;
+        }
         if ((int64_t)id->valuedouble > max_id) max_id = (int64_t)id->valuedouble;
         text += strlen(content);
     }
@@ -169,7 +189,8 @@ static int read_vocab(Tokenizer *t, const char *path, const cJSON *vocab, const 
     t->blob = bs_malloc(text + 1);
     t->tok_off = bs_calloc(t->vocab, sizeof(uint32_t));
     t->tok_len = bs_calloc(t->vocab, sizeof(uint32_t));
-    return t->blob && t->tok_off && t->tok_len ? 0 : -1;
+    t->added = bs_calloc(t->n_added + 1, sizeof(uint32_t));
+    return t->blob && t->tok_off && t->tok_len && t->added ? 0 : -1;
 }
 
 // Token bytes of model.vocab (through the byte map) and of the special tokens (their text); the
@@ -201,6 +222,7 @@ static int fill_tokens(Tokenizer *t, const char *path, const cJSON *vocab, const
         t->byte_id[b] = (uint32_t)id;
     }
     t->eot = -1;
+    uint32_t k_added = 0;
     cJSON_ArrayForEach(e, added) {
         uint32_t id = (uint32_t)cJSON_GetObjectItem(e, "id")->valuedouble;
         const char *content = cJSON_GetStringValue(cJSON_GetObjectItem(e, "content"));
@@ -208,6 +230,12 @@ static int fill_tokens(Tokenizer *t, const char *path, const cJSON *vocab, const
         memcpy(t->blob + t->blob_used, content, n);
         t->tok_off[id] = t->blob_used, t->tok_len[id] = (uint32_t)n;
         t->blob_used += (uint32_t)n;
+        if (!is_true(e, "special")) {  // matched in text, the longest first (insertion: a handful of them)
+            uint32_t k = k_added++;
+            for (; k > 0 && t->tok_len[t->added[k - 1]] < n; k--) t->added[k] = t->added[k - 1];
+            t->added[k] = id;
+            t->added_first[(uint8_t)content[0]] = 1;
+        }
         for (size_t k = 0; k < sizeof EOT_NAMES / sizeof *EOT_NAMES; k++)
             if (!strcmp(content, EOT_NAMES[k]) && (t->eot < 0 || k < (size_t)t->eot_rank)) t->eot = id, t->eot_rank = (int)k;
     }
@@ -298,7 +326,7 @@ static int read_merges(Tokenizer *t, const char *path, const cJSON *merges) {
 
 static int read_tokenizer(Tokenizer *t, const char *path, const cJSON *root) {
     const cJSON *model = cJSON_GetObjectItem(root, "model"), *added = cJSON_GetObjectItem(root, "added_tokens");
-    if (check_model(path, model) != 0 || read_normalizer(path, root) != 0) return -1;
+    if (check_model(path, model) != 0 || read_normalizer(t, path, root) != 0) return -1;
     if (read_pretokenizer(t, path, cJSON_GetObjectItem(root, "pre_tokenizer")) != 0) return -1;
     const cJSON *vocab = cJSON_GetObjectItem(model, "vocab");
     if (read_vocab(t, path, vocab, added) != 0 || fill_tokens(t, path, vocab, added) != 0) return -1;
@@ -384,10 +412,11 @@ static int encode_one(void *ctx, const uint8_t *piece, size_t len) {
     return encode_piece(c->t, piece, len, c->out);
 }
 
-int tokenizer_hf_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out) {
+// Text without added tokens: pre-tokenized (with ByteLevel's add_prefix_space: as if it began with a
+// space), each piece merged.
+static int encode_plain(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out) {
     EncodeCtx c = {t, out};
     if (!t->prefix_space || n == 0 || text[0] == ' ') return gpt2_split(t, text, n, encode_one, &c);
-    // ByteLevel's add_prefix_space: the text as if it began with a space
     uint8_t *spaced = bs_malloc(n + 1);
     if (!spaced) return -1;
     spaced[0] = ' ';
@@ -395,4 +424,100 @@ int tokenizer_hf_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out
     int rc = gpt2_split(t, spaced, n + 1, encode_one, &c);
     free(spaced);
     return rc;
+}
+
+// The HF library's NFC has Unicode 9.0's tables (its crate unicode-normalization-alignments), where
+// utf8proc has 15.0's. To the library, the characters that later versions made part of normalization
+// (combining marks, Dives Akuru's compositions) are unassigned: starters that nothing reorders,
+// composes or decomposes. So the text is normalized piece by piece between them, and they are kept as
+// they are. The 111 code points, from Debian's unicode-data by scripts/unicode_since9.py (which
+// python/tests/test_prepare_corpora.py checks this table against, with the library's version):
+static const uint32_t SINCE_9[][2] = {
+    {0x7FD, 0x7FD}, {0x898, 0x89F}, {0x8CA, 0x8D3}, {0x9FE, 0x9FE}, {0xC3C, 0xC3C}, {0xD3B, 0xD3C}, {0xEBA, 0xEBA},
+    {0x1715, 0x1715}, {0x1ABF, 0x1ACE}, {0x1DF6, 0x1DFA}, {0xA82C, 0xA82C}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC},
+    {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50}, {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B},
+    {0x1145E, 0x1145E}, {0x11839, 0x1183A}, {0x11930, 0x11930}, {0x11935, 0x11935}, {0x11938, 0x11938},
+    {0x1193D, 0x1193E}, {0x11943, 0x11943}, {0x119E0, 0x119E0}, {0x11A34, 0x11A34}, {0x11A47, 0x11A47},
+    {0x11A99, 0x11A99}, {0x11D42, 0x11D42}, {0x11D44, 0x11D45}, {0x11D97, 0x11D97}, {0x11F41, 0x11F42},
+    {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF},
+    {0x1E4EC, 0x1E4EF},
+};
+
+static int since_9(int32_t cp) {
+    for (size_t k = 0; k < sizeof SINCE_9 / sizeof *SINCE_9 && (uint32_t)cp >= SINCE_9[k][0]; k++)
+        if ((uint32_t)cp <= SINCE_9[k][1]) return 1;
+    return 0;
+}
+
+// Append text[0..n) to *buf (length *len), NFC-normalized when nfc is set.
+static int append(uint8_t **buf, size_t *len, const uint8_t *text, size_t n, int nfc) {
+    utf8proc_uint8_t *norm = NULL;
+    if (nfc && n > 0) {
+        utf8proc_ssize_t m = utf8proc_map(text, (utf8proc_ssize_t)n, &norm, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (m < 0) return bs_fail("hf: the NFC normalizer: %s", utf8proc_errmsg(m));
+        text = norm, n = (size_t)m;
+    }
+    uint8_t *grown = realloc(*buf, *len + n + 1);
+    if (!grown) {
+        free(norm);
+        return bs_fail("hf: out of memory normalizing %zu bytes", n);
+    }
+    memcpy(grown + *len, text, n);
+    *buf = grown, *len += n;
+    free(norm);
+    return 0;
+}
+
+// The normalizer first (NFC, as the library does it: above), then the pieces. ASCII is its own NFC,
+// and most of a code corpus is ASCII, so that is looked for before anything is copied.
+static int encode_segment(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out) {
+    if (!t->nfc) return encode_plain(t, text, n, out);
+    size_t i = 0;
+    while (i < n && text[i] < 0x80) i++;
+    if (i == n) return encode_plain(t, text, n, out);
+    uint8_t *buf = NULL;
+    size_t len = 0, from = 0;
+    int rc = 0;
+    while (rc == 0 && i < n) {
+        utf8proc_int32_t cp = text[i];
+        utf8proc_ssize_t k = cp < 0x80 ? 1 : utf8proc_iterate(text + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k < 0) {
+            rc = bs_fail("hf: the NFC normalizer needs UTF-8 text: invalid UTF-8 at byte %zu", i);
+            break;
+        }
+        if (since_9(cp)) {  // the text before it normalized, itself as it is
+            rc = append(&buf, &len, text + from, i - from, 1);
+            if (rc == 0) rc = append(&buf, &len, text + i, (size_t)k, 0);
+            from = i + (size_t)k;
+        }
+        i += (size_t)k;
+    }
+    if (rc == 0) rc = append(&buf, &len, text + from, n - from, 1);
+    if (rc == 0) rc = encode_plain(t, buf, len, out);
+    free(buf);
+    return rc;
+}
+
+// The added token (not special) at text[0..n), the longest one; 0 when none is.
+static size_t added_at(const Tokenizer *t, const uint8_t *text, size_t n, uint32_t *id) {
+    for (uint32_t k = 0; k < t->n_added; k++) {
+        uint32_t a = t->added[k], len = t->tok_len[a];
+        if (len <= n && !memcmp(text, t->blob + t->tok_off[a], len)) return *id = a, len;
+    }
+    return 0;
+}
+
+// As the HF library: the added tokens that are not special are found in the raw text first, the
+// leftmost and then the longest; the text between them is normalized, pre-tokenized and merged
+// apart (no piece spans one). Special tokens' text is ordinary text (docs/tokenizers.md).
+int tokenizer_hf_encode(Tokenizer *t, const uint8_t *text, size_t n, Tokens *out) {
+    size_t from = 0;
+    for (size_t i = 0; t->n_added && i < n; i++) {
+        uint32_t id, len = t->added_first[text[i]] ? (uint32_t)added_at(t, text + i, n - i, &id) : 0;
+        if (!len) continue;
+        if (encode_segment(t, text + from, i - from, out) != 0 || tokens_push(out, id) != 0) return -1;
+        from = i + len;
+        i = from - 1;
+    }
+    return encode_segment(t, text + from, n - from, out);
 }

@@ -51,6 +51,10 @@ struct Tokenizer {
     int ignore_merges;      // a piece that is a token is taken whole (LLaMA-3's tokenizer.json says so)
     int prefix_space;       // ByteLevel's add_prefix_space: a text not starting with ' ' gets one
     int eot_rank;           // which of tok_hf.c's end-of-document names eot is (the earliest wins)
+    int nfc;                // the NFC normalizer (Qwen2's): text between added tokens is composed first
+    uint32_t *added;        // (n_added,) the added tokens matched in text (the non-special ones), longest first
+    uint32_t n_added;
+    uint8_t added_first[256];  // 1 for a byte that begins one of them: the matcher skips other bytes fast
     PieceCache *cache;      // recent pieces' ids (bpe_encode_cached); NULL until the first piece
 };
 
