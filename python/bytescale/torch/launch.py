@@ -3,10 +3,10 @@
     from bytescale.torch import launch
     results = launch.spawn(worker, 4, args=(x,))   # worker(rank, world, x) in 4 processes, gloo
 
-`spawn` starts the processes with torch.multiprocessing's forkserver method: a server process imports
-torch once, and each worker is forked from it (nothing of the caller's torch state, threads or
-process groups is shared, as with the spawn method, but torch is not imported again per worker: on a
-2-core machine that import takes 2-3 s a process, most of a short job), initialises the default process group in each
+`spawn` starts the processes with torch.multiprocessing's forkserver method: a server process
+imports torch once, and each worker is forked from it (nothing of the caller's torch state, threads
+or process groups is shared, as with the spawn method, but torch is not imported again per worker:
+on a 2-core machine that import takes 2-3 s a process, most of a short job), initialises the default process group in each
 (gloo, or NCCL when `backend="nccl"`), runs the worker, and returns every rank's return value (rank 0
 first). A worker that raises fails the whole call with its traceback; the collectives time out
 instead of hanging forever (`timeout`). Where the OpenBLAS of this machine would fall back to kernels
@@ -101,9 +101,10 @@ def host_store(nprocs: int, timeout_s: float):
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = "gloo",
           timeout_s: float = 300.0) -> List[Any]:
-    """Run fn(rank, world, *args) in `nprocs` new processes (forked from the forkserver) with the default process group
-    initialised; return their results, rank 0 first. fn must be importable by name (a module-level
-    function) and its results picklable. This process holds the job's store (host_store)."""
+    """Run fn(rank, world, *args) in `nprocs` new processes (forked from the forkserver) with the
+    default process group initialised; return their results, rank 0 first. fn must be importable by
+    name (a module-level function) and its results picklable. This process holds the job's store
+    (host_store)."""
     # the workers load libbytescale after they start, and its OpenBLAS (the system one; torch's pip
     # wheel brings its own BLAS, on x86-64 MKL, which ignores the variable) reads OPENBLAS_CORETYPE when
     # it loads: where it would fall back to kernels older than this CPU, they get the ones `bytescale
@@ -116,8 +117,8 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = 
     # ones); the workers take this process's environment as it is now (_entry), not the server's
     mp.set_forkserver_preload(["torch", "torch.distributed"])
     with tempfile.TemporaryDirectory(prefix="bytescale-torch-") as out_dir:
-        mp.start_processes(_entry, args=(fn, nprocs, backend, store.port, timeout_s, out_dir, dict(os.environ), args),
-                           nprocs=nprocs, join=True, start_method="forkserver")
+        mp.start_processes(_entry, nprocs=nprocs, join=True, start_method="forkserver",
+                           args=(fn, nprocs, backend, store.port, timeout_s, out_dir, dict(os.environ), args))
         results = []
         for r in range(nprocs):
             with open(os.path.join(out_dir, f"rank{r}.pkl"), "rb") as f:
