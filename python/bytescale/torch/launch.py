@@ -6,8 +6,8 @@
 `spawn` starts the processes with torch.multiprocessing's forkserver method: a server process
 imports torch once, and each worker is forked from it (nothing of the caller's torch state, threads
 or process groups is shared, as with the spawn method, but torch is not imported again per worker:
-on a 2-core machine that import takes 2-3 s a process, most of a short job), initialises the default process group in each
-(gloo, or NCCL when `backend="nccl"`), runs the worker, and returns every rank's return value (rank 0
+on a 2-core machine that import takes 2-3 s a process, most of a short job), initialises the
+default process group in each (gloo, or NCCL when `backend="nccl"`), runs the worker, and returns every rank's return value (rank 0
 first). A worker that raises fails the whole call with its traceback; the collectives time out
 instead of hanging forever (`timeout`). Where the OpenBLAS of this machine would fall back to kernels
 older than the CPU, the workers get OPENBLAS_CORETYPE as `bytescale train` gives it to itself
