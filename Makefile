@@ -58,7 +58,7 @@ $(VENV)/.requirements: $(REQUIREMENTS)
 	  echo "make venv: $(VENV) was made by another interpreter ($$(grep '^home' $(VENV)/pyvenv.cfg)): remove it, or give VENV=another directory" >&2; exit 1; \
 	fi
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --no-cache-dir -r $(REQUIREMENTS)
+	$(VENV)/bin/python -m pip install --quiet --no-cache-dir -r $(REQUIREMENTS)
 	@cp $(REQUIREMENTS) $@
 	@$(VENV)/bin/python -c 'import torch, numpy; print("$(VENV): torch", torch.__version__, "numpy", numpy.__version__)'
 
@@ -82,7 +82,7 @@ install: build
 # given the package's absolute path: it reads a bare `python` (PYSRC's default) as a package to download.
 python: build venv
 	BYTESCALE_LIB=$${BYTESCALE_LIB:-$(abspath $(BUILD))/libbytescale.so.0} \
-	  $(VENV)/bin/pip install --no-index --no-build-isolation --no-deps --no-cache-dir --quiet $(abspath $(PYSRC))
+	  $(VENV)/bin/python -m pip install --no-index --no-build-isolation --no-deps --no-cache-dir --quiet $(abspath $(PYSRC))
 	@cd / && $(abspath $(VENV))/bin/python -c 'import bytescale, numpy; print("$(VENV): bytescale", bytescale.__version__, "from", bytescale.library_path, "with numpy", numpy.__version__)'
 
 $(ASAN_BUILD)/Makefile:

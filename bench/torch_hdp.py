@@ -212,6 +212,8 @@ def main():
                      f"on one GPU); this machine has {torch.cuda.device_count()}: pick --sections kernel")
     elif args.dtype != "fp32":
         ap.error(f"--dtype {args.dtype}: on the CPU the bench runs fp32")
+    print(f"torch {torch.__version__} (Python {sys.version.split()[0]}), {torch.get_num_threads()} intra-op threads here; "
+          f"{os.cpu_count()} cores")
     print(f"attention kernel: {attention.KERNEL.name} (bytescale.torch.attention.KERNEL; "
           f"BYTESCALE_ATTN_KERNEL=reference forces the blockwise kernel); device {args.device}, dtype {args.dtype}")
     if "policies" in sections:

@@ -102,6 +102,24 @@ mkdir -p "$work/checkout/python"
 cp "$src/Makefile" "$src/requirements.txt" "$work/checkout/"
 cp -r "$src/python/bytescale" "$src/python/setup.py" "$src/python/pyproject.toml" "$work/checkout/python/"
 find "$work/checkout/python" -name __pycache__ -prune -exec rm -rf {} +
+# The environment: where the checkout has one (`make deps` made it, from nothing, on the fresh clone
+# CI runs), a copy of it to start from, so that torch's several hundred MB are not installed a second
+# time: its lib/ as hard links (pip and Python only ever add or rename files there, never write into
+# one), the rest copied. `make venv` then runs its whole recipe over it all the same (the copied
+# requirements.txt is newer than the stamp): venv, pip install -r requirements.txt, the stamp. Without
+# one, make venv makes it from nothing here.
+if [ -f "$src/.venv/.requirements" ] && [ -d "$src/.venv/lib" ]; then
+  mkdir -p "$work/checkout/.venv"
+  for entry in "$src/.venv"/*; do
+    case "$(basename "$entry")" in
+      lib) cp -al "$entry" "$work/checkout/.venv/" ;;
+      *) cp -a "$entry" "$work/checkout/.venv/" ;;
+    esac
+  done
+  cp -p "$src/.venv/.requirements" "$work/checkout/.venv/"
+  touch "$work/checkout/requirements.txt"
+  echo "started from a copy of $src/.venv (lib/ hard-linked)"
+fi
 # Whatever python3 comes first on the PATH must not matter (pyenv's, say): here the first one is a
 # decoy that fails if anything runs it.
 mkdir -p "$work/decoy"
