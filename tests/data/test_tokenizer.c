@@ -152,6 +152,18 @@ static void test_hf_o200k_matches_hf_tokenizers(void **state) {
 static void test_hf_qwen2_matches_hf_tokenizers(void **state) {
     (void)state;
     check_hf("qwen2", 100267, 100256);
+    // NFC needs Unicode text: bytes that are not UTF-8 are an error naming where, never ids (the
+    // other tokenizers take any bytes); ASCII around them is no excuse
+    char spec[4200];
+    snprintf(spec, sizeof spec, "hf:%s", tokenizer_file("hf-qwen2.json"));
+    Tokenizer *t;
+    if (tokenizer_open(&t, spec, NULL) != 0) fail_msg("%s", bs_errmsg());
+    Tokens got = {0};
+    static const char bad[] = "caf\xc3\xa9 ok \xff<tool_call>";
+    assert_int_equal(tokenizer_encode(t, bad, sizeof bad - 1, &got), -1);
+    if (!strstr(bs_errmsg(), "needs UTF-8 text: invalid UTF-8 at byte 9")) fail_msg("unclear message: %s", bs_errmsg());
+    tokens_free(&got);
+    tokenizer_free(t);
 }
 
 static void test_hf_trained_matches_hf_tokenizers(void **state) {
