@@ -3,7 +3,7 @@ tokenizers library's batch encoders, on the same CPU, the same input and in one 
 cores (docs/tokenizers.md, "Speed").
 
     .venv/bin/python bench/tokenizer_speed.py [--corpus /usr/share/go-1.19/src] [--every 1] [--cores 1,2]
-        [--reps 3] [--hf-reps 1] [--families gpt2,cl100k,o200k] [--bytescale build/bytescale]
+        [--reps 3] [--hf-reps 1] [--families gpt2,cl100k,o200k,qwen2] [--bytescale build/bytescale]
 
 The input: the corpus's .go files (every EVERY-th, in path order), one document each. bytescale
 reads them as one JSONL file (its JSON parsing and its dataset writing, fsync included, are in its
@@ -20,6 +20,8 @@ Families, each with its tokenizer.json from scripts/hf_tokenizers.py (make token
     cl100k  tiktoken cl100k_base, HF hf-llama3.json (cl100k's ranks, LLaMA-3's regex), bytescale
             cl100k and hf:hf-llama3.json
     o200k   tiktoken o200k_base, HF hf-o200k.json, bytescale o200k and hf:hf-o200k.json
+    qwen2   HF hf-qwen2.json (Qwen2's shape: NFC, added tokens matched in text) and bytescale
+            hf:hf-qwen2.json; no tiktoken encoding gives its ids, so "vs tiktoken" is blank
 
 (Not named tokenize.py: a script run from bench/ has bench/ first on sys.path, and that name hid the
 standard library's tokenize from the other scripts there, bench/torch_failures.py among them.)
@@ -39,7 +41,7 @@ DATA = ROOT / "data" / "tiktoken"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 FAMILIES = {"gpt2": ("r50k_base", "hf-gpt2.json"), "cl100k": ("cl100k_base", "hf-llama3.json"),
-            "o200k": ("o200k_base", "hf-o200k.json")}
+            "o200k": ("o200k_base", "hf-o200k.json"), "qwen2": (None, "hf-qwen2.json")}
 
 # run in a fresh process: encode the texts of a JSONL file, print "<tokens> <seconds>"
 LIBRARY_RUN = r"""
@@ -107,7 +109,7 @@ def main():
     ap.add_argument("--cores", default="1,2")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--hf-reps", type=int, default=1)
-    ap.add_argument("--families", default="gpt2,cl100k,o200k")
+    ap.add_argument("--families", default="gpt2,cl100k,o200k,qwen2")
     ap.add_argument("--bytescale", default=os.environ.get("BS_BINARY", str(ROOT / "build" / "bytescale")))
     a = ap.parse_args()
     cores = [int(c) for c in a.cores.split(",")]
@@ -124,16 +126,20 @@ def main():
         for fam in a.families.split(","):
             enc, hf_json = FAMILIES[fam]
             for c in cores:
-                rows = [("tiktoken " + enc, best(lambda: library("tiktoken", enc, path, c), a.reps)),
-                        ("HF tokenizers " + hf_json, best(lambda: library("hf", DATA / hf_json, path, c), a.hf_reps)),
-                        ("bytescale " + fam, best(lambda: bytescale(a.bytescale, fam, path, c, f"{tmp}/o"), a.reps)),
+                rows = [("HF tokenizers " + hf_json, best(lambda: library("hf", DATA / hf_json, path, c), a.hf_reps)),
                         ("bytescale hf:" + hf_json,
                          best(lambda: bytescale(a.bytescale, f"hf:{DATA / hf_json}", path, c, f"{tmp}/o"), a.reps))]
+                if enc:
+                    rows[:0] = [("tiktoken " + enc, best(lambda: library("tiktoken", enc, path, c), a.reps))]
+                    rows[2:2] = [("bytescale " + fam, best(lambda: bytescale(a.bytescale, fam, path, c, f"{tmp}/o"),
+                                                           a.reps))]
                 rate = {name: tok / sec for name, (tok, sec) in rows}
-                tk, hf = rows[0][0], rows[1][0]
+                tk = rows[0][0] if enc else None
+                hf = "HF tokenizers " + hf_json
                 for name, (tok, sec) in rows:
+                    vs_tk = f"{rate[name] / rate[tk]:.2f}x" if tk else ""
                     print(f"| {fam} | {name} | {c} | {tok:,} | {sec:.2f} | {rate[name] / 1e6:.2f}M | "
-                          f"{rate[name] / rate[tk]:.2f}x | {rate[name] / rate[hf]:.2f}x |", flush=True)
+                          f"{vs_tk} | {rate[name] / rate[hf]:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
