@@ -26,34 +26,50 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
                       ".venv/bin/torchrun (make venv), or pip install torch into yours") from e
 
 from .attention import Rows, block_backward, block_forward, local_attention, merge, varlen_attention
-from .checkpoint import Checkpoint, CheckpointError, load_params, read_checkpoint, write_checkpoint
-from .data import Dataset, DatasetError, Sampler
+from .ring import Ring, RingStats, ring_attention
+from .ulysses import Ulysses, head_split, ulysses_attention
+from .step import (Batch, FunctionSource, MicroBatch, MicroBatches, PlanError, StepPlan, TokenSource, broadcast_plan,
+                   check_batch, labelled_tokens, member_pieces, microbatches, plan_chunk, plan_step)
+from .check import PlanCheckError, Reading, check_plan, plan_fingerprint, plan_problem
+from .guard import PeerError, StallError, set_timeout
 from .model import HDPAttention, Llama, LlamaConfig, hdp_attention, microbatch_context
 from .parallel import (ColumnParallelLinear, Layout, RowParallelLinear, column_parallel, column_parallel_group,
-                       copy_to_tp, gather_whole, reduce_from_tp, row_parallel, split_layers, vocab_embedding, vocab_parallel_cross_entropy)
-from .pipeline import PipeStats, pipeline_slots, run_stage, stage_order
-from .ring import Ring, RingStats, ring_attention
-from .step import (Batch, FunctionSource, MicroBatch, StepPlan, TokenSource, broadcast_plan, labelled_tokens,
-                   member_pieces, microbatches, plan_chunk, plan_step)
-from .train import HDPTrainer, StepResult, lr_schedule
-from .ulysses import Ulysses, head_split, ulysses_attention
-from .check import PlanCheckError, check_plan, plan_fingerprint
-from .step import MicroBatches, PlanError, check_batch
-from .train import all_reduce_gradients
-from .check import Reading, plan_problem
-from .guard import PeerError, StallError, set_timeout
+                       copy_to_tp, gather_whole, reduce_from_tp, row_parallel, split_layers, vocab_embedding,
+                       vocab_parallel_cross_entropy)
 from .sharded import clip_grad_norm_, load_tp, save_tp
+from .pipeline import PipeStats, pipeline_slots, run_stage, stage_order
+from .train import HDPTrainer, StepResult, all_reduce_gradients, lr_schedule
+from .data import Dataset, DatasetError, Sampler
+from .checkpoint import Checkpoint, CheckpointError, load_params, read_checkpoint, write_checkpoint
 
-__all__ = ["Rows", "block_forward", "block_backward", "local_attention", "merge", "varlen_attention",
-           "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint", "Dataset",
-           "DatasetError", "Sampler", "HDPAttention", "Llama", "LlamaConfig", "hdp_attention",
-           "microbatch_context", "Ring", "RingStats", "ring_attention", "Batch", "FunctionSource", "MicroBatch",
-           "StepPlan", "TokenSource", "broadcast_plan", "labelled_tokens", "member_pieces", "microbatches",
-           "plan_chunk", "plan_step", "HDPTrainer", "StepResult", "lr_schedule", "Ulysses", "head_split",
-           "ulysses_attention", "ColumnParallelLinear", "Layout", "RowParallelLinear", "column_parallel",
-           "column_parallel_group", "copy_to_tp", "gather_whole", "reduce_from_tp", "row_parallel", "split_layers",
-           "vocab_embedding", "vocab_parallel_cross_entropy", "PipeStats", "pipeline_slots", "run_stage",
-           "stage_order"]
-__all__ += ["PlanCheckError", "check_plan", "plan_fingerprint", "MicroBatches", "all_reduce_gradients"]
-__all__ += ["PlanError", "check_batch", "Reading", "plan_problem", "PeerError", "StallError", "set_timeout",
-            "clip_grad_norm_", "load_tp", "save_tp"]
+# one list, in the order of docs/torch.md's module table
+__all__ = [
+    # attention.py
+    "Rows", "block_forward", "block_backward", "local_attention", "merge", "varlen_attention",
+    # ring.py
+    "Ring", "RingStats", "ring_attention",
+    # ulysses.py
+    "Ulysses", "head_split", "ulysses_attention",
+    # step.py
+    "Batch", "FunctionSource", "MicroBatch", "MicroBatches", "StepPlan", "TokenSource", "PlanError", "broadcast_plan",
+    "check_batch", "labelled_tokens", "member_pieces", "microbatches", "plan_chunk", "plan_step",
+    # check.py
+    "PlanCheckError", "Reading", "check_plan", "plan_fingerprint", "plan_problem",
+    # guard.py
+    "PeerError", "StallError", "set_timeout",
+    # model.py
+    "HDPAttention", "Llama", "LlamaConfig", "hdp_attention", "microbatch_context",
+    # parallel.py
+    "ColumnParallelLinear", "Layout", "RowParallelLinear", "column_parallel", "column_parallel_group", "copy_to_tp",
+    "gather_whole", "reduce_from_tp", "row_parallel", "split_layers", "vocab_embedding", "vocab_parallel_cross_entropy",
+    # sharded.py
+    "clip_grad_norm_", "load_tp", "save_tp",
+    # pipeline.py
+    "PipeStats", "pipeline_slots", "run_stage", "stage_order",
+    # train.py
+    "HDPTrainer", "StepResult", "all_reduce_gradients", "lr_schedule",
+    # data.py
+    "Dataset", "DatasetError", "Sampler",
+    # checkpoint.py
+    "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint",
+]
