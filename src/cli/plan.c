@@ -233,6 +233,23 @@ typedef struct {
     double seconds;  // planning time
 } Result;
 
+// The items an offload ratio applies to (plan_stats' n_long: every item but a pack that keeps its
+// activations), counted by kind, e.g. "3 rings, 2 all-to-all": a plan of a2a items has no rings
+// (plan_stats' n_rings counts every item of several ranks).
+static void long_item_kinds(const Plan *p, char *out, size_t size) {
+    static const char *const names[] = {"rings", "all-to-all", "blocks", "hybrid", "single-rank offloaded"};
+    int count[5] = {0};
+    for (int32_t k = 0; k < p->n_items; k++) {
+        const Item *it = &p->items[k];
+        if (it->n_ranks == 1 && it->offload == 0) continue;  // a pack
+        count[it->n_ranks == 1 ? 4 : (int)plan_item_kind(p, k)]++;
+    }
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < 5; i++)
+        if (count[i] > 0 && used < size)
+            used += (size_t)snprintf(out + used, size - used, "%s%d %s", used ? ", " : "", count[i], names[i]);
+}
 static void print_summary(const PlanArgs *a, const GlobalBatch *b, const Result *r) {
     const Plan *p = &r->plan;
     const PlanStats *st = &r->st;
@@ -243,8 +260,9 @@ static void print_summary(const PlanArgs *a, const GlobalBatch *b, const Result 
         printf("mesh: d_cp %lld x d_dp %lld; %lld leftover ranks idle\n", (long long)d_cp,
                (long long)(p->n_ranks / d_cp), (long long)(p->n_ranks % d_cp));
     }
-    printf("items: %d (%d packs, %d rings, %d single-rank offloaded)\n", p->n_items, st->n_packs, st->n_rings,
-           p->n_items - st->n_packs - st->n_rings);
+    char kinds[160];
+    long_item_kinds(p, kinds, sizeof kinds);
+    printf("items: %d (%d packs%s%s)\n", p->n_items, st->n_packs, kinds[0] ? ", " : "", kinds);
     int top = 0, most = 1;
     for (int k = 0; k < PLAN_HIST_BINS; k++)
         if (st->ring_hist[k]) top = k, most = st->ring_hist[k] > most ? st->ring_hist[k] : most;
@@ -269,9 +287,10 @@ static void print_summary(const PlanArgs *a, const GlobalBatch *b, const Result 
     char bytes[32];
     sim_bytes_text(bytes, sizeof bytes, st->ring_bytes);
     printf("ring traffic: %s of K/V (forward + backward, per TP device)\n", bytes);
-    if (st->n_long > 0)
-        printf("offload ratio over %d rings and long items: min %.3f, mean %.3f, max %.3f (%d offload)\n", st->n_long,
+    if (st->n_long > 0) {
+        printf("offload ratio over %d items (%s): min %.3f, mean %.3f, max %.3f (%d offload)\n", st->n_long, kinds,
                st->offload_min, st->offload_mean, st->offload_max, st->n_offload);
+    }
     printf("planned in %.2f ms\n", r->seconds * 1e3);
 }
 

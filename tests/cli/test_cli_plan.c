@@ -52,6 +52,29 @@ static void test_help(void **state) {
     assert_int_equal(run("-h"), 0);
 }
 
+// The summary names the kinds of items a plan has: flexsp's all-to-all groups are not called rings,
+// and the kinds' counts add up to the items
+static void test_summary_names_item_kinds(void **state) {
+    (void)state;
+    const char *cases[][3] = {{"flexsp", "all-to-all", NULL}, {"blocks", "blocks", "rings"}, {"balance", "rings", "all-to-all"}};
+    for (int c = 0; c < 3; c++) {
+        char args[256];
+        snprintf(args, sizeof args, "--policy %s --dist github --context 256K --tokens 4M --ranks 64", cases[c][0]);
+        assert_int_equal(run(args), 0);
+        const char *items = strstr(out, "items: ");
+        assert_non_null(items);
+        char line[256];
+        snprintf(line, sizeof line, "%.*s", (int)strcspn(items, "\n"), items);
+        if (!strstr(line, cases[c][1]) || (cases[c][2] && strstr(line, cases[c][2])))
+            fail_msg("%s: %s", cases[c][0], line);
+        long total = strtol(line + 7, NULL, 10), sum = 0;
+        for (const char *q = strchr(line, '('); q && *q; q++)
+            if (*q >= '0' && *q <= '9' && (q[-1] == '(' || q[-1] == ' ')) sum += strtol(q, (char **)&q, 10);
+        if (sum != total) fail_msg("%s: the kinds add up to %ld of %ld items: %s", cases[c][0], sum, total, line);
+        if (strstr(out, "rings and long items")) fail_msg("%s: the old wording: %s", cases[c][0], out);
+    }
+}
+
 static void test_writes_a_valid_plan(void **state) {
     (void)state;
     const char *dir = test_tmpdir("cli_plan");
@@ -303,6 +326,7 @@ int main(void) {
         cmocka_unit_test(test_block_size),
         cmocka_unit_test(test_lengths_and_cost_file),
         cmocka_unit_test(test_bad_flags_and_files),
+        cmocka_unit_test(test_summary_names_item_kinds),
         cmocka_unit_test(test_extreme_numbers),
         cmocka_unit_test(test_ignored_flags_are_errors),
         cmocka_unit_test(test_directories_and_pipes),
