@@ -56,7 +56,8 @@ static void test_help(void **state) {
 // and the kinds' counts add up to the items
 static void test_summary_names_item_kinds(void **state) {
     (void)state;
-    const char *cases[][3] = {{"flexsp", "all-to-all", NULL}, {"blocks", "blocks", "rings"}, {"balance", "rings", "all-to-all"}};
+    const char *cases[][3] = {
+        {"flexsp", "all-to-all", NULL}, {"blocks", "blocks", "rings"}, {"balance", "rings", "all-to-all"}};
     for (int c = 0; c < 3; c++) {
         char args[256];
         snprintf(args, sizeof args, "--policy %s --dist github --context 256K --tokens 4M --ranks 64", cases[c][0]);
