@@ -610,17 +610,9 @@ static const cJSON *memory_of(const cJSON *root, double *largest_per_seed) {
     return mem;
 }
 
-// Issue 21, item 4, "memory that does not fit": every single run reports the peak memory per device
-// against the hardware's mem_bytes. A 1 GB device cannot hold llama-7b's step: a warning on stderr
-// naming the peak, mem_bytes, where and what to change, exit 0; with --strict the same as an error,
-// exit 1; on every path (one seed's table, the table over seeds, JSON, a plan file). The default
-// h100-sxm fits and says so; with --cost and no --hardware mem_bytes is unknown.
-static void test_memory_that_does_not_fit(void **state) {
-    (void)state;
-    char tiny[700], mid[700], args[2048];
-    small_profile(tiny, sizeof tiny, "gpu-1gb", 1e9);
-    small_profile(mid, sizeof mid, "gpu-20gb", 20e9);
-    const char *base = "--gpus 16 --tp 2 --tokens 64K --context 8K --policy balance";
+// one seed and over seeds, table and JSON, warned and --strict, on a 1 GB and a 20 GB device
+static void memory_on_generated_batches(const char *base, const char *tiny, const char *mid) {
+    char args[2048];
     // one seed, the table: a line under it, a warning naming the peak and mem_bytes, exit 0
     snprintf(args, sizeof args, "%s --seeds 1 --hardware %s", base, tiny);
     run_ok(args);
@@ -668,20 +660,26 @@ static void test_memory_that_does_not_fit(void **state) {
     cJSON_Delete(root);
     snprintf(args, sizeof args, "%s --seeds 2 --json --hardware %s --strict", base, tiny);
     expect(args, 1, "error: policy balance");
-    // a plan file: the summary's memory line, the warning naming the file, --strict
+}
+
+// A plan file of llama-7b on 8 ranks (balance) at plan_path, and the cost model it was planned with
+static void write_memory_plan(char *plan_path, size_t n, CostModel *cm) {
     const ModelConfig *m = model_find("llama-7b");
-    CostModel cm;
-    assert_int_equal(cost_derive(&cm, m, hw_find("h100-sxm"), 2, 1, 8, 8 << 10), 0);
+    assert_int_equal(cost_derive(cm, m, hw_find("h100-sxm"), 2, 1, 8, 8 << 10), 0);
     GlobalBatch b;
     assert_int_equal(batch_generate(&b, "byted", 1, 64 << 10, 8 << 10), 0);
     PlanConfig pc = {.n_ranks = 8, .capacity = 8 << 10, .context = 8 << 10, .pp = 1, .offload = 1};
     Plan p;
-    if (policy_plan(&p, "balance", &b, &pc, &cm) != 0) fail_msg("%s", bs_errmsg());
-    char plan_path[700];
-    snprintf(plan_path, sizeof plan_path, "%s/mem-plan.json", dir);
+    if (policy_plan(&p, "balance", &b, &pc, cm) != 0) fail_msg("%s", bs_errmsg());
+    snprintf(plan_path, n, "%s/mem-plan.json", dir);
     if (plan_write_json(&p, plan_path) != 0) fail_msg("%s", bs_errmsg());
     plan_free(&p);
     batch_free(&b);
+}
+
+// a plan file: the summary's memory line, the warning naming the file, --strict, JSON
+static void memory_of_a_plan_file(const char *plan_path, const char *tiny) {
+    char args[2048];
     snprintf(args, sizeof args, "--plan %s --tp 2 --hardware %s", plan_path, tiny);
     run_ok(args);
     assert_non_null(strstr(cli_out, "\nmemory           peak per device "));
@@ -693,10 +691,15 @@ static void test_memory_that_does_not_fit(void **state) {
     expect(args, 1, "mem-plan.json: the peak memory per device");
     snprintf(args, sizeof args, "--plan %s --tp 2 --hardware %s --json", plan_path, tiny);
     run_ok(args);
-    root = cJSON_Parse(cli_out);
+    cJSON *root = cJSON_Parse(cli_out);
     assert_non_null(root);
     assert_true(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "memory"), "fits")));
     cJSON_Delete(root);
+}
+
+static void memory_fits_by_default(const char *base, const char *plan_path) {
+    char args[2048];
+    double peak, mem_bytes, largest;
     // the default profile (80 GB) fits: reported, no warning, --strict passes
     snprintf(args, sizeof args, "%s --seeds 1 --strict", base);
     run_ok(args);
@@ -707,27 +710,32 @@ static void test_memory_that_does_not_fit(void **state) {
     assert_non_null(strstr(cli_out, "of mem_bytes 80.0 GB: fits"));
     snprintf(args, sizeof args, "%s --seeds 2 --json --strict", base);
     run_ok(args);
-    root = cJSON_Parse(cli_out);
+    cJSON *root = cJSON_Parse(cli_out);
     assert_non_null(root);
-    mem = memory_of(root, &largest);
+    const cJSON *mem = memory_of(root, &largest);
     assert_int_equal(json_get_double(mem, "peak_bytes", &peak, "memory"), 0);
     assert_int_equal(json_get_double(mem, "mem_bytes", &mem_bytes, "memory"), 0);
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(mem, "fits")));
     assert_true(mem_bytes == 80e9 && peak > 1e9 && peak < mem_bytes && peak == largest);
     cJSON_Delete(root);
+}
+
+static void memory_unknown_with_cost(const char *base, const char *plan_path, const char *tiny, const CostModel *cm) {
+    char args[2048];
+    double peak, largest;
     // --cost and no --hardware: the cost file's machine has no known memory; the peak alone, and
     // --strict has nothing to refuse
     char cost_path[700];
     snprintf(cost_path, sizeof cost_path, "%s/mem-cost.json", dir);
-    if (cost_save(&cm, cost_path) != 0) fail_msg("%s", bs_errmsg());
+    if (cost_save(cm, cost_path) != 0) fail_msg("%s", bs_errmsg());
     snprintf(args, sizeof args, "%s --seeds 1 --cost %s --strict", base, cost_path);
     run_ok(args);
     assert_non_null(strstr(cli_out, "mem_bytes unknown"));
     snprintf(args, sizeof args, "%s --seeds 1 --json --cost %s", base, cost_path);
     run_ok(args);
-    root = cJSON_Parse(cli_out);
+    cJSON *root = cJSON_Parse(cli_out);
     assert_non_null(root);
-    mem = memory_of(root, &largest);
+    const cJSON *mem = memory_of(root, &largest);
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(mem, "mem_bytes")) && cJSON_IsNull(cJSON_GetObjectItem(mem, "fits")));
     assert_int_equal(json_get_double(mem, "peak_bytes", &peak, "memory"), 0);
     assert_true(peak > 0);
@@ -738,6 +746,25 @@ static void test_memory_that_does_not_fit(void **state) {
     // with --cost, --hardware still names the device whose memory counts
     snprintf(args, sizeof args, "%s --seeds 1 --cost %s --hardware %s --strict", base, cost_path, tiny);
     expect(args, 1, "exceeds mem_bytes 1.0 GB of gpu-1gb");
+}
+
+// Issue 21, item 4, "memory that does not fit": every single run reports the peak memory per device
+// against the hardware's mem_bytes. A 1 GB device cannot hold llama-7b's step: a warning on stderr
+// naming the peak, mem_bytes, where and what to change, exit 0; with --strict the same as an error,
+// exit 1; on every path (one seed's table, the table over seeds, JSON, a plan file). The default
+// h100-sxm fits and says so; with --cost and no --hardware mem_bytes is unknown.
+static void test_memory_that_does_not_fit(void **state) {
+    (void)state;
+    char tiny[700], mid[700], plan_path[700];
+    small_profile(tiny, sizeof tiny, "gpu-1gb", 1e9);
+    small_profile(mid, sizeof mid, "gpu-20gb", 20e9);
+    const char *base = "--gpus 16 --tp 2 --tokens 64K --context 8K --policy balance";
+    memory_on_generated_batches(base, tiny, mid);
+    CostModel cm;
+    write_memory_plan(plan_path, sizeof plan_path, &cm);
+    memory_of_a_plan_file(plan_path, tiny);
+    memory_fits_by_default(base, plan_path);
+    memory_unknown_with_cost(base, plan_path, tiny, &cm);
     // the memory check is for single runs: --strict with a sweep or the grid is refused
     expect("--grid --strict", 2, "--strict has no effect with --grid");
     expect("--sweep gpus --strict", 2, "--strict has no effect with --sweep");

@@ -336,6 +336,50 @@ static void gather(Layout *L, float *whole, size_t n_whole, int grads) {
 
 // ---- 1. sharded = whole, for every tp and stage split ----------------------------------------------
 
+// The tp all-reduces each stage made (T rows, the head in chunks of chunk rows), and every shard's
+// gradient buckets reported in order, each once.
+static void check_calls_and_buckets(Layout *L, int tp, int S, int T, int chunk) {
+    // per layer 2 allreduces forward and 2 backward; the first stage's embedding 1; the last
+    // stage's head 2 per chunk and 1 for the head's input gradient
+    long head_calls = 2L * ((T + chunk - 1) / chunk) + 1;
+    for (int s = 0; tp > 1 && s < S; s++) {
+        const LlamaShard *sh = &L->m[s][0].shard;
+        long want = 4L * (sh->layer_end - sh->layer_begin) + sh->first + (sh->last ? head_calls : 0);
+        assert_int_equal(L->group[s].calls, want);
+    }
+    // every shard reported its buckets, in order, each once
+    for (int s = 0; s < S; s++)
+        for (int r = 0; r < tp; r++) {
+            const Llama *m = &L->m[s][r];
+            const Ready *rd = &L->ready[s][r];
+            assert_int_equal(rd->n, llama_grad_buckets(m));
+            for (int i = 0; i < rd->n; i++) {
+                size_t bb, be;
+                llama_grad_bucket(m, i, &bb, &be);
+                assert_true(rd->range[i][0] == bb && rd->range[i][1] == be);
+            }
+        }
+}
+
+// The largest norm-relative gradient error of any tensor of got against the whole model's (each
+// within 1e-5), and that tensor's name.
+static double worst_gradient(const Llama *whole, const float *got, int tp, int S, const char **worst_name) {
+    double worst = 0;
+    for (int i = 0; i < whole->n_tensors; i++) {
+        const ParamTensor *t = &whole->tensors[i];
+        double d2 = 0, n2 = 0;
+        for (size_t j = t->offset; j < t->offset + t->numel; j++) {
+            double d = (double)got[j] - whole->grads[j];
+            d2 += d * d, n2 += (double)whole->grads[j] * whole->grads[j];
+        }
+        assert_true(n2 > 0);  // every tensor takes part
+        double rel = sqrt(d2 / n2);
+        if (rel > worst) worst = rel, *worst_name = t->name;
+        if (rel > 1e-5) fail_msg("tp %d, %d stages: %s: gradient off by %.3g of its norm", tp, S, t->name, rel);
+    }
+    return worst;
+}
+
 // Tolerance. The shards compute the same sums in other orders: a row-parallel projection is the sum
 // of tp partial sgemms, the vocabulary-parallel loss sums tp partial exp-sums (in float across
 // ranks), and the head runs in other chunks. Each reordering moves a result by a few fp32 ulps
@@ -406,44 +450,11 @@ static void test_shards_match_whole_model(void **state) {
             }
             double loss = wk[0].loss[S - 1];
             assert_close(loss, loss_whole, 1e-5, 0);
-            // per layer 2 allreduces forward and 2 backward; the first stage's embedding 1; the last
-            // stage's head 2 per chunk and 1 for the head's input gradient
-            long head_calls = 2L * ((b.T + chunk - 1) / chunk) + 1;
-            for (int s = 0; tp > 1 && s < S; s++) {
-                const LlamaShard *sh = &L.m[s][0].shard;
-                long want = 4L * (sh->layer_end - sh->layer_begin) + sh->first + (sh->last ? head_calls : 0);
-                assert_int_equal(L.group[s].calls, want);
-            }
-            // every shard reported its buckets, in order, each once
-            for (int s = 0; s < S; s++)
-                for (int r = 0; r < tp; r++) {
-                    const Llama *m = &L.m[s][r];
-                    const Ready *rd = &L.ready[s][r];
-                    assert_int_equal(rd->n, llama_grad_buckets(m));
-                    for (int i = 0; i < rd->n; i++) {
-                        size_t bb, be;
-                        llama_grad_bucket(m, i, &bb, &be);
-                        assert_true(rd->range[i][0] == bb && rd->range[i][1] == be);
-                    }
-                }
-
+            check_calls_and_buckets(&L, tp, S, b.T, chunk);
             // the gradients, tensor by tensor
             gather(&L, got, N, 1);
-            double worst = 0;
             const char *worst_name = "";
-            for (int i = 0; i < whole.n_tensors; i++) {
-                const ParamTensor *t = &whole.tensors[i];
-                double d2 = 0, n2 = 0;
-                for (size_t j = t->offset; j < t->offset + t->numel; j++) {
-                    double d = (double)got[j] - whole.grads[j];
-                    d2 += d * d, n2 += (double)whole.grads[j] * whole.grads[j];
-                }
-                assert_true(n2 > 0);  // every tensor takes part
-                double rel = sqrt(d2 / n2);
-                if (rel > worst) worst = rel, worst_name = t->name;
-                if (rel > 1e-5)
-                    fail_msg("tp %d, %d stages: %s: gradient off by %.3g of its norm", tp, S, t->name, rel);
-            }
+            double worst = worst_gradient(&whole, got, tp, S, &worst_name);
             print_message("tp %d, %d stage(s): loss rel. error %.2e, worst gradient rel. error %.2e (%s)\n", tp, S,
                           fabs(loss - loss_whole) / fabs(loss_whole), worst, worst_name);
             worst_all = fmax(worst_all, worst);

@@ -296,6 +296,41 @@ static void expect_refused(Trainer *t, const Snapshot *s, const char *path, cons
 
 static void write_bytes(const char *path, const void *data, size_t n) { assert_int_equal(file_write_atomic(path, data, n), 0); }
 
+// A copy of the checkpoint good at bad, valid in every byte, whose sampler position cannot be right
+// for its dataset (far past the last document): the last check a load makes.
+static void write_bad_sampler(const char *good, const char *bad) {
+    Checkpoint ck;
+    assert_int_equal(ckpt_load(&ck, good, NULL, 0), 0);
+    CkptBlob blobs[8];
+    uint8_t state_words[64];
+    int nb = 0;
+    for (int i = 0; i < ck.n; i++) {
+        const void *p;
+        uint64_t n;
+        assert_int_equal(ckpt_find(&ck, ck.entries[i].name, &p, &n), 0);
+        if (!strcmp(ck.entries[i].name, "state")) {
+            assert_int_equal(n, sizeof state_words);
+            memcpy(state_words, p, n);
+            state_words[4 * 8] = 0xff;  // word 4, the sampler's position
+            state_words[4 * 8 + 1] = 0xff;
+            p = state_words;
+        }
+        blobs[nb++] = (CkptBlob){ck.entries[i].name, p, n};
+    }
+    assert_int_equal(ckpt_save(bad, blobs, nb), 0);
+    ckpt_free(&ck);
+}
+
+// A trainer made with cfg refuses the checkpoint at path, naming needle, and keeps its own state.
+static void expect_config_refuses(const TrainConfig *cfg, const char *path, const char *needle) {
+    static Trainer other;
+    init_ok(&other, cfg);
+    Snapshot so = snap(&other);
+    expect_refused(&other, &so, path, needle);
+    free_snap(&so);
+    trainer_free(&other);
+}
+
 static void test_bad_checkpoints_are_refused(void **state) {
     (void)state;
     const char *dir = test_tmpdir("train_badckpt");
@@ -332,56 +367,18 @@ static void test_bad_checkpoints_are_refused(void **state) {
     // not there at all
     expect_refused(&dst, &s, "test-tmp/train_badckpt/none.bin", "none.bin");
 
-    // a valid file whose sampler position cannot be right for this dataset: the last check made
-    Checkpoint ck;
-    assert_int_equal(ckpt_load(&ck, good, NULL, 0), 0);
-    CkptBlob blobs[8];
-    uint8_t state_words[64];
-    int nb = 0;
-    for (int i = 0; i < ck.n; i++) {
-        const void *p;
-        uint64_t n;
-        assert_int_equal(ckpt_find(&ck, ck.entries[i].name, &p, &n), 0);
-        if (!strcmp(ck.entries[i].name, "state")) {
-            assert_int_equal(n, sizeof state_words);
-            memcpy(state_words, p, n);
-            state_words[4 * 8] = 0xff;  // word 4, the sampler's position: far past the last document
-            state_words[4 * 8 + 1] = 0xff;
-            p = state_words;
-        }
-        blobs[nb++] = (CkptBlob){ck.entries[i].name, p, n};
-    }
-    assert_int_equal(ckpt_save(bad, blobs, nb), 0);
-    ckpt_free(&ck);
+    // a valid file whose sampler position cannot be right for this dataset
+    write_bad_sampler(good, bad);
     expect_refused(&dst, &s, bad, "sampler");
 
-    // another model: same data, tiny's shape differs from small's
-    static Trainer other;
-    TrainConfig cs = c;
+    // another model (same data; tiny's shape differs from small's), another dataset, other settings
+    TrainConfig cs = c, cd = c, cl = c;
     snprintf(cs.model, sizeof cs.model, "small");
-    init_ok(&other, &cs);
-    Snapshot so = snap(&other);
-    expect_refused(&other, &so, good, "model mismatch");
-    free_snap(&so);
-    trainer_free(&other);
-
-    // another dataset
-    TrainConfig cd = c;
+    expect_config_refuses(&cs, good, "model mismatch");
     snprintf(cd.data, sizeof cd.data, "%s", data2);
-    init_ok(&other, &cd);
-    so = snap(&other);
-    expect_refused(&other, &so, good, "dataset mismatch");
-    free_snap(&so);
-    trainer_free(&other);
-
-    // other settings
-    TrainConfig cl = c;
+    expect_config_refuses(&cd, good, "dataset mismatch");
     cl.lr = 1e-3;
-    init_ok(&other, &cl);
-    so = snap(&other);
-    expect_refused(&other, &so, good, "lr");
-    free_snap(&so);
-    trainer_free(&other);
+    expect_config_refuses(&cl, good, "lr");
 
     // and the good file loads: the trainer becomes the saved one
     assert_int_equal(trainer_load(&dst, good), 0);
