@@ -15,10 +15,6 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
-# ctest's: one test more than the cores. Most entries spend part of their time off the CPU (processes
-# starting, rendezvous, a rank waiting for its peers' timeout, files), and a third test fills those
-# gaps; each test is written for a loaded machine (no wall-clock deadlines)
-TEST_JOBS  ?= $(shell echo $$(( $$(nproc) + 1 )))
 DATA       ?= data
 PREFIX     ?= /usr/local
 
@@ -101,7 +97,7 @@ asan: $(ASAN_BUILD)/Makefile tokenizer
 	  ctest --output-on-failure -j $(JOBS) -LE slow
 
 test: build tokenizer
-	cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # the old name of make test, from when make test also ran the sanitizer pass
 test-fast: test
