@@ -72,15 +72,32 @@ with zipfile.ZipFile(sys.argv[1]) as z, open(sys.argv[3], "wb") as out:
   rm -rf "$dir" && mv "$tmp/new" "$dir"
 fi
 
-for name in r50k_base cl100k_base o200k_base; do
-  if ! grep -q '"multilingual python-cjk' "$dir/vectors-$name.jsonl" 2>/dev/null; then
-    "$venv/bin/python" "$(dirname "$0")/tiktoken_vectors.py" --ranks-dir "$dir" --encoding "$name" \
-      --debian-samples --out "$tmp/vectors.jsonl"
-    mv "$tmp/vectors.jsonl" "$dir/vectors-$name.jsonl"
-  fi
-done
+# tiktoken's encodings (one core: tiktoken encodes one document at a time) in the background, beside
+# the HF library's (which takes the other core); the run fails if either does
+tiktoken_vectors() {
+  for name in r50k_base cl100k_base o200k_base; do
+    if ! grep -q '"multilingual python-cjk' "$dir/vectors-$name.jsonl" 2>/dev/null; then
+      "$venv/bin/python" "$(dirname "$0")/tiktoken_vectors.py" --ranks-dir "$dir" --encoding "$name" \
+        --debian-samples --out "$tmp/vectors-$name.jsonl"
+      mv "$tmp/vectors-$name.jsonl" "$dir/vectors-$name.jsonl"
+    fi
+  done
+}
+tiktoken_vectors &
+tiktoken_pid=$!
+missing=()
 for name in gpt2 llama3 o200k qwen2 trained; do
-  if [ ! -f "$dir/vectors-hf-$name.jsonl" ]; then
-    "$venv/bin/python" "$(dirname "$0")/hf_tokenizers.py" --ranks-dir "$dir" --out-dir "$dir" --only "$name"
-  fi
+  [ -f "$dir/vectors-hf-$name.jsonl" ] || missing+=("$name")
 done
+hf_status=0
+if [ ${#missing[@]} -gt 0 ]; then
+  # one process for all of them: the documents are read once
+  "$venv/bin/python" "$(dirname "$0")/hf_tokenizers.py" --ranks-dir "$dir" --out-dir "$dir" \
+    --only "$(IFS=,; echo "${missing[*]}")" || hf_status=$?
+fi
+tiktoken_status=0
+wait "$tiktoken_pid" || tiktoken_status=$?
+[ "$hf_status" = 0 ] && [ "$tiktoken_status" = 0 ] || {
+  echo "tokenizer_data.sh: the reference encodings failed (tiktoken: exit $tiktoken_status, HF tokenizers: exit $hf_status)" >&2
+  exit 1
+}
