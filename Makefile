@@ -29,9 +29,10 @@ export OPENBLAS_NUM_THREADS = 1
 # The Python environment: a venv made with Debian's interpreter whatever `python3` comes first on the
 # PATH (pyenv and the like), holding exactly requirements.txt (torch==2.13.0, numpy, pytest, tiktoken,
 # ...). Every Python test runs in it (CMakeLists.txt, BS_PYTHON). A stamp beside the venv records the
-# requirements it was made from: a changed requirements.txt installs again. pip installs without
-# compiling every module to bytecode first (--no-compile): Python compiles a module when it is first
-# imported, and most of torch's thousands of modules never are here.
+# requirements it was made from: a changed requirements.txt installs again. pip compiles every module
+# to bytecode as it installs, and that must stay: the tests run with PYTHONDONTWRITEBYTECODE=1, so a
+# module without its .pyc is compiled again by every process that imports it (tried: torch's import
+# then made the Python tests twice as slow).
 PYTHON       ?= /usr/bin/python3
 VENV         ?= .venv
 PYSRC        ?= python
@@ -60,7 +61,7 @@ $(VENV)/.requirements: $(REQUIREMENTS)
 	  echo "make venv: $(VENV) was made by another interpreter ($$(grep '^home' $(VENV)/pyvenv.cfg)): remove it, or give VENV=another directory" >&2; exit 1; \
 	fi
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --no-cache-dir --no-compile -r $(REQUIREMENTS)
+	$(VENV)/bin/python -m pip install --quiet --no-cache-dir -r $(REQUIREMENTS)
 	@cp $(REQUIREMENTS) $@
 	@$(VENV)/bin/python -c 'import torch, numpy; print("$(VENV): torch", torch.__version__, "numpy", numpy.__version__)'
 
