@@ -443,10 +443,15 @@ static const uint32_t SINCE_9[][2] = {
     {0x1E4EC, 0x1E4EF},
 };
 
+// Binary search: this runs on every code point of non-ASCII text (CJK lies above most ranges).
 static int since_9(int32_t cp) {
-    for (size_t k = 0; k < sizeof SINCE_9 / sizeof *SINCE_9 && (uint32_t)cp >= SINCE_9[k][0]; k++)
-        if ((uint32_t)cp <= SINCE_9[k][1]) return 1;
-    return 0;
+    size_t lo = 0, hi = sizeof SINCE_9 / sizeof *SINCE_9;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((uint32_t)cp > SINCE_9[mid][1]) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < sizeof SINCE_9 / sizeof *SINCE_9 && (uint32_t)cp >= SINCE_9[lo][0];
 }
 
 // Append text[0..n) to *buf (length *len), NFC-normalized when nfc is set.
