@@ -80,14 +80,15 @@ def plan_fingerprint(plan) -> int:
     return int(np.frombuffer(h.digest(), dtype="<i8")[0])
 
 
-def _gather(row: List[int]) -> np.ndarray:
+def _gather(row: List[int], group=None) -> np.ndarray:
     """Every rank's row, (world, len(row)) int64, rank order: one all_gather on the control group
-    (gloo, CPU: the same on an NCCL job; its timeout is the job's, guard.timeout())."""
-    group = guard.control_group()
+    (gloo, CPU: the same on an NCCL job; its timeout is the job's, guard.timeout()), or on `group`
+    (check_plan's)."""
+    on = guard.control_group() if group is None else group
     mine = torch.tensor(row, dtype=torch.int64)
     rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    with guard.control("the plan check"):
-        dist.all_gather(rows, mine, group=group)
+    with guard.control("the plan check") if group is None else guard.waiting("the plan check"):
+        dist.all_gather(rows, mine, group=on)
     return torch.stack(rows).numpy()
 
 
@@ -279,14 +280,16 @@ def _reading_problem(plan, table: np.ndarray, hdp_ranks: bool) -> Optional[str]:
     return None
 
 
-def check_plan(plan, rank: int, *, hdp: Optional[int] = None, reading: Optional[Reading] = None) -> None:
+def check_plan(plan, rank: int, *, hdp: Optional[int] = None, reading: Optional[Reading] = None,
+               group=None) -> None:
     """Check, with one small collective on the control group, that every rank runs the same plan and
     that it fits: its rank count equals the world (or `hdp`, the HDP dimension of a TP x PP x HDP layout,
     where `rank` is this process's HDP rank), the ranks passed cover the plan, the plan is whole
     (plan_problem), and, with `reading` (what microbatches() read for this rank), that the tokens
     exist and the labelled rows of all ranks add up to plan.labelled. Every rank must call it at the
     same point of the step, before any message of the step; each raises the same PlanCheckError, or
-    none does. Without a process group (one process) the world is 1."""
+    none does. Without a process group (one process) the world is 1. `group`: a gloo group of every
+    process to gather on instead of the control group (the loader's thread, loader.py)."""
     distributed = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size() if distributed else 1
     expected = int(hdp) if hdp is not None else world
@@ -294,7 +297,7 @@ def check_plan(plan, rank: int, *, hdp: Optional[int] = None, reading: Optional[
     row = [int(rank), int(plan.n_ranks), expected, plan_fingerprint(plan), len(plan.items), plan.n_tokens,
            int(plan.labelled), rd.labelled, rd.problem, rd.seq, rd.want, rd.got]
     if distributed and world > 1:
-        table = _gather(row)
+        table = _gather(row, group)
     else:
         table = np.asarray([row], dtype=np.int64)
     msg = _disagreement(table) or _misfit(table, world, hdp is not None)

@@ -272,7 +272,7 @@ class PlanError(RuntimeError):
         self.cause = cause
 
 
-def broadcast_plan(plan, src: int = 0) -> StepPlan:
+def broadcast_plan(plan, src: int = 0, group=None) -> StepPlan:
     """Every rank gets rank `src`'s plan. `plan` is, on rank src, the StepPlan, an Exception (the
     step could not be planned), or a callable that makes the plan (called on rank src only; what it
     raises goes to every rank); the other ranks pass None (or the same callable, not called there):
@@ -281,7 +281,10 @@ def broadcast_plan(plan, src: int = 0) -> StepPlan:
 
     A failure on rank src raises PlanError on every rank with its reason (type and message), so no
     rank is left waiting and none sees only a transport error. The broadcast runs on the control
-    group (guard.py: gloo, the job's timeout; a rank that never arrives is named)."""
+    group (guard.py: gloo, the job's timeout; a rank that never arrives is named), or on `group`, a
+    gloo group of every process the caller made (the loader's thread: its collectives must not
+    interleave with the training thread's on one group; a rank that fails is named, one that stalls
+    meets the group's timeout)."""
     from . import guard
 
     me = dist.get_rank() if dist.is_initialized() else 0
@@ -299,9 +302,9 @@ def broadcast_plan(plan, src: int = 0) -> StepPlan:
         plan = ("failed", guard.describe(plan))  # the reason, not the object: it may not pickle
     box = [plan]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        group = guard.control_group()
-        with guard.control("the plan's broadcast"):
-            dist.broadcast_object_list(box, src=src, group=group)
+        on = guard.control_group() if group is None else group
+        with guard.control("the plan's broadcast") if group is None else guard.waiting("the plan's broadcast"):
+            dist.broadcast_object_list(box, src=src, group=on)
     got = box[0]
     if isinstance(got, tuple) and len(got) == 2 and got[0] == "failed":
         raise PlanError(f"bytescale.torch: rank {src} could not plan the step: {got[1]}", got[1]) from err
@@ -339,6 +342,11 @@ class MicroBatch:
     @property
     def T(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def position_ids(self) -> Tensor:
+        """pos as (1, T): the `position_ids` Hugging Face models take (restarting at each sequence)."""
+        return self.pos.unsqueeze(0)
 
 
 class MicroBatches(list):
