@@ -83,7 +83,7 @@ def run(mode, rank, world, counts=None):
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     source = bt.FunctionSource(ex.read, ex.doc_length)
-    losses, ran = [], []
+    losses, norms, ran = [], [], []
     for s in range(STEPS):
         batch = batch_of(ex, s)
         plan = bt.broadcast_plan(lambda: plan_of(batch, source, world, s))
@@ -99,7 +99,8 @@ def run(mode, rank, world, counts=None):
                 total += loss.detach().double()
         if mode != "fsdp":
             bt.all_reduce_gradients(model)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # FSDP: a DTensor, the whole norm
+        norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         opt.step()
         if counts is not None:
             counts.append(local_sizes(model, opt))
@@ -110,7 +111,7 @@ def run(mode, rank, world, counts=None):
         ran.append(len(mbs))
     whole = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
              for k, v in model.state_dict().items()}
-    return losses, whole, ran
+    return losses, whole, ran, norms
 
 
 def local_sizes(model, opt):
@@ -184,7 +185,7 @@ def reference():
     model = ex.TinyLM(bt.Layout(world=1, rank=0), 5)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     source = bt.FunctionSource(ex.read, ex.doc_length)
-    losses = []
+    losses, norms = [], []
     for s in range(STEPS):
         batch = batch_of(ex, s)
         plan = plan_of(batch, source, 1, s)
@@ -195,11 +196,11 @@ def reference():
             loss = F.cross_entropy(logits, mb.targets, ignore_index=-1, reduction="sum") / plan.labelled
             loss.backward()
             total += float(loss.detach().double())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(total)
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, norms
 
 
 def rel(a, b):
@@ -209,19 +210,22 @@ def rel(a, b):
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp_and_zero_match_one_process(world):
     res = launch.spawn(worker, world)
-    ref_losses, ref_params = res[0]["ref"]
+    ref_losses, ref_params, ref_norms = res[0]["ref"]
     # every rank ran the same FSDP collectives (one all-gather and one reduce-scatter per unit: 2
     # blocks and the root), whatever its micro-batches: 3, 1 and (on 4) none
     ran = [r["count"][0] for r in res]
     assert ran[:2] == [3, 2] and all(n == 0 for n in ran[2:]), ran
     assert all(r["count"][1] == {"all_gather": 3, "reduce_scatter": 3, "other": 0} for r in res), [r["count"][1] for r in res]
     for mode in ("fsdp", "zero"):
-        losses, params, steps_ran = res[0][mode]
+        losses, params, steps_ran, norms = res[0][mode]
         # the plans made ranks run different numbers of micro-batches, and some none
         per_rank = np.array([r[mode][2] for r in res])
         assert (per_rank.min(0) != per_rank.max(0)).any() and (per_rank == 0).any(), per_rank
         worst = max(rel(a, b) for a, b in zip(losses, ref_losses))
         assert worst < TOL, (mode, world, losses, ref_losses)
+        # the gradient norm before clipping, every step: the gradients are the SUM over the ranks
+        # (AdamW would hide a factor in the losses: it is scale-invariant but for eps)
+        assert max(rel(a, b) for a, b in zip(norms, ref_norms)) < TOL, (mode, world, norms, ref_norms)
         for k, v in ref_params.items():
             scale = float(v.abs().max())
             assert float((params[k] - v).abs().max()) <= TOL * max(scale, 1.0), (mode, k)

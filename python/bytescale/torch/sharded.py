@@ -114,6 +114,16 @@ def _wrap(t: Tensor, p: Tensor):
                               stride=stride)
 
 
+def _is_dtensor(t) -> bool:
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
+def _local(t: Tensor) -> Tensor:
+    """A DTensor's local shard (an FSDP or TP piece), a tensor itself."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
 def _state(model: nn.Module, opt: Optional[torch.optim.Optimizer], want: Optional[Dict] = None) -> Dict:
     """The state dict DCP saves or loads into: "model.<name>" per parameter and buffer, and with an
     optimizer "optim.<name>.<key>" per state tensor of a parameter (shards like the parameter) and
@@ -135,8 +145,11 @@ def _state(model: nn.Module, opt: Optional[torch.optim.Optimizer], want: Optiona
             v = st.get(k)
             if v is None:  # a fresh optimizer: the saved state's tensor, made to load into
                 meta = want[f"optim.{name}.{k}"]
-                local = p.shape if tuple(meta.size) == tuple(getattr(p, "tp_full_shape", p.shape)) else meta.size
-                v = torch.zeros(local, dtype=meta.properties.dtype, device=p.device)
+                whole = tuple(meta.size) == tuple(getattr(p, "tp_full_shape", p.shape))
+                if whole and _is_dtensor(p):  # an FSDP shard (bytescale.torch.fsdp): a DTensor like p
+                    v = torch.zeros_like(p.detach(), dtype=meta.properties.dtype)
+                else:
+                    v = torch.zeros(p.shape if whole else meta.size, dtype=meta.properties.dtype, device=p.device)
                 opt.state.setdefault(p, {})[k] = v
             if isinstance(v, Tensor):
                 sd[f"optim.{name}.{k}"] = _wrap(v, p) if v.shape == p.shape and v.dim() > 0 else v
@@ -192,10 +205,9 @@ def load_tp(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] =
             dcp.load(sd, checkpoint_id=str(path), no_dist=not dist.is_initialized())
         with torch.no_grad():
             for name, p in model.named_parameters():
-                t = sd["model." + name]
-                t = t.to_local() if hasattr(t, "to_local") else t
-                if t.data_ptr() != p.data_ptr():
-                    p.copy_(t)
+                t = _local(sd["model." + name])
+                if t.data_ptr() != _local(p).data_ptr():
+                    _local(p).copy_(t)
         if use_opt is not None:
             _restore_optimizer(model, use_opt, sd)
     return {k[len("extra."):]: sd[k] for k in extra_keys}
@@ -211,9 +223,9 @@ def _restore_optimizer(model: nn.Module, opt: torch.optim.Optimizer, sd: Dict) -
         for k in list(st):
             v = sd.get(f"optim.{name}.{k}")
             if v is not None:
-                v = v.to_local() if hasattr(v, "to_local") else v
-                if v.data_ptr() != st[k].data_ptr():
-                    st[k].copy_(v)
+                v = _local(v)
+                if v.data_ptr() != _local(st[k]).data_ptr():
+                    _local(st[k]).copy_(v)
     groups = sd["optim.param_groups"]
     if len(groups) != len(opt.param_groups):
         raise ValueError(f"the checkpoint's optimizer has {len(groups)} parameter groups, this one "
