@@ -21,7 +21,7 @@ import os
 import pickle
 import socket
 import tempfile
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -100,11 +100,13 @@ def host_store(nprocs: int, timeout_s: float):
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = "gloo",
-          timeout_s: float = 300.0) -> List[Any]:
+          timeout_s: float = 300.0, preload: Sequence[str] = ()) -> List[Any]:
     """Run fn(rank, world, *args) in `nprocs` new processes (forked from the forkserver) with the
     default process group initialised; return their results, rank 0 first. fn must be importable by
     name (a module-level function) and its results picklable. This process holds the job's store
-    (host_store)."""
+    (host_store). preload: more modules the forkserver imports beside torch (transformers' models
+    take seconds a process to import); it takes them only where this process starts it, at its
+    first spawn."""
     # the workers load libbytescale after they start, and its OpenBLAS (the system one; torch's pip
     # wheel brings its own BLAS, on x86-64 MKL, which ignores the variable) reads OPENBLAS_CORETYPE when
     # it loads: where it would fall back to kernels older than this CPU, they get the ones `bytescale
@@ -115,7 +117,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = 
     store = host_store(nprocs, timeout_s)
     # the server imports torch once (it starts at the first spawn and serves this process's later
     # ones); the workers take this process's environment as it is now (_entry), not the server's
-    mp.set_forkserver_preload(["torch", "torch.distributed"])
+    mp.set_forkserver_preload(["torch", "torch.distributed", *preload])
     with tempfile.TemporaryDirectory(prefix="bytescale-torch-") as out_dir:
         mp.start_processes(_entry, nprocs=nprocs, join=True, start_method="forkserver",
                            args=(fn, nprocs, backend, store.port, timeout_s, out_dir, dict(os.environ), args))

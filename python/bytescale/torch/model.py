@@ -18,7 +18,8 @@ copy and the gradient all-reduce runs on contiguous buckets.
 
 Attention goes through `HDPAttention` (or the functional `hdp_attention`): it reads the micro-batch
 the executor is running (`microbatch_context`) and calls varlen attention for a pack or ring
-attention for a ring member, so the model itself knows nothing about plans.
+attention for a ring member, so the model itself knows nothing about plans; outside a micro-batch
+it is plain causal attention on this rank (eval, generation with the model being trained).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import guard
-from .attention import local_attention
+from .attention import Rows, local_attention, varlen_attention
 from .parallel import (column_parallel_group, copy_to_tp, row_parallel, tp_part, vocab_embedding,
                        vocab_parallel_cross_entropy)
 from .ring import ring_attention
@@ -112,6 +113,7 @@ class LlamaConfig:
 
 class _Current(threading.local):
     attention: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None
+    mb: object = None
 
 
 _current = _Current()
@@ -123,7 +125,7 @@ def microbatch_context(mb) -> Iterator[None]:
     over mb.ring for a ring member, Ulysses attention (all-to-all of heads, and for a hybrid item a
     ring across the groups) over mb.ulysses, blockwise per-segment causal attention over mb's own
     rows for a pack. `mb` is a bytescale.torch.MicroBatch (or anything with `rows` and `ring`)."""
-    prev = _current.attention
+    prev, prev_mb = _current.attention, _current.mb
     rows, ring, group = mb.rows, mb.ring, getattr(mb, "ulysses", None)
     if group is not None:
         _current.attention = lambda q, k, v: ulysses_attention(q, k, v, group)
@@ -131,43 +133,101 @@ def microbatch_context(mb) -> Iterator[None]:
         _current.attention = lambda q, k, v: ring_attention(q, k, v, ring)
     else:
         _current.attention = lambda q, k, v: local_attention(q, k, v, rows, None)
+    _current.mb = mb
     try:
         with guard.failing():  # this rank's error, recorded for the peers waiting on it (guard.py)
             yield
     finally:
-        _current.attention = prev
+        _current.attention, _current.mb = prev, prev_mb
 
 
-def hdp_attention(q: Tensor, k: Tensor, v: Tensor, layout: str = "thd") -> Tensor:
+def current_microbatch():
+    """The micro-batch whose `microbatch_context` this thread is in, or None outside one (where
+    hdp_attention runs plain causal attention on this rank: eval, generation)."""
+    return _current.mb
+
+
+def item_rows(mb) -> List[Rows]:
+    """Every member's Rows of mb's item (the pack's own rows for a pack): what the whole item
+    attends over, the same list on every member (so a check on it fails on all of them alike)."""
+    if getattr(mb, "ulysses", None) is not None:
+        u = mb.ulysses
+        return list(u.ring.rows) if u.ring is not None else [u.rows]
+    if mb.ring is not None:
+        return list(mb.ring.rows)
+    return [mb.rows]
+
+
+def _plain_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], what: str) -> Tensor:
+    """Causal attention of the rows q (T, H, hd), k, v (T, G, hd) on this rank, no message: one
+    sequence, or the documents cu_seqlens [0, l0, l0+l1, ..., T] packs (each attending to itself)."""
+    if cu_seqlens is None:
+        cu_seqlens = torch.tensor([0, q.shape[0]], dtype=torch.int64)
+    try:
+        return varlen_attention(q, k, v, cu_seqlens)
+    except ShapeError as e:
+        raise ShapeError(f"{e} ({what}, outside a micro-batch)") from None
+
+
+@torch.compiler.disable  # torch.compile breaks its graph here, cleanly (docs/torch-precision.md)
+def hdp_attention(q: Tensor, k: Tensor, v: Tensor, layout: str = "thd", cu_seqlens: Optional[Tensor] = None) -> Tensor:
     """The attention of the micro-batch being run (inside `microbatch_context`): the one-line
     replacement for a model's attention call.
 
     layout "thd": q (T, H, hd), k and v (T, G, hd), returns (T, H, hd);
     layout "bhsd": q (1, H, T, hd), k and v (1, G, T, hd) (the layout of
     F.scaled_dot_product_attention), returns (1, H, T, hd).
-    q and k must already carry RoPE at the micro-batch's positions (MicroBatch.pos)."""
+    q and k must already carry RoPE at the micro-batch's positions (MicroBatch.pos).
+
+    Outside a micro-batch (eval, generation without a KV cache) it is plain causal attention on this
+    rank, no message: thd rows are one sequence, or the documents `cu_seqlens` packs ([0, l0,
+    l0+l1, ..., T], each attending to itself only); bhsd (B, H, S, hd) is B sequences of S rows each
+    (no padding: pad with a model's own attention and its mask), or with cu_seqlens one row (B = 1)
+    of packed documents. Inside a micro-batch the plan's rows say where documents start, and
+    cu_seqlens is refused (it would say something else)."""
+    if layout not in ("thd", "bhsd"):
+        raise ValueError(f"layout {layout!r}: 'thd' or 'bhsd'")
     fn = _current.attention
     if fn is None:
-        raise RuntimeError("hdp_attention outside a micro-batch: run the model inside "
-                           "bytescale.torch.microbatch_context(mb)")
+        return _outside(q, k, v, layout, cu_seqlens)
+    if cu_seqlens is not None:
+        raise ValueError("hdp_attention: cu_seqlens inside a micro-batch: the micro-batch's rows (mb.pos, mb.seg) "
+                         "say where its documents start; pass cu_seqlens outside a micro-batch only")
     if layout == "thd":
         return fn(q, k, v)
-    if layout == "bhsd":
-        given = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or (q.shape[0], k.shape[0], v.shape[0]) != (1, 1, 1):
-            raise ShapeError(f"layout bhsd: q (1, H, T, hd), k and v (1, G, T, hd) (an HDP micro-batch is one packed "
-                             f"row: batch size 1); got {given}")
-        try:
-            out = fn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1))
-        except ShapeError as e:  # the kernels name (rows, heads, head_dim): say what was passed
-            raise ShapeError(f"{e} (layout bhsd: shapes above as (T, heads, hd); got {given})") from None
-        return out.transpose(0, 1).unsqueeze(0)
-    raise ValueError(f"layout {layout!r}: 'thd' or 'bhsd'")
+    given = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or (q.shape[0], k.shape[0], v.shape[0]) != (1, 1, 1):
+        raise ShapeError(f"layout bhsd: q (1, H, T, hd), k and v (1, G, T, hd) (an HDP micro-batch is one packed "
+                         f"row: batch size 1); got {given}")
+    try:
+        out = fn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1))
+    except ShapeError as e:  # the kernels name (rows, heads, head_dim): say what was passed
+        raise ShapeError(f"{e} (layout bhsd: shapes above as (T, heads, hd); got {given})") from None
+    return out.transpose(0, 1).unsqueeze(0)
+
+
+def _outside(q: Tensor, k: Tensor, v: Tensor, layout: str, cu_seqlens: Optional[Tensor]) -> Tensor:
+    """hdp_attention outside a micro-batch (its docstring): plain causal attention on this rank."""
+    if layout == "thd":
+        return _plain_attention(q, k, v, cu_seqlens, "layout thd")
+    given = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise ShapeError(f"layout bhsd: q (B, H, S, hd), k and v (B, G, S, hd); got {given}")
+    B, S = q.shape[0], q.shape[2]
+    if cu_seqlens is not None and B != 1:
+        raise ShapeError(f"layout bhsd with cu_seqlens: one packed row (B = 1); got {given}")
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, B * S + 1, max(S, 1), dtype=torch.int64)[:B + 1] if S else torch.zeros(
+            B + 1, dtype=torch.int64)
+    flat = lambda x: x.transpose(1, 2).reshape(B * x.shape[2], x.shape[1], x.shape[3])
+    out = _plain_attention(flat(q), flat(k), flat(v), cu_seqlens, f"layout bhsd; got {given}")
+    return out.view(B, S, q.shape[1], q.shape[3]).transpose(1, 2)
 
 
 class HDPAttention(nn.Module):
     """An attention module that attends as the running micro-batch needs (see hdp_attention); put it
-    where a model calls its attention kernel."""
+    where a model calls its attention kernel. Outside a micro-batch: plain causal attention of the
+    rows (hdp_attention's docstring), so the same model evaluates and generates on one rank."""
 
     def __init__(self, layout: str = "thd"):
         super().__init__()
