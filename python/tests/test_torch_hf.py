@@ -262,7 +262,11 @@ def test_hf_models_match_one_process(world):
                      f"vs reference {ref_eval_err:.1e} generate scores {score_err:.1e} "
                      f"(grads by step {' '.join(f'{e:.0e}' for e in per_step)})")
         assert loss_err <= LOSS_TOL, (arch, got["losses"], ref_losses)
-        assert grad_err <= GRAD_TOL, (arch, grad_err)
+        # the first step's gradients (the same weights on both sides) to rounding; the later steps' within
+        # GRAD_TOL: Adam divides each gradient by its own size, so fp32 rounding differences of the
+        # smallest gradients move their weights apart by up to eps-limited amounts (AdamW's default eps
+        # 1e-8 gave 9e-5 here by step 2, eps 1e-6 gives 3e-6: docs/torch-hf.md)
+        assert per_step[0] <= 1e-5 and grad_err <= GRAD_TOL, (arch, per_step)
         assert eval_err <= EVAL_TOL and ref_eval_err <= EVAL_TOL, (arch, got["eval"], packed, padded, ref_eval)
         assert torch.equal(hdp_gen, plain_gen) and hdp_gen.shape[1] == 6 + 8, (arch, hdp_gen, plain_gen)
         assert score_err <= 1e-4, (arch, score_err)
@@ -352,7 +356,8 @@ def test_import_does_not_load_transformers():
 
 def test_example_under_torchrun_matches_plain(tmp_path):
     script = ROOT / "examples" / "torch_hf_train.py"
-    common = ["--arch", "qwen2", "--steps", "3", "--eval-every", "2", "--gen-tokens", "4"]
+    common = ["--arch", "qwen2", "--steps", "3", "--tokens", "1024", "--context", "256", "--eval-every", "3",
+              "--gen-tokens", "2"]
     check_run(launch_cmd(2, script, *common, "--metrics", tmp_path / "hdp.jsonl"))
     check_run([sys.executable, str(script), *common, "--plain", "--metrics", tmp_path / "plain.jsonl"])
     read = lambda p: [json.loads(line) for line in open(p)]
