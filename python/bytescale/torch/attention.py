@@ -13,6 +13,7 @@ which the backward needs and which ring attention merges over K/V blocks (`merge
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional, Tuple
 
@@ -31,6 +32,46 @@ K_TILE = 1024
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Softmax statistics in fp32 for half types, else the input's own precision (fp64 stays fp64)."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+# ---- autocast (docs/torch-precision.md) ----------------------------------------------------------------
+#
+# Under torch.autocast the kernels below would lose their fp32 accumulation: autocast recasts the
+# fp32 operands of every bmm they run to bf16 (fp16), so scores, softmax weights and the partial outputs
+# of a ring would all be rounded to 8 bits of mantissa. And a model under autocast hands attention q,
+# k, v in mixed dtypes (v straight from a bf16 linear, q and k through an fp32 RoPE). So every entry
+# point does what autocast does for F.scaled_dot_product_attention: q, k, v go to the autocast dtype
+# (autocast_inputs), the output comes back in it; inside, the kernels run with autocast off
+# (no_autocast), forward and backward, so their accumulation dtype is the one _acc_dtype names.
+# torch.amp.custom_fwd / custom_bwd do not fit: custom_fwd casts to ONE dtype fixed when the function
+# is defined, and custom_bwd replays the forward's autocast state in the backward, where the point is
+# to have none.
+
+def _autocast_dtype(t: Tensor) -> Optional[torch.dtype]:
+    """The dtype autocast runs t's device's matmuls in, None when autocast is off there."""
+    dev = t.device.type
+    if not torch.is_autocast_enabled(dev):
+        return None
+    return torch.get_autocast_dtype(dev)
+
+
+def autocast_inputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as autocast would give them to a lower-precision op (F.scaled_dot_product_attention):
+    every fp32 / fp16 / bf16 one in the autocast dtype of its device when autocast is on there (fp64
+    is left alone, as autocast leaves it); unchanged otherwise."""
+    dtype = _autocast_dtype(q)
+    if dtype is None:
+        return q, k, v
+    eligible = (torch.float32, torch.float16, torch.bfloat16)
+    return tuple(t.to(dtype) if t.dtype in eligible else t for t in (q, k, v))
+
+
+def no_autocast(t: Tensor):
+    """A context with autocast off on t's device (a null context where it is off already): the
+    kernels' own accumulation dtype holds inside (see autocast_inputs)."""
+    if torch.is_autocast_enabled(t.device.type):
+        return torch.autocast(t.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class Rows:
@@ -157,11 +198,13 @@ KERNEL = fused.select_kernel()
 
 
 def block_forward(q: Tensor, k: Tensor, v: Tensor, qr: Rows, kr: Rows,
-                  scale: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+                  scale: Optional[float] = None, acc_out: bool = False) -> Tuple[Tensor, Tensor]:
     """Attention of queries q (rows qr) over keys k, v (rows kr), without autograd.
 
-    Returns (out (Tq, H, hd) in q's dtype, lse (Tq, H) in the accumulation dtype). A query that sees
-    no key gets out 0 and lse -inf (merge() treats it as "saw nothing"). Runs KERNEL where it takes
+    Returns (out (Tq, H, hd) in q's dtype, or in the accumulation dtype with acc_out, lse (Tq, H) in
+    the accumulation dtype). A query that sees no key gets out 0 and lse -inf (merge() treats it as
+    "saw nothing"). acc_out is for the callers that merge partial outputs (a ring's blocks): rounding
+    each partial to bf16 before the merge would add one rounding per block. Runs KERNEL where it takes
     q (device, dtype, head size) and the block decomposes into causal and full sequences
     (fused.plan_block), else the blockwise kernel (reference_block_forward).
     """
@@ -169,37 +212,38 @@ def block_forward(q: Tensor, k: Tensor, v: Tensor, qr: Rows, kr: Rows,
     if KERNEL.fused and q.shape[0] > 0 and k.shape[0] > 0 and KERNEL.accepts(q):
         calls = qr.fused_plan(kr)
         if calls is not None:
-            return fused_block_forward(q, k, v, calls, scale)
-    return reference_block_forward(q, k, v, qr, kr, scale)
+            return fused_block_forward(q, k, v, calls, scale, acc_out=acc_out)
+    return reference_block_forward(q, k, v, qr, kr, scale, acc_out=acc_out)
 
 
 def fused_block_forward(q: Tensor, k: Tensor, v: Tensor, calls, scale: Optional[float] = None,
-                        kernel=None) -> Tuple[Tensor, Tensor]:
-    """block_forward through a fused kernel's varlen calls (fused.plan_block), merged by log-sum-exp:
-    a query run in both the causal call (its own chunk) and the full call (earlier chunks) gets the
-    union of the two. Queries in no call see nothing (out 0, lse -inf)."""
+                        kernel=None, acc_out: bool = False) -> Tuple[Tensor, Tensor]:
+    """block_forward through a fused kernel's varlen calls (fused.plan_block), merged by log-sum-exp
+    in the accumulation dtype: a query run in both the causal call (its own chunk) and the full call
+    (earlier chunks) gets the union of the two. Queries in no call see nothing (out 0, lse -inf)."""
     kernel = KERNEL if kernel is None else kernel
     Tq, H, hd = q.shape
     scale = 1.0 / math.sqrt(hd) if scale is None else scale
-    out = torch.zeros(Tq, H, hd, dtype=q.dtype, device=q.device)
-    lse = torch.full((Tq, H), -math.inf, dtype=_acc_dtype(q.dtype), device=q.device)
+    acc_t = _acc_dtype(q.dtype)
+    out = torch.zeros(Tq, H, hd, dtype=acc_t, device=q.device)
+    lse = torch.full((Tq, H), -math.inf, dtype=acc_t, device=q.device)
     for c in calls:
         qi, ki, _, _ = c.on(q.device)
         o, l = kernel.varlen(q.index_select(0, qi), k.index_select(0, ki), v.index_select(0, ki), c, scale)
         o, l = merge(out.index_select(0, qi), lse.index_select(0, qi), o, l.to(lse.dtype))
         out.index_copy_(0, qi, o)
         lse.index_copy_(0, qi, l)
-    return out, lse
+    return (out if acc_out else out.to(q.dtype)), lse
 
 
 def reference_block_forward(q: Tensor, k: Tensor, v: Tensor, qr: Rows, kr: Rows,
-                            scale: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+                            scale: Optional[float] = None, acc_out: bool = False) -> Tuple[Tensor, Tensor]:
     """block_forward's blockwise kernel (online softmax over tiles), for any rows, device and dtype."""
     H, G, hd = _check_shapes(q, k, v)
     Tq, Tk, r = q.shape[0], k.shape[0], H // G
     acc_t = _acc_dtype(q.dtype)
     scale = 1.0 / math.sqrt(hd) if scale is None else scale
-    out = torch.zeros(Tq, H, hd, dtype=q.dtype, device=q.device)
+    out = torch.zeros(Tq, H, hd, dtype=acc_t if acc_out else q.dtype, device=q.device)
     lse = torch.full((Tq, H), -math.inf, dtype=acc_t, device=q.device)
     if Tq == 0 or Tk == 0:
         return out, lse
@@ -236,7 +280,7 @@ def reference_block_forward(q: Tensor, k: Tensor, v: Tensor, qr: Rows, kr: Rows,
         o = torch.where(ok, acc / torch.where(ok, l, torch.ones_like(l)), torch.zeros_like(acc))
         ls = torch.where(ok, m + torch.log(torch.where(ok, l, torch.ones_like(l))),
                          torch.full_like(l, -math.inf))
-        out[qb:qe] = _ungroup_q(o, tq, H).to(q.dtype)
+        out[qb:qe] = _ungroup_q(o, tq, H).to(out.dtype)
         lse[qb:qe] = _ungroup_rows(ls, tq, H)
     return out, lse
 
@@ -289,7 +333,9 @@ def block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, d
 
 def merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """The online-softmax union of two partial attentions over disjoint key sets: the result is what
-    one softmax over both key sets gives. lse -inf means "saw nothing" on that side."""
+    one softmax over both key sets gives. lse -inf means "saw nothing" on that side. Computed in
+    lse's dtype (the accumulation dtype); the result has out_a's dtype, so the callers that merge many
+    blocks keep out_a in the accumulation dtype and round once at the end."""
     mx = torch.maximum(lse_a, lse_b)
     shift = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
     wa, wb = torch.exp(lse_a - shift), torch.exp(lse_b - shift)
@@ -303,28 +349,34 @@ def merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[T
 
 
 class _LocalAttention(torch.autograd.Function):
-    """Attention of a micro-batch's rows over themselves (queries = keys), blockwise."""
+    """Attention of a micro-batch's rows over themselves (queries = keys), blockwise. The output is
+    kept in the accumulation dtype for the backward's rowsum(dout * out) (flash attention keeps the
+    rounded one; the unrounded one is the exact softmax output) and returned in q's dtype."""
 
     @staticmethod
     def forward(ctx, q, k, v, rows):
-        out, lse = block_forward(q, k, v, rows, rows)
+        with no_autocast(q):
+            out, lse = block_forward(q, k, v, rows, rows, acc_out=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.rows = rows
-        return out
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        acc_t = _acc_dtype(q.dtype)
-        delta = (dout.to(acc_t) * out.to(acc_t)).sum(-1)
-        dq, dk, dv = block_backward(dout, q, k, v, lse, delta, ctx.rows, ctx.rows)
+        with no_autocast(q):
+            acc_t = _acc_dtype(q.dtype)
+            delta = (dout.to(acc_t) * out.to(acc_t)).sum(-1)
+            dq, dk, dv = block_backward(dout, q, k, v, lse, delta, ctx.rows, ctx.rows)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
 def local_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, seg: Tensor) -> Tensor:
     """Causal attention of T rows over themselves with per-segment masks: row i sees row j iff
-    seg[j] == seg[i] and pos[j] <= pos[i]. q (T, H, hd), k and v (T, G, hd); differentiable."""
+    seg[j] == seg[i] and pos[j] <= pos[i]. q (T, H, hd), k and v (T, G, hd); differentiable. Under
+    torch.autocast q, k, v run in the autocast dtype and so does the output (autocast_inputs)."""
     rows = pos if isinstance(pos, Rows) else Rows(pos, seg)
+    q, k, v = autocast_inputs(q, k, v)
     check_qkv("attention of a pack", q, k, v, rows.n, "the micro-batch's rows (its positions and segments)")
     return _LocalAttention.apply(q, k, v, rows)
 
@@ -344,8 +396,10 @@ def cu_seqlens_rows(cu_seqlens: Tensor) -> Rows:
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
     """Packed variable-length causal attention, like flash-attn's varlen call: documents
     [cu_seqlens[i], cu_seqlens[i+1]) are packed along the rows and each attends causally to itself
-    only. Blockwise (never a dense T x T mask). q (T, H, hd), k and v (T, G, hd); differentiable."""
+    only. Blockwise (never a dense T x T mask). q (T, H, hd), k and v (T, G, hd); differentiable;
+    under torch.autocast in the autocast dtype (autocast_inputs)."""
     n = int(cu_seqlens[-1])
+    q, k, v = autocast_inputs(q, k, v)
     check_qkv("varlen attention", q, k, v, n, f"as cu_seqlens ends at {n}")
     return _LocalAttention.apply(q, k, v, cu_seqlens_rows(cu_seqlens))
 

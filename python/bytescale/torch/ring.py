@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import guard
-from .attention import Rows, _acc_dtype, block_backward, block_forward, merge
+from .attention import Rows, _acc_dtype, autocast_inputs, block_backward, block_forward, merge, no_autocast
 from .shapes import check_qkv
 
 # gloo matches point-to-point messages by (peer, tag): one tag per stream of messages
@@ -239,7 +239,10 @@ def _block_buf(ring: Ring, j: int, width: int, like: Tensor) -> Tensor:
 
 
 def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring):
-    """Forward of ring attention without autograd: (out (T, H, hd), lse (T, H))."""
+    """Forward of ring attention without autograd: (out (T, H, hd), lse (T, H)), both in the
+    accumulation dtype (fp32 for bf16 / fp16 q): every block's partial output is merged unrounded,
+    so a ring of D members rounds its output once, as one process does, not D times. The K/V blocks
+    travel in their own dtype (exact copies)."""
     D, me = ring.D, ring.me
     G, hd = k.shape[1], k.shape[2]
     width = 2 * G * hd
@@ -265,7 +268,7 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring):
             nj = ring.n(j)
             kb = cur[:nj * G * hd].view(nj, G, hd)
             vb = cur[nj * G * hd:].view(nj, G, hd)
-            o, l = block_forward(q, kb, vb, mine, ring.rows[j])
+            o, l = block_forward(q, kb, vb, mine, ring.rows[j], acc_out=True)
             if out is None:
                 out, lse = o, l
             else:
@@ -277,9 +280,12 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring):
     return out, lse
 
 
-def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, ring: Ring):
+def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, ring: Ring,
+                  acc_grads: bool = False):
     """Backward of ring attention: (dq, dk, dv) of this member's rows, dk/dv summed over every
-    member's queries (they arrive home on the dK/dV ring)."""
+    member's queries (they arrive home on the dK/dV ring). dq is summed over the blocks and the dK/dV
+    partials travel and add up in the accumulation dtype; the result is rounded to q's dtype once,
+    or not at all with acc_grads (a caller that sums them further: ulysses.py)."""
     D, me = ring.D, ring.me
     G, hd = k.shape[1], k.shape[2]
     width = 2 * G * hd
@@ -341,23 +347,28 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         home = torch.zeros(0, dtype=acc_t, device=q.device)
     dk = home[:n].view(mine.n, G, hd)
     dv = home[n:].view(mine.n, G, hd)
+    if acc_grads:
+        return dq, dk, dv
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
+    """The ring's forward and backward, autocast off inside (attention.no_autocast); the merged
+    output is saved unrounded for the backward's rowsum(dout * out) and returned in q's dtype."""
+
     @staticmethod
     def forward(ctx, q, k, v, ring):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        with guard.failing():  # an error here is recorded for the peers before it leaves (guard.py)
+        with guard.failing(), no_autocast(q):  # an error here is recorded for the peers (guard.py)
             out, lse = ring_forward(q, k, v, ring)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring = ring
-        return out
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        with guard.failing():
+        with guard.failing(), no_autocast(q):
             dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.ring)
         return dq, dk, dv, None
 
@@ -368,7 +379,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Ring) -> Tensor:
     q (T, H, hd), k and v (T, G, hd): this member's rows, after RoPE (T = ring.n(ring.me), possibly
     0). Every member of `ring` must call it at the same point of its schedule (the plan's global
     order guarantees it), for the forward and, through autograd, for the backward. Uses the default
-    process group's point-to-point operations (gloo on CPU, NCCL on CUDA)."""
+    process group's point-to-point operations (gloo on CPU, NCCL on CUDA). Under torch.autocast q,
+    k, v (and the output) are in the autocast dtype, the blocks merge in fp32
+    (docs/torch-precision.md)."""
+    q, k, v = autocast_inputs(q, k, v)
     check_qkv("ring attention", q, k, v, ring.n(ring.me),
               f"the rows the plan gives this rank (member {ring.me} of ring {ring.ranks})")
     return _RingAttention.apply(q, k, v, ring)

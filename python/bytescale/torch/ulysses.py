@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import guard
-from .attention import Rows, _acc_dtype, block_backward, block_forward
+from .attention import Rows, _acc_dtype, autocast_inputs, block_backward, block_forward, no_autocast
 from .ring import Ring, RingStats, _exchange, ring_backward, ring_forward
 from .shapes import check_qkv
 
@@ -225,7 +225,8 @@ def grp_kv_heads(H: int, G: int, u: int, j: int) -> int:
 class _UlyssesAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, grp):
-        with guard.failing():  # an error here is recorded for the peers before it leaves (guard.py)
+        # an error here is recorded for the peers before it leaves (guard.py); autocast off inside
+        with guard.failing(), no_autocast(q):
             return _UlyssesAttention._forward(ctx, q, k, v, grp)
 
     @staticmethod
@@ -237,18 +238,20 @@ class _UlyssesAttention(torch.autograd.Function):
         if idx is not None:  # (N, w, hd): one K/V head per local query head
             idx = idx.to(q.device)
             kh, vh = kh[:, idx].contiguous(), vh[:, idx].contiguous()
+        # oh in the accumulation dtype (a hybrid's ring blocks merged unrounded), kept so for the
+        # backward; it goes home in q's dtype, rounded once (the heads do not overlap: no sum there)
         if grp.ring is None:
-            oh, lse = block_forward(qh, kh, vh, grp.rows, grp.rows)
+            oh, lse = block_forward(qh, kh, vh, grp.rows, grp.rows, acc_out=True)
         else:
             oh, lse = ring_forward(qh, kh, vh, grp.ring)
-        (out,) = grp.to_seq([oh], ["q"], [H], H, G, TAG_A2A_FWD_OUT)
+        (out,) = grp.to_seq([oh.to(q.dtype)], ["q"], [H], H, G, TAG_A2A_FWD_OUT)
         ctx.save_for_backward(qh, kh, vh, oh, lse)
         ctx.grp, ctx.idx, ctx.shape = grp, idx, (H, G)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        with guard.failing():
+        with guard.failing(), no_autocast(dout):
             return _UlyssesAttention._backward(ctx, dout)
 
     @staticmethod
@@ -261,7 +264,7 @@ class _UlyssesAttention(torch.autograd.Function):
             delta = (doh.to(acc_t) * oh.to(acc_t)).sum(-1)  # (N, w): rowsum(dout * out)
             dq, dk, dv = block_backward(doh, qh, kh, vh, lse, delta, grp.rows, grp.rows)
         else:
-            dq, dk, dv = ring_backward(doh, qh, kh, vh, oh, lse, grp.ring)
+            dq, dk, dv = ring_backward(doh, qh, kh, vh, oh, lse, grp.ring, acc_grads=True)
         dq, dk, dv = dq.to(acc_t), dk.to(acc_t), dv.to(acc_t)
         if idx is not None:  # fold the widened K/V heads' gradients back onto the heads they copy
             gw = grp_kv_heads(H, G, grp.u, grp.j)
@@ -275,7 +278,10 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: Ulysses) -> Tensor
     """Attention of this member's rows over the whole item's rows for an a2a or hybrid item,
     differentiable. q (T, H, hd), k and v (T, G, hd): this member's rows after RoPE (T =
     rows the plan gives it, possibly 0), every head. Every member of the item calls it at the same
-    point of its schedule, forward and (through autograd) backward."""
+    point of its schedule, forward and (through autograd) backward. Under torch.autocast q, k, v
+    (and the output) are in the autocast dtype; partial outputs and the replicas' dK/dV add up in
+    fp32 (docs/torch-precision.md)."""
+    q, k, v = autocast_inputs(q, k, v)
     kind = "a2a attention" if group.r == 1 else "hybrid attention"
     check_qkv(kind, q, k, v, group.n[group.j],
               f"the rows the plan gives this rank (member {group.g * group.u + group.j} of item {group.ranks})",
