@@ -140,6 +140,7 @@ def _three(rank, world, state):
     """The 3-process job: load the 2-process job's state, run to the end."""
     loader = HDPLoader(Docs(corpus()), **LOADER)
     loader.load_state_dict(state)
+    loader.start()  # reading ahead before the first next()
     out = [(s.plan, shares(s)) for s in loader]
     loader.close()
     return out

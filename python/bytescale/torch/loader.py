@@ -425,8 +425,8 @@ class HDPLoader:
         self.hdp = int(layout.hdp) if layout is not None else world
         self.rank = int(layout.hdp_rank) if layout is not None else (dist.get_rank() if self._distributed else 0)
         self.group = None
+        guard.install()  # first: its exit handler (destroying the groups) runs after ours (last in, first out)
         if self._distributed:  # the thread's collectives: a group of their own (collective: every rank, now)
-            guard.install()  # its exit handler runs after ours (atexit: last in, first out)
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=guard.timeout()))
         self.stats: Deque[StepStats] = collections.deque(maxlen=100_000)
         self._step, self._cursor = 0, Cursor()  # what the trainer consumed
@@ -440,7 +440,13 @@ class HDPLoader:
 
     # -- the thread ----------------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start reading ahead now (the first next() does it otherwise): after load_state_dict, so the
+        first steps are made while the model is set up. Every rank, like next()."""
+        if self._closed:
+            raise RuntimeError("HDPLoader: closed")
+        if self._thread is not None:
+            return
         self._stop, self._slots, self._queue = threading.Event(), threading.Semaphore(self.prefetch), queue.Queue()
         self._failed = None
         self._thread = threading.Thread(target=self._run, name="bytescale-loader", daemon=True,
@@ -527,7 +533,7 @@ class HDPLoader:
         if self._failed is not None:
             raise self._failed.error
         if self._thread is None:
-            self._start()
+            self.start()
         t0 = time.perf_counter()
         ready = not self._queue.empty()
         while True:
