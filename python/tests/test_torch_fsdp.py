@@ -215,7 +215,8 @@ def test_fsdp_and_zero_match_one_process(world):
     # blocks and the root), whatever its micro-batches: 3, 1 and (on 4) none
     ran = [r["count"][0] for r in res]
     assert ran[:2] == [3, 2] and all(n == 0 for n in ran[2:]), ran
-    assert all(r["count"][1] == {"all_gather": 3, "reduce_scatter": 3, "other": 0} for r in res), [r["count"][1] for r in res]
+    want = {"all_gather": 3, "reduce_scatter": 3, "other": 0}
+    assert all(r["count"][1] == want for r in res), [r["count"][1] for r in res]
     for mode in ("fsdp", "zero"):
         losses, params, steps_ran, norms = res[0][mode]
         # the plans made ranks run different numbers of micro-batches, and some none

@@ -41,6 +41,7 @@ from .pipeline import PipeStats, pipeline_slots, run_stage, stage_order
 from .train import HDPTrainer, StepResult, all_reduce_gradients, lr_schedule
 from .data import Dataset, DatasetError, Sampler
 from .checkpoint import Checkpoint, CheckpointError, load_params, read_checkpoint, write_checkpoint
+from . import dcp, fsdp  # bt.fsdp.shard / step, bt.dcp.save / load (docs/torch-fsdp.md)
 
 # one list, in the order of docs/torch.md's module table
 __all__ = [
@@ -72,4 +73,6 @@ __all__ = [
     "Dataset", "DatasetError", "Sampler",
     # checkpoint.py
     "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint",
+    # fsdp.py, dcp.py (modules: bt.fsdp.shard, bt.dcp.save)
+    "fsdp", "dcp",
 ]

@@ -186,9 +186,9 @@ def _read_manifest(path: str) -> Dict:
             manifest = json.load(f)
     except ValueError as e:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is damaged: {e}") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path}: format {manifest.get('format') if isinstance(manifest, dict) else '?'!r},"
-                              f" this reader's is {FORMAT!r}")
+    fmt = manifest.get("format") if isinstance(manifest, dict) else None
+    if fmt != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: format {fmt!r}, this reader's is {FORMAT!r}")
     return manifest
 
 
