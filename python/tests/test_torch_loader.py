@@ -90,7 +90,8 @@ def caught(fn):
 
 def _errors(docs):
     """Errors met in the thread, as every rank sees them: a negative token (rank 0 meets it drawing),
-    a token outside the vocabulary, a read that fails on rank 1 only; next() again raises the same."""
+    a token outside the vocabulary, a read that fails on rank 1 only, ranks at different steps; next()
+    again raises the same."""
     bad = [d.clone() for d in docs]
     bad[1][3] = -5
     out = {}
@@ -102,6 +103,9 @@ def _errors(docs):
         out["vocab"] = caught(lambda: next(ld))
     with HDPLoader(Docs(docs, fail_rank=1), **LOADER) as ld:
         out["read"] = caught(lambda: next(ld))
+    with HDPLoader(Docs(docs), **LOADER) as ld:  # the ranks load different states
+        ld.load_state_dict(dict(ld.state_dict(), step=dist.get_rank()))
+        out["steps"] = caught(lambda: next(ld))
     return out
 
 
@@ -267,6 +271,9 @@ def test_errors_reach_every_rank(two):
         assert e["vocab"][0] == "PlanError" and "outside the vocabulary of 100" in e["vocab"][1], e
         assert e["read"][0] == "LoaderError", e
         assert "rank 1 could not read its tokens: OSError: disk gone reading item" in e["read"][1]
+        assert e["steps"] == ("LoaderError", "bytescale.torch.loader: the ranks' loaders are at different steps "
+                              "(rank 0: 0, rank 1: 1; rank 0 planned step 0): load the same state on every rank and "
+                              "consume the same steps")
 
 
 # -- the inputs, in this process ------------------------------------------------------------------------

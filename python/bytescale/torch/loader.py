@@ -433,7 +433,7 @@ class HDPLoader:
         self._thread: Optional[threading.Thread] = None
         self._failed: Optional[_Failed] = None
         self._closed = False
-        if not _open and not getattr(_close_all, "registered", False):
+        if not getattr(_close_all, "registered", False):
             atexit.register(_close_all)
             _close_all.registered = True
         _open.add(self)
