@@ -125,7 +125,7 @@ def _two(rank, world):
             out["state"] = loader.state_dict()
         if step.step + 1 < STEPS:
             out["full"].append(until_full(loader, min(PREFETCH, STEPS - step.step - 1)))
-    out["stats"] = list(loader.stats)
+    out["stats"], out["summary"] = list(loader.stats), loader.summary()
     out["end_state"] = loader.state_dict()
     loader.close()
     again = HDPLoader(Docs(docs), **LOADER)
@@ -261,6 +261,9 @@ def test_prefetch_made_ahead(two):
         assert [s.step for s in stats] == list(range(STEPS))
         assert all(s.ready for s in stats[1:]), [s.ready for s in stats]
         assert all(s.read_s > 0 for s in stats)
+        summary = r["summary"]
+        assert summary["steps"] == STEPS and summary["ready"] == 1.0
+        assert summary["wait_max_s"] == max(s.wait_s for s in stats[1:]) and summary["first_wait_s"] == stats[0].wait_s
 
 
 def test_errors_reach_every_rank(two):

@@ -558,7 +558,10 @@ class HDPLoader:
     @property
     def prefetched(self) -> int:
         """Steps made and not consumed yet (at most `prefetch`)."""
-        return 0 if self._thread is None else sum(1 for x in list(self._queue.queue) if isinstance(x, _Made))
+        if self._thread is None:
+            return 0
+        with self._queue.mutex:  # the thread appends meanwhile
+            return sum(1 for x in self._queue.queue if isinstance(x, _Made))
 
     @property
     def step(self) -> int:
@@ -567,9 +570,10 @@ class HDPLoader:
 
     def summary(self) -> dict:
         """The record so far: steps, the read time per step (mean, max), the wait in next() (mean, max;
-        the first step's apart: nothing could be read ahead of it), the share of steps ready."""
+        the first step's apart: nothing could be read ahead of it), the share of the later steps that
+        were ready when asked."""
         rows = list(self.stats)
-        later = rows[1:] if len(rows) > 1 else rows
+        later = rows[1:]
         mean = lambda xs: float(np.mean(xs)) if xs else 0.0
         return {"steps": len(rows), "read_s": mean([r.read_s for r in rows]),
                 "read_max_s": max((r.read_s for r in rows), default=0.0),
