@@ -109,7 +109,7 @@ def hdp_step(model, opt, plan, rank, source) -> float:
     total = torch.zeros((), dtype=torch.float64)
     for mb in bt.microbatches(plan, rank, source):
         with bt.microbatch_context(mb):
-            logits = model(**hf.inputs(mb)).logits
+            logits = hf.logits(model, mb)
         loss = hf.loss_sum(logits, mb.targets) / plan.labelled
         loss.backward()
         total += loss.detach().double()
@@ -139,7 +139,7 @@ def hdp_eval(model, plan, rank, source) -> float:
     with torch.no_grad():
         for mb in bt.microbatches(plan, rank, source):
             with bt.microbatch_context(mb):
-                total += hf.loss_sum(model(**hf.inputs(mb)).logits, mb.targets).double()
+                total += hf.loss_sum(hf.logits(model, mb), mb.targets).double()
     dist.all_reduce(total)
     return float(total) / plan.labelled
 

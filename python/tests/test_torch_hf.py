@@ -67,13 +67,21 @@ def make_batch(rng, world, doc_len, used):
 def plans(world):
     """STEPS plans made on rank 0: balance (rings, packs), flexsp (a2a items, packs) and the hand-made
     ones of test_torch_ulysses (a2a of every rank packing 3 sequences, a ring, and on 4 ranks a hybrid
-    of 2 x 2), in turn; then one balance plan for the eval."""
+    of 2 x 2), in turn, the last step a ring whose members but the first hold no row (hf.logits'
+    empty member); then one balance plan for the eval."""
     source, doc_len = synthetic_source()
     rng = np.random.default_rng(39 + world)
     handmade = handmade_plans(world, doc_len)
     used, out = 200, []
     for s in range(STEPS + 1):
         kind = s % 3 if s < STEPS else 0
+        if s == STEPS - 1:  # a ring of every rank over one token: members without rows, beside packs
+            docs = [d for d in range(300, 400) if doc_len[d] > 30][:world + 1]
+            lengths = [1] + [30] * world
+            items = [(tuple(range(world)), ((0, 0, 1),))] + [((r,), ((r + 1, 0, 30),)) for r in range(world)]
+            labelled = bt.labelled_tokens(bt.Batch(docs, [0] * len(docs), lengths), source)
+            out.append(bt.StepPlan(world, docs, [0] * len(docs), lengths, items, labelled=labelled))
+            continue
         if kind == 2:
             docs, starts, lengths, items, ulysses = handmade[(s // 3) % len(handmade)]
             labelled = bt.labelled_tokens(bt.Batch(docs, starts, lengths), source)
@@ -90,6 +98,8 @@ def seed_of(arch):
 
 
 def kind_of(mb):
+    if mb.T == 0:
+        return "empty"
     if mb.ulysses is not None:
         return "hybrid" if mb.ulysses.r > 1 else "a2a"
     return "ring" if mb.ring is not None else "pack"
@@ -112,7 +122,7 @@ def hdp_train(model, step_plans, rank, source):
         for mb in bt.microbatches(plan, rank, source):
             kinds.add(kind_of(mb))
             with bt.microbatch_context(mb):
-                logits = model(**hf.inputs(mb)).logits
+                logits = hf.logits(model, mb)
             loss = hf.loss_sum(logits, mb.targets) / plan.labelled
             loss.backward()
             total += loss.detach().double()
@@ -131,7 +141,7 @@ def hdp_eval(model, plan, rank, source):
     with torch.no_grad():
         for mb in bt.microbatches(plan, rank, source):
             with bt.microbatch_context(mb):
-                total += hf.loss_sum(model(**hf.inputs(mb)).logits, mb.targets).double()
+                total += hf.loss_sum(hf.logits(model, mb), mb.targets).double()
     dist.all_reduce(total)
     return float(total) / plan.labelled
 
@@ -248,7 +258,7 @@ def test_hf_models_match_one_process(world):
         for r in per_rank:  # every rank: the same summed losses and final weights
             assert r["losses"] == per_rank[0]["losses"] and torch.equal(r["params"], per_rank[0]["params"])
         kinds = set().union(*(r["kinds"] for r in per_rank))
-        assert {"pack", "ring", "a2a"} <= kinds and (world < 4 or "hybrid" in kinds), (arch, kinds)
+        assert {"pack", "ring", "a2a", "empty"} <= kinds and (world < 4 or "hybrid" in kinds), (arch, kinds)
         got = per_rank[0]
         ref_losses, ref_grads, ref_eval, ref_model = reference(arch, step_plans, source)
         loss_err = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref_losses))
@@ -331,6 +341,9 @@ def test_refusals_and_scaling():
     drop.eval()
     with bt.microbatch_context(mb):
         drop(**hf.inputs(mb))
+    empty = type("MB", (), {"tokens": torch.zeros(0, dtype=torch.int64), "item": 3})()
+    with pytest.raises(hf.HDPAttentionError, match="item 3 holds no rows.*hf.logits"):
+        hf.inputs(empty)
     window = hf.small_model("mistral", sliding_window=16)
     with bt.microbatch_context(mb), pytest.raises(hf.HDPAttentionError, match="sliding window 16 would cut"):
         window(**hf.inputs(mb))

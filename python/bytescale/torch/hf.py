@@ -5,7 +5,7 @@
     model = LlamaForCausalLM._from_config(cfg, attn_implementation=hf.NAME)
     for mb in bt.microbatches(plan, rank, source):
         with bt.microbatch_context(mb):
-            logits = model(**hf.inputs(mb)).logits
+            logits = hf.logits(model, mb)          # model(**hf.inputs(mb)).logits
         (hf.loss_sum(logits, mb.targets) / plan.labelled).backward()
     bt.all_reduce_gradients(model)
 
@@ -45,7 +45,8 @@ ARCHS = ("llama", "qwen2", "mistral")
 
 class HDPAttentionError(ValueError):
     """What HDP attention cannot run inside a micro-batch (dropout, a sliding window that cuts a
-    sequence, a mask, a KV cache, a batch of several rows, a non-causal module), named."""
+    sequence, a mask, a KV cache, a batch of several rows, a non-causal module, a member without
+    rows given to the model itself), named."""
 
 
 def register(name: str = NAME) -> str:
@@ -88,13 +89,39 @@ def inputs(mb) -> dict:
     """The keyword arguments of a causal LM's forward for micro-batch `mb`: one packed row, input_ids
     mb.tokens[None], position_ids mb.pos[None] (positions restart at each document; a ring member's
     rows carry their positions in the whole sequence), no KV cache. A member without rows (a short
-    sequence on a wide ring) also gets an empty attention_mask: transformers' mask preparation reads
-    the last position of a row, which an empty row has not (an IndexError otherwise); inside the
-    micro-batch the mask function makes no mask either way."""
-    out = dict(input_ids=mb.tokens[None], position_ids=mb.pos[None], use_cache=False)
+    sequence on a wide ring) cannot run a transformers model at all (its attention reshapes a row of
+    0 tokens with -1, which fails): `logits(model, mb)` runs that member's part of the ring."""
     if mb.tokens.shape[0] == 0:
-        out["attention_mask"] = torch.ones(1, 0, dtype=torch.bool, device=mb.tokens.device)
-    return out
+        raise HDPAttentionError("hf.inputs: micro-batch of item %d holds no rows (a member of a ring or a2a item "
+                                "wider than its sequences): transformers cannot run a row of 0 tokens; call "
+                                "hf.logits(model, mb), which runs this member's part of every layer" % mb.item)
+    return dict(input_ids=mb.tokens[None], position_ids=mb.pos[None], use_cache=False)
+
+
+def logits(model, mb) -> Tensor:
+    """model(**inputs(mb)).logits (1, T, V), inside microbatch_context(mb): the forward of a micro-batch.
+    For a member without rows, an empty (1, 0, V) that stands for the model's forward: the member
+    still has to take its part in every layer's ring or all-to-all, forward and (through a loss of
+    these logits) backward, in the layers' order, or its peers wait forever (docs/torch.md, step 3)."""
+    if mb.tokens.shape[0] > 0:
+        return model(**inputs(mb)).logits
+    return _empty_member(model)
+
+
+def _empty_member(model) -> Tensor:
+    """One hdp_attention call per layer on 0 rows of the model's heads, each layer's q, k, v depending
+    on the previous layer's output (so the backward reaches them last to first, as the peers'
+    backward does), and logits of 0 rows depending on the last."""
+    cfg = model.config
+    H = int(cfg.num_attention_heads)
+    G = int(getattr(cfg, "num_key_value_heads", None) or H)
+    D = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // H)
+    p = next(model.parameters())
+    link = torch.zeros((), dtype=p.dtype, device=p.device, requires_grad=torch.is_grad_enabled())
+    for _ in range(int(cfg.num_hidden_layers)):
+        q, k, v = (torch.zeros(0, h, D, dtype=p.dtype, device=p.device) + link for h in (H, G, G))
+        link = hdp_attention(q, k, v).sum()
+    return torch.zeros(1, 0, int(cfg.vocab_size), dtype=p.dtype, device=p.device) + link
 
 
 def loss_sum(logits: Tensor, targets: Tensor) -> Tensor:
