@@ -4,7 +4,8 @@ that draw each step's batch), saved after 3 steps and resumed for 3 more on anot
 layout: FSDP2 on 2 processes resumed on 3 (FSDP2 again, and replicated), tp 2 x hdp 2 on 4 resumed
 at tp 1 on 3; the resumed losses equal the uninterrupted run's to 1e-6 relative (fp32). Also what a
 crash before the rename leaves (the previous checkpoint, readable), and the refusals, the same
-error on every rank: a missing directory, no manifest, a damaged file, another model.
+error on every rank: a missing directory, no manifest, a damaged file, another model, ZeRO-1's
+optimizer.
 """
 
 import importlib.util
@@ -143,6 +144,7 @@ def refusals(rank, base):
     out["damaged"] = refusal(lambda: dcp.load(os.path.join(base, "damaged"), model, opt))
     _, wide, wide_opt = make("replicated", 1, ex, d=48)
     out["other_model"] = refusal(lambda: dcp.load(good, wide, wide_opt))
+    out["zero"] = refusal(lambda: dcp.save(os.path.join(base, "zero"), model, fsdp.zero_optimizer(model, lr=LR)))
     # a crash on rank 0 before the rename (the tensors written, no manifest, no rename): the save
     # fails on every rank, and the previous checkpoint at that path is whole and reads back
     orig = dcp.before_publish
@@ -207,6 +209,7 @@ def test_resume_on_other_world_and_layout(tmp_path):
     assert f"no {dcp.MANIFEST}" in r0["nomanifest"], r0
     assert "CRC-32" in r0["damaged"] and "(damaged)" in r0["damaged"] and "found by rank 0" in r0["damaged"], r0
     assert "'emb.weight' has shape (64, 32) there, (64, 48) in the model: not this model's" in r0["other_model"], r0
+    assert "a ZeroRedundancyOptimizer (ZeRO-1) is not checkpointed" in r0["zero"], r0
     assert "simulated crash before the rename" in r0["crash"], r0
     assert r0["after_crash_step"] == 3 and r0["after_crash_loader"] == {"seed": 11, "step": 3}, r0
     assert len(r0["leftover"]) == 1, r0

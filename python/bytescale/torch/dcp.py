@@ -24,7 +24,8 @@ Refused, with the same error on every rank (CheckpointError; the ranks agree thr
 the control group before any tensor is read): a directory that is missing or holds no manifest, a
 manifest of another format, a file missing, of another size or another CRC-32 (checked on rank 0),
 a parameter the checkpoint lacks or holds with another whole shape, an optimizer asked for that the
-checkpoint does not hold, a loader asked for that it does not hold.
+checkpoint does not hold, a loader asked for that it does not hold; a ZeroRedundancyOptimizer
+(its state lives in an inner optimizer, a share per rank: saving it is not done here).
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     model's parameters and buffers, the optimizer's state, `step`, `loader.state_dict()` and `extra`
     (picklable). Every process of the job calls it, at the same point."""
     path = os.fspath(path)
+    _refuse_zero(optimizer, path)
     with guard.failing():
         tmp, problem = None, None
         if _rank() == 0:
@@ -167,6 +169,16 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
             except OSError as e:
                 problem = f"checkpoint {path}: publishing it failed: {e}"
         _agree(problem, "the checkpoint's publication")
+
+
+def _refuse_zero(optimizer, path: str) -> None:
+    """ZeroRedundancyOptimizer keeps each rank's share of the state in an inner optimizer that the
+    per-parameter keys do not reach: refused (on every rank alike) rather than saved without it."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        raise CheckpointError(f"bytescale.torch: checkpoint {path}: a ZeroRedundancyOptimizer (ZeRO-1) is not "
+                              f"checkpointed by bytescale.torch.dcp: shard with bytescale.torch.fsdp (its optimizer "
+                              f"state is sharded and saved), or save the model alone")
 
 
 def before_publish(tmp: str) -> None:
@@ -240,6 +252,7 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     {"step": ..., "extra": ..., "manifest": ...}. Refusals: module docstring."""
     from torch.distributed.checkpoint import FileSystemReader
     path = os.fspath(path)
+    _refuse_zero(optimizer, path)
     with guard.failing():
         problem, manifest = None, None
         try:
