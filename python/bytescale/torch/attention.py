@@ -47,12 +47,15 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # is defined, and custom_bwd replays the forward's autocast state in the backward, where the point is
 # to have none.
 
+def _autocast_on(t: Tensor) -> bool:
+    """Whether autocast is on for t's device (never for a device autocast has no notion of: meta)."""
+    dev = t.device.type
+    return torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev)
+
+
 def _autocast_dtype(t: Tensor) -> Optional[torch.dtype]:
     """The dtype autocast runs t's device's matmuls in, None when autocast is off there."""
-    dev = t.device.type
-    if not torch.is_autocast_enabled(dev):
-        return None
-    return torch.get_autocast_dtype(dev)
+    return torch.get_autocast_dtype(t.device.type) if _autocast_on(t) else None
 
 
 def autocast_inputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -69,7 +72,7 @@ def autocast_inputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Te
 def no_autocast(t: Tensor):
     """A context with autocast off on t's device (a null context where it is off already): the
     kernels' own accumulation dtype holds inside (see autocast_inputs)."""
-    if torch.is_autocast_enabled(t.device.type):
+    if _autocast_on(t):
         return torch.autocast(t.device.type, enabled=False)
     return contextlib.nullcontext()
 
