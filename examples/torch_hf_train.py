@@ -20,8 +20,8 @@ any micro-batch); at the end rank 0 generates greedily (KV cache) from a prompt.
 own "sdpa" attention and no bytescale step (each sequence its own forward). Default data: a
 synthetic corpus that is the same on every run (a function of the document index, long and short
 documents, so rings appear); --data DIR reads a prepared bytescale dataset (bt.Dataset, e.g.
-data/go-byte). --metrics FILE: one JSON line per step (step, loss, tokens, tokens_per_s, rings,
-items, and eval where it ran). Without make python, from a checkout, this script imports the package
+data/go-byte). --metrics FILE: one JSON line per step (step, loss, tokens, tokens_per_s, cpu_s: the
+CPU seconds of all ranks, rings, items, and eval where it ran). Without make python, from a checkout, this script imports the package
 in python/ beside it, which then needs BYTESCALE_LIB=$PWD/build/libbytescale.so.0 (docs/torch.md).
 
 The batch source (draw_batch) and the step (hdp_step / plain_step) are separate functions: a
@@ -198,7 +198,7 @@ def train(rank, world, args):
     rows = []
     for step in range(1, args.steps + 1):
         batch = draw_batch(step, args.seed, source, n_docs, args.tokens, args.context)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if args.plain:
             loss, rings, items = plain_step(model, opt, batch, source), 0, len(batch.docs)
         else:
@@ -206,8 +206,10 @@ def train(rank, world, args):
                                                           policy=args.policy))
             loss, rings, items = hdp_step(model, opt, plan, rank, source), plan.n_rings, len(plan.items)
         dt = time.perf_counter() - t0
+        cpu = torch.tensor(time.process_time() - c0, dtype=torch.float64)
+        dist.all_reduce(cpu)  # the CPU seconds of every rank: steadier than wall time on a shared machine
         row = {"step": step, "loss": loss, "tokens": int(sum(batch.lengths)), "tokens_per_s": sum(batch.lengths) / dt,
-               "rings": rings, "items": items}
+               "cpu_s": float(cpu), "rings": rings, "items": items}
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
             row.update(evaluate(model, args, rank, world, source, n_docs))
         rows.append(row)
