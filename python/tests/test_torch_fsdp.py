@@ -4,7 +4,8 @@ in fp32 on 2 and 4 processes, with plans whose ranks run different numbers of mi
 of 2 and 4, packs) and steps where some ranks run none, against the same 10 steps in one process
 (a plan of one rank: every sequence whole in a pack, no message): every loss within 1e-5 relative,
 every final parameter within 1e-5 of the largest. Also the FSDP collectives' count (the same on
-every rank whatever the plan), the local bytes of the shards, and what shard refuses.
+every rank whatever the plan), the local bytes of the shards, what shard refuses, and a Hugging
+Face LlamaForCausalLM (bytescale.torch.hf) sharded by its "model.layers" against one process.
 """
 
 import importlib.util
@@ -164,6 +165,63 @@ def count_collectives(rank, world):
         for k, fn in orig.items():
             setattr(dist, k, fn)
     return len(mbs), seen
+
+
+HF_STEPS = 3
+
+
+def hf_run(rank, world, sharded):
+    """HF_STEPS AdamW steps of a Hugging Face Llama (bytescale.torch.hf's small config, HDP attention)
+    sharded over the HDP ranks with blocks="model.layers" (sharded), or on one process (the
+    reference: a plan of one rank). Returns the losses and the final whole parameters."""
+    from bytescale.torch import hf
+    ex = user_loop()
+    model = hf.small_model("llama", seed=3)
+    if sharded:
+        fsdp.shard(model, bt.Layout(), blocks="model.layers")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    source = bt.FunctionSource(ex.read, ex.doc_length)
+    losses = []
+    for s in range(HF_STEPS):
+        batch = batch_of(ex, s + 1)
+        plan = bt.broadcast_plan(lambda: plan_of(batch, source, world, s + 1)) if sharded else \
+            plan_of(batch, source, 1, s + 1)
+        total = torch.zeros((), dtype=torch.float64)
+        with fsdp.step(model) if sharded else _nothing():
+            for mb in bt.microbatches(plan, rank, source, check=sharded):
+                with bt.microbatch_context(mb):
+                    logits = hf.logits(model, mb)
+                loss = hf.loss_sum(logits, mb.targets) / plan.labelled
+                loss.backward()
+                total += loss.detach().double()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if sharded:
+            torch.distributed.all_reduce(total)
+        losses.append(float(total))
+    return losses, {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+                    for k, v in model.state_dict().items()}
+
+
+def hf_worker(rank, world):
+    """FSDP2 on a Hugging Face model's layers, and (rank 0) its one-process reference."""
+    out = {"hf": hf_run(rank, world, True)}
+    if rank == 0:
+        out["hf_ref"] = hf_run(0, 1, False)
+    return out
+
+
+def test_fsdp_on_a_hugging_face_model():
+    """The API is generic: blocks="model.layers" shards a transformers LlamaForCausalLM whose
+    attention is bytescale's (hf.register), on 2 processes, and trains the one-process losses."""
+    pytest.importorskip("transformers")
+    res = launch.spawn(hf_worker, 2, preload=["transformers", "transformers.models.llama.modeling_llama"])
+    losses, params = res[0]["hf"]
+    ref_losses, ref_params = res[0]["hf_ref"]
+    assert max(rel(a, b) for a, b in zip(losses, ref_losses)) < TOL, (losses, ref_losses)
+    assert rel(losses[-1], losses[0]) > 1e-3  # it trains
+    for k, v in ref_params.items():
+        assert float((params[k] - v).abs().max()) <= TOL * max(float(v.abs().max()), 1.0), k
 
 
 def worker(rank, world):
