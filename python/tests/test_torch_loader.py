@@ -8,7 +8,8 @@ gives the uninterrupted run's batches; the prefetch is made before it is asked f
 record); errors met in the thread reach every rank with their message; the three inputs (a torch
 Dataset, Hugging Face datasets from JSONL and parquet, a prepared dataset) and bad ones.
 
-Two spawned jobs (2 and 3 processes) carry the multi-process checks; the rest runs in this process.
+Three spawned jobs (2 and 3 processes, and 4 as tp 2 x hdp 2) carry the multi-process checks; the rest
+runs in this process.
 """
 
 import json
@@ -150,6 +151,13 @@ def _three(rank, world, state):
     return out
 
 
+def _layout(rank, world):
+    """4 processes as tp 2 x hdp 2 (a Layout): each process's share of each step."""
+    layout = bt.Layout(tp=2)
+    with HDPLoader(Docs(corpus()), layout=layout, **dict(LOADER, steps=3)) as loader:
+        return layout.hdp_rank, [(s.plan, shares(s)) for s in loader]
+
+
 @pytest.fixture(scope="module")
 def two():
     return launch.spawn(_two, 2, timeout_s=240)
@@ -244,6 +252,25 @@ def test_resume_on_three_processes(two, three):
     assert same_batch(r0["reloaded_first"], r0["plans"][CUT].batch)
     assert len(r0["resumed"]) == STEPS - CUT
     assert all(same_batch(a, p.batch) for a, p in zip(r0["resumed"], r0["plans"][CUT:]))
+
+
+def test_layout_tp2_hdp2():
+    """With a Layout the plan is for its HDP ranks, both tp ranks of an HDP rank hold the same
+    micro-batches, and the HDP ranks' shares gathered equal the documents; the batches are the
+    2-process job's."""
+    res = launch.spawn(_layout, 4, timeout_s=240)
+    docs = corpus()
+    assert [h for h, _ in res] == [0, 0, 1, 1]  # process r: tp rank r % 2, HDP rank r // 2
+    for (_, a), (_, b) in ((res[0], res[1]), (res[2], res[3])):
+        for (pa, sa), (pb, sb) in zip(a, b):
+            assert bt.plan_fingerprint(pa) == bt.plan_fingerprint(pb)
+            assert len(sa) == len(sb)
+            for u, v in zip(sa, sb):
+                assert u[0] == v[0] and all(np.array_equal(x, y) for x, y in zip(u[1:], v[1:]))
+    for k, (plan, _) in enumerate(res[0][1]):
+        assert plan.n_ranks == 2
+        check_step(plan, [res[0][1][k][1], res[2][1][k][1]], docs)
+    assert flat([p.batch for p, _ in res[0][1]]) == stream([len(d) for d in docs], SEED, 3 * LOADER["tokens"])
 
 
 def test_seeded(two):
