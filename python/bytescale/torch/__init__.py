@@ -40,6 +40,7 @@ from .sharded import clip_grad_norm_, load_tp, save_tp
 from .pipeline import PipeStats, pipeline_slots, run_stage, stage_order
 from .train import HDPTrainer, StepResult, all_reduce_gradients, lr_schedule
 from .data import Dataset, DatasetError, Sampler
+from .loader import DocumentError, HDPLoader, LoaderError, LoaderStep
 from .checkpoint import Checkpoint, CheckpointError, load_params, read_checkpoint, write_checkpoint
 from . import dcp, fsdp  # bt.fsdp.shard / step, bt.dcp.save / load (docs/torch-fsdp.md)
 
@@ -71,6 +72,8 @@ __all__ = [
     "HDPTrainer", "StepResult", "all_reduce_gradients", "lr_schedule",
     # data.py
     "Dataset", "DatasetError", "Sampler",
+    # loader.py
+    "DocumentError", "HDPLoader", "LoaderError", "LoaderStep",
     # checkpoint.py
     "Checkpoint", "CheckpointError", "load_params", "read_checkpoint", "write_checkpoint",
     # fsdp.py, dcp.py (modules: bt.fsdp.shard, bt.dcp.save)
