@@ -5,7 +5,7 @@ layout: FSDP2 on 2 processes resumed on 3 (FSDP2 again, and replicated), tp 2 x 
 at tp 1 on 3; the resumed losses equal the uninterrupted run's to 1e-6 relative (fp32). Also what a
 crash before the rename leaves (the previous checkpoint, readable), and the refusals, the same
 error on every rank: a missing directory, no manifest, a damaged file, another model, ZeRO-1's
-optimizer.
+optimizer, FSDP over tp 2.
 """
 
 import importlib.util
@@ -174,7 +174,9 @@ def job_four(rank, world, base):
     """4 processes, tp 2 x hdp 2: the uninterrupted run; 3 steps saved."""
     whole = segment("tp", 2, 6)
     first = segment("tp", 2, 3, save_to=os.path.join(base, "tp"))
-    return {"whole": whole, "first": first}
+    layout, model, opt = make("fsdp", 2, user_loop())  # FSDP over the tp parts: refused
+    return {"whole": whole, "first": first,
+            "fsdp_tp": refusal(lambda: dcp.save(os.path.join(base, "fsdp-tp"), model, opt, step=0))}
 
 
 def job_three(rank, world, base):
@@ -202,6 +204,7 @@ def test_resume_on_other_world_and_layout(tmp_path):
         assert rel(r["tp"], w4[3:]) < TOL, (r["tp"], w4[3:])
     # and the steps after the checkpoint are not those before it (the resume does continue)
     assert rel(w2[3:], w2[:3]) > 1e-3
+    assert all("FSDP over tensor parallelism (tp 2) is not checkpointed" in r["fsdp_tp"] for r in four), four[0]
     # refusals, the same on every rank
     r0 = two[0]["refusals"]
     assert two[1]["refusals"] == r0

@@ -3,7 +3,8 @@ of examples/torch_user_loop.py (TinyLM, its attention bt.hdp_attention), 10 step
 in fp32 on 2 and 4 processes, with plans whose ranks run different numbers of micro-batches (rings
 of 2 and 4, packs) and steps where some ranks run none, against the same 10 steps in one process
 (a plan of one rank: every sequence whole in a pack, no message): every loss within 1e-5 relative,
-every final parameter within 1e-5 of the largest. Also the FSDP collectives' count (the same on
+every final parameter within 1e-5 of the largest; on 4 processes also FSDP2 at tp 2 x hdp 2 (losses
+and gradient norms). Also the FSDP collectives' count (the same on
 every rank whatever the plan), the local bytes of the shards, what shard refuses, and a Hugging
 Face LlamaForCausalLM (bytescale.torch.hf) sharded by its "model.layers" against one process.
 """
@@ -69,13 +70,13 @@ def plan_of(batch, source, ranks, step):
                        bt.labelled_tokens(batch, source))
 
 
-def run(mode, rank, world, counts=None):
-    """STEPS clipped AdamW steps of TinyLM(seed 5) in `mode`: "plain" (the model replicated, gradients
-    summed by all_reduce_gradients; on one process the reference), "fsdp" (bt.fsdp.shard) or "zero"
-    (replicated, ZeRO-1). Returns the losses, the final whole parameters, the local bytes, and the
-    micro-batches each step ran here."""
+def run(mode, rank, world, counts=None, tp=1):
+    """STEPS clipped AdamW steps of TinyLM(seed 5) in `mode`: "fsdp" (bt.fsdp.shard; with tp 2 each
+    tp rank's part sharded over its hdp group, clipped by fsdp.clip_grad_norm_) or "zero"
+    (replicated, ZeRO-1). Returns the losses, the final whole parameters (tp 1), the micro-batches
+    each step ran here and the gradient norms; `counts` gets the local bytes after each step."""
     ex = user_loop()
-    layout = bt.Layout()
+    layout = bt.Layout(tp=tp)
     model = ex.TinyLM(layout, 5)
     if mode == "fsdp":
         fsdp.shard(model, layout, blocks=model.blocks)
@@ -87,8 +88,8 @@ def run(mode, rank, world, counts=None):
     losses, norms, ran = [], [], []
     for s in range(STEPS):
         batch = batch_of(ex, s)
-        plan = bt.broadcast_plan(lambda: plan_of(batch, source, world, s))
-        mbs = bt.microbatches(plan, rank, source)
+        plan = bt.broadcast_plan(lambda: plan_of(batch, source, layout.hdp, s))
+        mbs = bt.microbatches(plan, layout.hdp_rank, source, layout=layout)
         total = torch.zeros((), dtype=torch.float64)
         ctx = fsdp.step(model) if mode == "fsdp" else _nothing()
         with ctx:
@@ -99,19 +100,22 @@ def run(mode, rank, world, counts=None):
                 loss.backward()
                 total += loss.detach().double()
         if mode != "fsdp":
-            bt.all_reduce_gradients(model)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # FSDP: a DTensor, the whole norm
+            bt.all_reduce_gradients(model, layout=layout)
+        if tp > 1:  # the norm of every tp part's FSDP shards
+            norm = fsdp.clip_grad_norm_(model, CLIP)
+        else:  # torch's own; FSDP: a DTensor, the whole norm
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         opt.step()
         if counts is not None:
             counts.append(local_sizes(model, opt))
         opt.zero_grad(set_to_none=True)
-        if world > 1:
-            torch.distributed.all_reduce(total)
+        if layout.hdp > 1:
+            torch.distributed.all_reduce(total, group=layout.hdp_group)
         losses.append(float(total))
         ran.append(len(mbs))
     whole = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
-             for k, v in model.state_dict().items()}
+             for k, v in model.state_dict().items()} if tp == 1 else None
     return losses, whole, ran, norms
 
 
@@ -230,6 +234,8 @@ def worker(rank, world):
         counts = []
         out[mode] = run(mode, rank, world, counts)
         out[mode + "_bytes"] = counts[-1]
+    if world == 4:
+        out["fsdp_tp"] = run("fsdp", rank, world, tp=2)
     out["refuse"] = refuse(rank, world)
     if rank == 0:
         out["ref"] = reference()
@@ -291,6 +297,12 @@ def test_fsdp_and_zero_match_one_process(world):
         for r in res[1:]:  # every rank ends with the same whole parameters
             for k, v in r[mode][1].items():
                 assert torch.equal(v, params[k]), (mode, k)
+    if world == 4:  # tp 2 x hdp 2: FSDP over each tp part's hdp group, the losses and norms of one process
+        losses, _, _, norms = res[0]["fsdp_tp"]
+        per_rank = np.array([r["fsdp_tp"][2] for r in res])
+        assert (per_rank == 0).any() and (per_rank.min(0) != per_rank.max(0)).any(), per_rank
+        assert max(rel(a, b) for a, b in zip(losses, ref_losses)) < TOL, (losses, ref_losses)
+        assert max(rel(a, b) for a, b in zip(norms, ref_norms)) < TOL, (norms, ref_norms)
     # local bytes after the optimizer's step: FSDP holds its share of the parameters, gradients and
     # Adam state; ZeRO-1 the whole parameters and gradients and its share of the state
     n = sum(v.numel() * 4 for v in ref_params.values())
@@ -303,7 +315,7 @@ def test_fsdp_and_zero_match_one_process(world):
     # what shard and step refuse, the same words on every rank
     msgs = res[0]["refuse"]
     assert all(r["refuse"] == msgs for r in res)
-    assert "tp 2 x pp 1" in msgs[0] and "needs tp 1" in msgs[0], msgs[0]
+    assert "a layout of tp 1 x pp 2: FSDP2 over the HDP dimension runs on one pipeline stage" in msgs[0], msgs[0]
     assert "blocks='no_such': the model has no such submodule" in msgs[1], msgs[1]
     assert "block 0 (Linear) is not a submodule of the model" in msgs[2], msgs[2]
     assert "was not sharded by bytescale.torch.fsdp.shard" in msgs[3], msgs[3]
@@ -312,7 +324,7 @@ def test_fsdp_and_zero_match_one_process(world):
 def refuse(rank, world):
     ex = user_loop()
     msgs = []
-    for make in (lambda: fsdp.shard(ex.TinyLM(bt.Layout(tp=2), 5), bt.Layout(tp=2), blocks="blocks"),
+    for make in (lambda: fsdp.shard(ex.TinyLM(bt.Layout(), 5), bt.Layout(pp=2), blocks="blocks"),
                  lambda: fsdp.shard(ex.TinyLM(bt.Layout(), 5), blocks="no_such"),
                  lambda: fsdp.shard(ex.TinyLM(bt.Layout(), 5), blocks=[torch.nn.Linear(2, 2)]),
                  lambda: fsdp.step(ex.TinyLM(bt.Layout(), 5)).__enter__()):

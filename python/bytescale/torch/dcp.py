@@ -25,7 +25,8 @@ the control group before any tensor is read): a directory that is missing or hol
 manifest of another format, a file missing, of another size or another CRC-32 (checked on rank 0),
 a parameter the checkpoint lacks or holds with another whole shape, an optimizer asked for that the
 checkpoint does not hold, a loader asked for that it does not hold; a ZeroRedundancyOptimizer
-(its state lives in an inner optimizer, a share per rank: saving it is not done here).
+(its state lives in an inner optimizer, a share per rank: saving it is not done here); a model
+sharded by FSDP over tp > 1.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     (picklable). Every process of the job calls it, at the same point."""
     path = os.fspath(path)
     _refuse_zero(optimizer, path)
+    _refuse_fsdp_over_tp(model, path)
     with guard.failing():
         tmp, problem = None, None
         if _rank() == 0:
@@ -179,6 +181,17 @@ def _refuse_zero(optimizer, path: str) -> None:
         raise CheckpointError(f"bytescale.torch: checkpoint {path}: a ZeroRedundancyOptimizer (ZeRO-1) is not "
                               f"checkpointed by bytescale.torch.dcp: shard with bytescale.torch.fsdp (its optimizer "
                               f"state is sharded and saved), or save the model alone")
+
+
+def _refuse_fsdp_over_tp(model: nn.Module, path: str) -> None:
+    """FSDP over TP shards (bytescale.torch.fsdp with tp > 1): FSDP's DTensors are pieces of the tp
+    rank's shard, whose place in the whole tensor DCP is not told; refused rather than written as a
+    checkpoint that only the same tp could read."""
+    st = getattr(model, "_bs_fsdp", None)
+    if st is not None and st.layout is not None and st.layout.tp > 1:
+        raise CheckpointError(f"bytescale.torch: checkpoint {path}: FSDP over tensor parallelism (tp "
+                              f"{st.layout.tp}) is not checkpointed by bytescale.torch.dcp: checkpoint FSDP at "
+                              f"tp 1, or TP without FSDP")
 
 
 def before_publish(tmp: str) -> None:
@@ -253,6 +266,7 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     from torch.distributed.checkpoint import FileSystemReader
     path = os.fspath(path)
     _refuse_zero(optimizer, path)
+    _refuse_fsdp_over_tp(model, path)
     with guard.failing():
         problem, manifest = None, None
         try:

@@ -66,18 +66,24 @@ class _Units:
     """What shard() made: the FSDP units (modules) in one order, each with the names of the
     parameters it owns (relative to the unit), the hdp group and its DeviceMesh."""
 
-    def __init__(self, units: List[Tuple[nn.Module, List[str]]], group, mesh, size: int, rank: int):
+    def __init__(self, units: List[Tuple[nn.Module, List[str]]], group, mesh, size: int, rank: int, layout,
+                 tp_split: set):
         self.units, self.group, self.mesh, self.size, self.rank = units, group, mesh, size, rank
+        self.layout, self.tp_split = layout, tp_split  # names of the parameters that are TP shards
         self.open = False
 
 
 def _hdp_group(layout):
-    """(group, size, rank) of the HDP ranks: the layout's hdp group, or the default group."""
+    """(group, size, rank) of the HDP ranks: the layout's hdp group (the processes holding the same
+    tp part), or the default group."""
     if layout is not None:
-        if layout.tp != 1 or layout.pp != 1:
+        if layout.pp != 1:
             raise FSDPError(f"bytescale.torch.fsdp: a layout of tp {layout.tp} x pp {layout.pp}: FSDP2 over the HDP "
-                            f"dimension needs tp 1 and pp 1 (bytescale's tensor-parallel layers are not DTensors); "
-                            f"use all_reduce_gradients and ZeRO-1 (fsdp.zero_optimizer) beside TP")
+                            f"dimension runs on one pipeline stage (pp 1); use all_reduce_gradients and ZeRO-1 "
+                            f"(fsdp.zero_optimizer) beside pipeline stages")
+        if layout.hdp == 1:
+            raise FSDPError(f"bytescale.torch.fsdp: the layout has one HDP rank (tp {layout.tp} on {layout.world} "
+                            f"processes): FSDP over it would shard nothing")
         group = layout.hdp_group if layout.hdp < layout.world else None
         return group, layout.hdp, layout.hdp_rank
     if not dist.is_initialized():
@@ -130,6 +136,8 @@ def shard(model: nn.Module, layout=None, *, blocks=None, device_type: str = "cpu
                             f"between micro-batches: docs/torch-fsdp.md)")
     mods = _blocks(model, blocks)
     owned = [(m, _owned(m, mods)) for m in mods] + [(model, _owned(model, mods))]
+    # TP shards (parallel._mark) lose their marks when FSDP makes its parameters: their names are kept
+    tp_split = {n for n, p in model.named_parameters() if getattr(p, "tp_dim", None) is not None}
     mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type)
     for m in mods + [model]:
         fully_shard(m, mesh=mesh, reshard_after_forward=False, **fully_shard_args)
@@ -137,7 +145,7 @@ def shard(model: nn.Module, layout=None, *, blocks=None, device_type: str = "cpu
     model.set_reshard_after_backward(False)
     for m in mods + [model]:
         m.set_gradient_divide_factor(1.0)  # (FSDP never reduces here; if it did, a SUM)
-    model._bs_fsdp = _Units(owned, group, mesh, size, rank)
+    model._bs_fsdp = _Units(owned, group, mesh, size, rank, layout, tp_split)
     return model
 
 
@@ -229,6 +237,33 @@ def step(model: nn.Module) -> Iterator[None]:
     with guard.failing():
         yield
     end(model)
+
+
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> Tensor:
+    """torch.nn.utils.clip_grad_norm_ (order 2) of a model sharded by `shard`, also beside tensor
+    parallelism: the norm of the whole model's gradients, each piece counted once (an FSDP shard by
+    the HDP rank holding it; a TP shard on its tp rank; a parameter whole on every tp rank on tp rank
+    0), then every gradient scaled by min(1, max_norm / (norm + 1e-6)). One all-reduce of one number
+    over the default group; returns the norm (the same on every process). At tp 1,
+    torch.nn.utils.clip_grad_norm_ on the DTensor gradients gives the same."""
+    st = _units(model)
+    tp_rank = st.layout.tp_rank if st.layout is not None else 0
+    grads, acc = [], torch.zeros((), dtype=torch.float64)
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        grads.append(g)
+        if name in st.tp_split or tp_rank == 0:
+            acc = acc + g.detach().double().pow(2).sum().to(acc.device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        with guard.waiting("the gradient norm's all-reduce"):
+            dist.all_reduce(acc)
+    norm = acc.sqrt()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return norm
 
 
 def local_bytes(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> Dict[str, int]:
