@@ -319,6 +319,7 @@ def test_fsdp_and_zero_match_one_process(world):
     assert "blocks='no_such': the model has no such submodule" in msgs[1], msgs[1]
     assert "block 0 (Linear) is not a submodule of the model" in msgs[2], msgs[2]
     assert "was not sharded by bytescale.torch.fsdp.shard" in msgs[3], msgs[3]
+    assert "mp_policy= is not supported" in msgs[4], msgs[4]
 
 
 def refuse(rank, world):
@@ -327,7 +328,8 @@ def refuse(rank, world):
     for make in (lambda: fsdp.shard(ex.TinyLM(bt.Layout(), 5), bt.Layout(pp=2), blocks="blocks"),
                  lambda: fsdp.shard(ex.TinyLM(bt.Layout(), 5), blocks="no_such"),
                  lambda: fsdp.shard(ex.TinyLM(bt.Layout(), 5), blocks=[torch.nn.Linear(2, 2)]),
-                 lambda: fsdp.step(ex.TinyLM(bt.Layout(), 5)).__enter__()):
+                 lambda: fsdp.step(ex.TinyLM(bt.Layout(), 5)).__enter__(),
+                 lambda: fsdp.shard(ex.TinyLM(bt.Layout(), 5), blocks="blocks", mp_policy=None)):
         try:
             make()
             msgs.append(None)

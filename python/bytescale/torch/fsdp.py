@@ -124,7 +124,7 @@ def shard(model: nn.Module, layout=None, *, blocks=None, device_type: str = "cpu
     dotted name such as "blocks" or "model.layers"), then on the model, on a 1-D DeviceMesh of the
     HDP ranks, with FSDP's own gradient sync off (module docstring). Returns the model (FSDP2 shards
     in place). Make the optimizer afterwards, over model.parameters(): the sharded ones. Run every
-    step inside `step(model)`. fully_shard_args go to fully_shard (mp_policy=...)."""
+    step inside `step(model)`. fully_shard_args go to fully_shard (mp_policy= is refused)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
     group, size, rank = _hdp_group(layout)
@@ -134,6 +134,9 @@ def shard(model: nn.Module, layout=None, *, blocks=None, device_type: str = "cpu
         if key in fully_shard_args:
             raise FSDPError(f"bytescale.torch.fsdp: {key}= is bytescale's to set (the HDP ranks' mesh; no reshard "
                             f"between micro-batches: docs/torch-fsdp.md)")
+    if "mp_policy" in fully_shard_args:  # FSDP would keep the gradients where end() does not read them
+        raise FSDPError("bytescale.torch.fsdp: mp_policy= is not supported (FSDP accumulates gradients of another "
+                        "reduce dtype outside .grad); train in the parameters' dtype, or under torch.autocast")
     mods = _blocks(model, blocks)
     owned = [(m, _owned(m, mods)) for m in mods] + [(model, _owned(model, mods))]
     # TP shards (parallel._mark) lose their marks when FSDP makes its parameters: their names are kept
