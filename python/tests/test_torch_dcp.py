@@ -1,11 +1,14 @@
 """Distributed checkpoints (bytescale.torch.dcp, docs/torch-fsdp.md): the user's model of
 examples/torch_user_loop.py with AdamW and a loader of the test's own (a seed and a step counter
 that draw each step's batch), saved after 3 steps and resumed for 3 more on another world size and
-layout: FSDP2 on 2 processes resumed on 3 (FSDP2 again, and replicated), tp 2 x hdp 2 on 4 resumed
-at tp 1 on 3; the resumed losses equal the uninterrupted run's to 1e-6 relative (fp32). Also what a
-crash before the rename leaves (the previous checkpoint, readable), and the refusals, the same
-error on every rank: a missing directory, no manifest, a damaged file, another model, ZeRO-1's
-optimizer, FSDP over tp 2.
+layout: FSDP2 on 2 processes resumed on 3 (FSDP2 again, and replicated); ZeRO-1 on 2 resumed on 3
+(ZeRO-1 again, another partition, and a plain AdamW); tp 2 x hdp 2 on 4 resumed at tp 1 on 3
+(under ZeRO-1) and as FSDP over the tp parts on 4; FSDP over the tp parts on 4 resumed at tp 1 on
+3. The resumed losses equal the uninterrupted run's to 1e-6 relative (fp32); ZeRO-1 loads the Adam
+state of its own share only; ZeRO-1 and FSDP over tp write the keys and whole shapes a plain
+optimizer and TP write. Also what a crash before the rename leaves (the previous checkpoint,
+readable), and the refusals, the same error on every rank: a missing directory, no manifest, a
+damaged file, another model.
 """
 
 import importlib.util
@@ -59,11 +62,13 @@ class Draw:
 
 
 def make(mode, tp, ex, d=32):
-    """The model of `mode` (replicated, fsdp, tp) and its AdamW."""
+    """The model of `mode` (replicated, fsdp, tp; zero: replicated with ZeRO-1's AdamW) and its AdamW."""
     layout = bt.Layout(tp=tp)
     model = ex.TinyLM(layout, 7, d=d)
     if mode == "fsdp":
         fsdp.shard(model, layout, blocks="blocks")
+    if mode == "zero":
+        return layout, model, fsdp.zero_optimizer(model, layout, lr=LR, weight_decay=0.0)
     return layout, model, torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
 
 
@@ -98,9 +103,16 @@ class _Nothing:
         return False
 
 
-def segment(mode, tp, steps, load_from=None, save_to=None):
+def share(model, opt):
+    """ZeRO-1: (parameters whose Adam state this rank holds, parameters of its share, all of them)."""
+    params = list(model.parameters())
+    mine = {p for g in opt.optim.param_groups for p in g["params"]}
+    return (sum(1 for p in params if opt.optim.state.get(p)), sum(1 for p in params if p in mine), len(params))
+
+
+def segment(mode, tp, steps, load_from=None, save_to=None, held=None):
     """`steps` steps of a fresh model of `mode`, from the checkpoint load_from if given; saves to
-    save_to at the end. Returns the losses."""
+    save_to at the end. Returns the losses; `held` (a list) gets ZeRO-1's share() after the load."""
     ex = user_loop()
     layout, model, opt = make(mode, tp, ex)
     loader = Draw(ex, 11)
@@ -108,6 +120,8 @@ def segment(mode, tp, steps, load_from=None, save_to=None):
     if load_from:
         state = dcp.load(load_from, model, opt, loader=loader)
         assert state["step"] == loader.step == 3, (state["step"], loader.step)
+        if held is not None:
+            held.append(share(model, opt))
     losses = [train_step(mode, layout, model, opt, loader, source) for _ in range(steps)]
     if save_to:
         dcp.save(save_to, model, opt, step=loader.step, loader=loader, extra={"mode": mode})
@@ -144,7 +158,6 @@ def refusals(rank, base):
     out["damaged"] = refusal(lambda: dcp.load(os.path.join(base, "damaged"), model, opt))
     _, wide, wide_opt = make("replicated", 1, ex, d=48)
     out["other_model"] = refusal(lambda: dcp.load(good, wide, wide_opt))
-    out["zero"] = refusal(lambda: dcp.save(os.path.join(base, "zero"), model, fsdp.zero_optimizer(model, lr=LR)))
     # a crash on rank 0 before the rename (the tensors written, no manifest, no rename): the save
     # fails on every rank, and the previous checkpoint at that path is whole and reads back
     orig = dcp.before_publish
@@ -164,26 +177,41 @@ def refusals(rank, base):
 
 
 def job_two(rank, world, base):
-    """2 processes: the uninterrupted FSDP run; 3 FSDP steps saved; the refusals."""
+    """2 processes: the uninterrupted FSDP run; 3 FSDP steps saved, 3 ZeRO-1 steps saved; the refusals."""
     whole = segment("fsdp", 1, 6)
     first = segment("fsdp", 1, 3, save_to=os.path.join(base, "fsdp"))
-    return {"whole": whole, "first": first, "refusals": refusals(rank, base)}
+    zero = segment("zero", 1, 3, save_to=os.path.join(base, "zero"))
+    return {"whole": whole, "first": first, "zero": zero, "refusals": refusals(rank, base)}
 
 
 def job_four(rank, world, base):
-    """4 processes, tp 2 x hdp 2: the uninterrupted run; 3 steps saved."""
+    """4 processes, tp 2 x hdp 2: the uninterrupted run; 3 steps saved, TP and FSDP over the tp parts;
+    the TP checkpoint resumed as FSDP over the tp parts."""
     whole = segment("tp", 2, 6)
     first = segment("tp", 2, 3, save_to=os.path.join(base, "tp"))
-    layout, model, opt = make("fsdp", 2, user_loop())  # FSDP over the tp parts: refused
-    return {"whole": whole, "first": first,
-            "fsdp_tp": refusal(lambda: dcp.save(os.path.join(base, "fsdp-tp"), model, opt, step=0))}
+    fsdp_first = segment("fsdp", 2, 3, save_to=os.path.join(base, "fsdp-tp"))
+    return {"whole": whole, "first": first, "fsdp_first": fsdp_first,
+            "tp_fsdp": segment("fsdp", 2, 3, load_from=os.path.join(base, "tp"))}
 
 
 def job_three(rank, world, base):
-    """3 processes: the FSDP checkpoint of 2 resumed as FSDP and as replicated, the tp 2 one at tp 1."""
+    """3 processes: the FSDP checkpoint of 2 resumed as FSDP and as replicated, the ZeRO-1 one of 2
+    under ZeRO-1 (another partition) and with a plain AdamW, the tp 2 one (a plain AdamW's) at tp 1
+    under ZeRO-1, the FSDP-over-tp-2 one at tp 1."""
+    held = []
     return {"fsdp": segment("fsdp", 1, 3, load_from=os.path.join(base, "fsdp")),
             "replicated": segment("replicated", 1, 3, load_from=os.path.join(base, "fsdp")),
-            "tp": segment("replicated", 1, 3, load_from=os.path.join(base, "tp"))}
+            "zero_zero": segment("zero", 1, 3, load_from=os.path.join(base, "zero"), held=held),
+            "zero_plain": segment("replicated", 1, 3, load_from=os.path.join(base, "zero")),
+            "tp": segment("zero", 1, 3, load_from=os.path.join(base, "tp"), held=held),
+            "fsdp_tp": segment("replicated", 1, 3, load_from=os.path.join(base, "fsdp-tp")), "held": held}
+
+
+def keys(path):
+    """A checkpoint's keys and whole shapes (DCP's metadata), the pickled state left out."""
+    from torch.distributed.checkpoint import FileSystemReader
+    meta = FileSystemReader(path).read_metadata().state_dict_metadata
+    return {k: tuple(getattr(m, "size", ())) for k, m in meta.items() if not k.startswith("extra.")}
 
 
 def rel(a, b):
@@ -198,13 +226,30 @@ def test_resume_on_other_world_and_layout(tmp_path):
     w2, w4 = two[0]["whole"], four[0]["whole"]
     # the first 3 steps of each run are the uninterrupted run's, and so is what the resumed runs do
     assert rel(two[0]["first"], w2[:3]) < TOL and rel(four[0]["first"], w4[:3]) < TOL
+    assert rel(two[0]["zero"], w2[:3]) < TOL, (two[0]["zero"], w2[:3])
     for r in three:
-        assert rel(r["fsdp"], w2[3:]) < TOL, (r["fsdp"], w2[3:])
-        assert rel(r["replicated"], w2[3:]) < TOL, (r["replicated"], w2[3:])
+        for k in ("fsdp", "replicated", "zero_zero", "zero_plain"):
+            assert rel(r[k], w2[3:]) < TOL, (k, r[k], w2[3:])
         assert rel(r["tp"], w4[3:]) < TOL, (r["tp"], w4[3:])
+        assert rel(r["fsdp_tp"], w4[3:]) < TOL, (r["fsdp_tp"], w4[3:])
+    for r in four:  # FSDP over the tp parts: its first 3 steps, and the TP checkpoint resumed in it
+        assert rel(r["fsdp_first"], w4[:3]) < TOL and rel(r["tp_fsdp"], w4[3:]) < TOL, r
+    # ZeRO-1 on 3: each rank loaded the Adam state of its own share only, and the shares cover the model
+    held = [r["held"] for r in three]
+    for h in held:
+        assert all(state == mine < total for state, mine, total in h), held
+    assert all(sum(h[i][1] for h in held) == held[0][i][2] for i in range(2)), held
+    # a ZeRO-1 checkpoint is the one a plain optimizer writes: the same keys and whole shapes
+    assert keys(os.path.join(base, "zero")) == keys(os.path.join(base, "fsdp"))
+    assert any(k.endswith(".exp_avg_sq") for k in keys(os.path.join(base, "zero")))
+    print("largest relative loss difference of each resume:",
+          {k: f"{max(rel(r[k], w2[3:] if k != 'tp' else w4[3:]) for r in three):.1e}"
+           for k in ("fsdp", "replicated", "zero_zero", "zero_plain", "tp", "fsdp_tp")},
+          "tp -> fsdp over tp:", f"{max(rel(r['tp_fsdp'], w4[3:]) for r in four):.1e}")
     # and the steps after the checkpoint are not those before it (the resume does continue)
     assert rel(w2[3:], w2[:3]) > 1e-3
-    assert all("FSDP over tensor parallelism (tp 2) is not checkpointed" in r["fsdp_tp"] for r in four), four[0]
+    # FSDP over tp 2 writes the TP checkpoint's keys and whole shapes
+    assert keys(os.path.join(base, "fsdp-tp")) == keys(os.path.join(base, "tp"))
     # refusals, the same on every rank
     r0 = two[0]["refusals"]
     assert two[1]["refusals"] == r0
@@ -212,7 +257,6 @@ def test_resume_on_other_world_and_layout(tmp_path):
     assert f"no {dcp.MANIFEST}" in r0["nomanifest"], r0
     assert "CRC-32" in r0["damaged"] and "(damaged)" in r0["damaged"] and "found by rank 0" in r0["damaged"], r0
     assert "'emb.weight' has shape (64, 32) there, (64, 48) in the model: not this model's" in r0["other_model"], r0
-    assert "a ZeroRedundancyOptimizer (ZeRO-1) is not checkpointed" in r0["zero"], r0
     assert "simulated crash before the rename" in r0["crash"], r0
     assert r0["after_crash_step"] == 3 and r0["after_crash_loader"] == {"seed": 11, "step": 3}, r0
     assert len(r0["leftover"]) == 1, r0

@@ -97,25 +97,26 @@ def _fsync_dir(d: str) -> None:
         pass
 
 
-def _layout_of(model: nn.Module) -> Dict[str, int]:
+def _layout_of(model: nn.Module, optimizer) -> Dict[str, int]:
     """What the manifest says of the job that wrote it (information only: any layout reads it)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
     tp = 1
     for p in model.parameters():
-        lay = getattr(p, "tp_layout", None)
+        lay = getattr(p, "tp_layout", None) or (getattr(p, "bs_fsdp_tp", None) or (None,) * 3)[2]
         if lay is not None:
             tp = lay.tp
             break
     fsdp = getattr(model, "_bs_fsdp", None) is not None
-    return {"world": _world(), "tp": tp, "fsdp": fsdp}
+    return {"world": _world(), "tp": tp, "fsdp": fsdp, "zero": isinstance(optimizer, ZeroRedundancyOptimizer)}
 
 
-def _publish(tmp: str, path: str, model: nn.Module, step) -> None:
+def _publish(tmp: str, path: str, model: nn.Module, optimizer, step) -> None:
     """Rank 0: the manifest into tmp, then tmp renamed to path (an older path moved aside first)."""
     files = {}
     for name in sorted(os.listdir(tmp)):
         full = os.path.join(tmp, name)
         files[name] = {"size": os.path.getsize(full), "crc32": _crc(full)}
-    manifest = {"format": FORMAT, "step": step, "job": _layout_of(model), "files": files,
+    manifest = {"format": FORMAT, "step": step, "job": _layout_of(model, optimizer), "files": files,
                 "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
@@ -149,8 +150,6 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     model's parameters and buffers, the optimizer's state, `step`, `loader.state_dict()` and `extra`
     (picklable). Every process of the job calls it, at the same point."""
     path = os.fspath(path)
-    _refuse_zero(optimizer, path)
-    _refuse_fsdp_over_tp(model, path)
     with guard.failing():
         tmp, problem = None, None
         if _rank() == 0:
@@ -167,31 +166,10 @@ def save(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         if _rank() == 0:
             try:
                 before_publish(tmp)
-                _publish(tmp, path, model, step)
+                _publish(tmp, path, model, optimizer, step)
             except OSError as e:
                 problem = f"checkpoint {path}: publishing it failed: {e}"
         _agree(problem, "the checkpoint's publication")
-
-
-def _refuse_zero(optimizer, path: str) -> None:
-    """ZeroRedundancyOptimizer keeps each rank's share of the state in an inner optimizer that the
-    per-parameter keys do not reach: refused (on every rank alike) rather than saved without it."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        raise CheckpointError(f"bytescale.torch: checkpoint {path}: a ZeroRedundancyOptimizer (ZeRO-1) is not "
-                              f"checkpointed by bytescale.torch.dcp: shard with bytescale.torch.fsdp (its optimizer "
-                              f"state is sharded and saved), or save the model alone")
-
-
-def _refuse_fsdp_over_tp(model: nn.Module, path: str) -> None:
-    """FSDP over TP shards (bytescale.torch.fsdp with tp > 1): FSDP's DTensors are pieces of the tp
-    rank's shard, whose place in the whole tensor DCP is not told; refused rather than written as a
-    checkpoint that only the same tp could read."""
-    st = getattr(model, "_bs_fsdp", None)
-    if st is not None and st.layout is not None and st.layout.tp > 1:
-        raise CheckpointError(f"bytescale.torch: checkpoint {path}: FSDP over tensor parallelism (tp "
-                              f"{st.layout.tp}) is not checkpointed by bytescale.torch.dcp: checkpoint FSDP at "
-                              f"tp 1, or TP without FSDP")
 
 
 def before_publish(tmp: str) -> None:
@@ -234,8 +212,10 @@ def _check_files(path: str, manifest: Dict) -> None:
 
 
 def _whole_shape(p) -> tuple:
-    """A parameter's shape in the whole model: a TP shard's tp_full_shape, a DTensor's global shape."""
-    return tuple(getattr(p, "tp_full_shape", None) or p.shape)
+    """A parameter's shape in the whole model: a TP shard's tp_full_shape, an FSDP piece's whole
+    shape, a DTensor's global shape."""
+    from .sharded import _whole
+    return _whole(p)
 
 
 def _check_model(path: str, model: nn.Module, optimizer, blob_state: bool) -> None:
@@ -265,8 +245,6 @@ def load(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     {"step": ..., "extra": ..., "manifest": ...}. Refusals: module docstring."""
     from torch.distributed.checkpoint import FileSystemReader
     path = os.fspath(path)
-    _refuse_zero(optimizer, path)
-    _refuse_fsdp_over_tp(model, path)
     with guard.failing():
         problem, manifest = None, None
         try:

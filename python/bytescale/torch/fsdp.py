@@ -141,6 +141,8 @@ def shard(model: nn.Module, layout=None, *, blocks=None, device_type: str = "cpu
     owned = [(m, _owned(m, mods)) for m in mods] + [(model, _owned(model, mods))]
     # TP shards (parallel._mark) lose their marks when FSDP makes its parameters: their names are kept
     tp_split = {n for n, p in model.named_parameters() if getattr(p, "tp_dim", None) is not None}
+    tp_whole = {n: (getattr(p, "tp_dim", None), tuple(getattr(p, "tp_full_shape", None) or p.shape))
+                for n, p in model.named_parameters()}
     mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type)
     for m in mods + [model]:
         fully_shard(m, mesh=mesh, reshard_after_forward=False, **fully_shard_args)
@@ -149,6 +151,9 @@ def shard(model: nn.Module, layout=None, *, blocks=None, device_type: str = "cpu
     for m in mods + [model]:
         m.set_gradient_divide_factor(1.0)  # (FSDP never reduces here; if it did, a SUM)
     model._bs_fsdp = _Units(owned, group, mesh, size, rank, layout, tp_split)
+    if layout is not None and layout.tp > 1:  # where each FSDP piece lies in the whole model (sharded.py's DCP)
+        for n, p in model.named_parameters():
+            p.bs_fsdp_tp = tp_whole[n] + (layout,)
     return model
 
 

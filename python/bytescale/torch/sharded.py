@@ -102,8 +102,36 @@ def _mesh(layout, device_type: str):
     return getattr(layout, key)
 
 
+def _whole(p: Tensor) -> tuple:
+    """p's shape in the whole model: a TP shard's tp_full_shape, FSDP-over-TP's (bs_fsdp_tp), a
+    DTensor's global shape, a tensor's shape."""
+    ft = getattr(p, "bs_fsdp_tp", None)
+    return tuple(ft[1] if ft is not None else getattr(p, "tp_full_shape", None) or p.shape)
+
+
+def _wrap_fsdp_tp(t: Tensor, p: Tensor):
+    """An FSDP piece of a tp part (bytescale.torch.fsdp with tp > 1) as a DTensor on the 2-D mesh
+    (tp, hdp) of the whole tensor: split on tp_dim over the tp ranks (replicated there when the
+    parameter is whole on every tp rank), then on dimension 0 over the hdp ranks as FSDP splits it.
+    DTensor applies the placements in the mesh's order, which is how the piece was made."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    dim, full, lay = p.bs_fsdp_tp
+    local = _local(t)
+    key = "_bs_tp_hdp_mesh_" + local.device.type
+    if getattr(lay, key, None) is None:
+        ranks = [[lay.world_rank(lay.stage, h, r) for h in range(lay.hdp)] for r in range(lay.tp)]
+        setattr(lay, key, DeviceMesh.from_group([lay.tp_group, lay.hdp_group], local.device.type,
+                                                torch.tensor(ranks), mesh_dim_names=("tp", "hdp")))
+    place = [Shard(dim) if dim is not None else Replicate(), Shard(0)]
+    return DTensor.from_local(local, getattr(lay, key), place, run_check=False, shape=torch.Size(full),
+                              stride=torch.empty(full, device="meta").stride())
+
+
 def _wrap(t: Tensor, p: Tensor):
     """t (p's local shape) as DCP should see it: a DTensor on the tp group when p is a shard, else t."""
+    if getattr(p, "bs_fsdp_tp", None) is not None and dist.is_initialized():
+        return _wrap_fsdp_tp(t, p)
     dim, lay = getattr(p, "tp_dim", None), getattr(p, "tp_layout", None)
     if dim is None or lay is None or lay.tp == 1 or not dist.is_initialized():
         return t
@@ -138,23 +166,37 @@ def _state(model: nn.Module, opt: Optional[torch.optim.Optimizer], want: Optiona
         sd["model." + name] = b
     if opt is None:
         return sd
+    state, owned = _share(opt)
     for p, name in names.items():
-        st = opt.state.get(p, {})
+        if owned is not None and p not in owned:
+            continue  # ZeRO-1: another rank's share (its owner saves and loads it)
+        st = state.get(p, {})
         keys = set(st) | {k[len(f"optim.{name}."):] for k in (want or {}) if k.startswith(f"optim.{name}.")}
         for k in sorted(keys):
             v = st.get(k)
             if v is None:  # a fresh optimizer: the saved state's tensor, made to load into
                 meta = want[f"optim.{name}.{k}"]
-                whole = tuple(meta.size) == tuple(getattr(p, "tp_full_shape", p.shape))
+                whole = tuple(meta.size) == _whole(p)
                 if whole and _is_dtensor(p):  # an FSDP shard (bytescale.torch.fsdp): a DTensor like p
                     v = torch.zeros_like(p.detach(), dtype=meta.properties.dtype)
                 else:
                     v = torch.zeros(p.shape if whole else meta.size, dtype=meta.properties.dtype, device=p.device)
-                opt.state.setdefault(p, {})[k] = v
+                state.setdefault(p, {})[k] = v
             if isinstance(v, Tensor):
                 sd[f"optim.{name}.{k}"] = _wrap(v, p) if v.shape == p.shape and v.dim() > 0 else v
     sd["optim.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
     return sd
+
+
+def _share(opt: torch.optim.Optimizer):
+    """(state, owned) of an optimizer: its own state and None (every parameter), or for torch's
+    ZeroRedundancyOptimizer (ZeRO-1) its inner optimizer's state and the parameters of this rank's
+    share: each piece of the state is saved by its owner under the parameter's name, so the
+    checkpoint is the one a plain optimizer writes and loads into any partition."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    if isinstance(opt, ZeroRedundancyOptimizer):
+        return opt.optim.state, {p for g in opt.optim.param_groups for p in g["params"]}
+    return opt.state, None
 
 
 @contextlib.contextmanager
@@ -216,8 +258,9 @@ def load_tp(path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] =
 def _restore_optimizer(model: nn.Module, opt: torch.optim.Optimizer, sd: Dict) -> None:
     """Put the loaded optimizer tensors and hyperparameters back into `opt` (DTensors as their local
     shard)."""
+    state, _ = _share(opt)
     for name, p in model.named_parameters():
-        st = opt.state.get(p)
+        st = state.get(p)
         if not st:
             continue
         for k in list(st):
@@ -232,3 +275,7 @@ def _restore_optimizer(model: nn.Module, opt: torch.optim.Optimizer, sd: Dict) -
                          f"{len(opt.param_groups)}")
     for g, saved in zip(opt.param_groups, groups):
         g.update(saved)
+    inner = getattr(opt, "optim", None)  # ZeRO-1: its inner optimizer's groups too (as its load_state_dict)
+    if state is not opt.state and inner is not None:
+        for g, saved in zip(inner.param_groups, groups):
+            g.update(saved)
