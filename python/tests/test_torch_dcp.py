@@ -128,6 +128,29 @@ def segment(mode, tp, steps, load_from=None, save_to=None, held=None):
     return losses
 
 
+def trainer_run(zero, steps, load_from=None, save_at=None):
+    """HDPTrainer (zero: ZeRO-1's optimizer, two parameter groups) on the reference Llama ("tiny"),
+    the loader's batches: `steps` steps, from the checkpoint load_from (its step restarts the LR
+    schedule there), saved to save_at[1] after save_at[0] steps. Returns the losses."""
+    ex = user_loop()
+    model = bt.Llama(bt.LlamaConfig.named("tiny")).init_weights(seed=3)
+    trainer = bt.HDPTrainer(model, lr=LR, warmup=2, schedule_steps=6, zero=zero)
+    loader = Draw(ex, 11)
+    source = bt.FunctionSource(ex.read, ex.doc_length)
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    if load_from:
+        trainer.step_count = dcp.load(load_from, model, trainer.opt, loader=loader)["step"]
+    losses = []
+    for s in range(steps):
+        batch = loader.next_batch()
+        plan = bt.broadcast_plan(lambda: bt.plan_step(batch, source, ranks=world, capacity=CAPACITY,
+                                                      policy="balance"))
+        losses.append(trainer.step(plan, bt.microbatches(plan, rank, source)).loss)
+        if save_at and s + 1 == save_at[0]:
+            dcp.save(save_at[1], model, trainer.opt, step=trainer.step_count, loader=loader)
+    return losses
+
+
 def refusal(fn):
     try:
         fn()
@@ -181,7 +204,8 @@ def job_two(rank, world, base):
     whole = segment("fsdp", 1, 6)
     first = segment("fsdp", 1, 3, save_to=os.path.join(base, "fsdp"))
     zero = segment("zero", 1, 3, save_to=os.path.join(base, "zero"))
-    return {"whole": whole, "first": first, "zero": zero, "refusals": refusals(rank, base)}
+    trainer = trainer_run(True, 6, save_at=(3, os.path.join(base, "trainer")))
+    return {"whole": whole, "first": first, "zero": zero, "trainer": trainer, "refusals": refusals(rank, base)}
 
 
 def job_four(rank, world, base):
@@ -204,7 +228,9 @@ def job_three(rank, world, base):
             "zero_zero": segment("zero", 1, 3, load_from=os.path.join(base, "zero"), held=held),
             "zero_plain": segment("replicated", 1, 3, load_from=os.path.join(base, "zero")),
             "tp": segment("zero", 1, 3, load_from=os.path.join(base, "tp"), held=held),
-            "fsdp_tp": segment("replicated", 1, 3, load_from=os.path.join(base, "fsdp-tp")), "held": held}
+            "fsdp_tp": segment("replicated", 1, 3, load_from=os.path.join(base, "fsdp-tp")), "held": held,
+            "trainer_zero": trainer_run(True, 3, load_from=os.path.join(base, "trainer")),
+            "trainer_plain": trainer_run(False, 3, load_from=os.path.join(base, "trainer"))}
 
 
 def keys(path):
@@ -232,6 +258,8 @@ def test_resume_on_other_world_and_layout(tmp_path):
             assert rel(r[k], w2[3:]) < TOL, (k, r[k], w2[3:])
         assert rel(r["tp"], w4[3:]) < TOL, (r["tp"], w4[3:])
         assert rel(r["fsdp_tp"], w4[3:]) < TOL, (r["fsdp_tp"], w4[3:])
+        for k in ("trainer_zero", "trainer_plain"):  # HDPTrainer(zero=True) on 2, saved mid-run
+            assert rel(r[k], two[0]["trainer"][3:]) < TOL, (k, r[k], two[0]["trainer"])
     for r in four:  # FSDP over the tp parts: its first 3 steps, and the TP checkpoint resumed in it
         assert rel(r["fsdp_first"], w4[:3]) < TOL and rel(r["tp_fsdp"], w4[3:]) < TOL, r
     # ZeRO-1 on 3: each rank loaded the Adam state of its own share only, and the shares cover the model
@@ -245,7 +273,9 @@ def test_resume_on_other_world_and_layout(tmp_path):
     print("largest relative loss difference of each resume:",
           {k: f"{max(rel(r[k], w2[3:] if k != 'tp' else w4[3:]) for r in three):.1e}"
            for k in ("fsdp", "replicated", "zero_zero", "zero_plain", "tp", "fsdp_tp")},
-          "tp -> fsdp over tp:", f"{max(rel(r['tp_fsdp'], w4[3:]) for r in four):.1e}")
+          "tp -> fsdp over tp:", f"{max(rel(r['tp_fsdp'], w4[3:]) for r in four):.1e}",
+          "HDPTrainer zero 2 -> zero 3, plain 3:",
+          [f"{max(rel(r[k], two[0]['trainer'][3:]) for r in three):.1e}" for k in ("trainer_zero", "trainer_plain")])
     # and the steps after the checkpoint are not those before it (the resume does continue)
     assert rel(w2[3:], w2[:3]) > 1e-3
     # FSDP over tp 2 writes the TP checkpoint's keys and whole shapes

@@ -1,7 +1,9 @@
 """Distributed checkpoints of a training job (torch.distributed.checkpoint, DCP): the model, the
 optimizer, the step and the data loader's state in one directory, for a model replicated over the
-HDP ranks, sharded by FSDP2 (bytescale.torch.fsdp) or split over tp ranks (ColumnParallelLinear /
-RowParallelLinear), and read back on another world size and layout (docs/torch-fsdp.md).
+HDP ranks, sharded by FSDP2 (bytescale.torch.fsdp), split over tp ranks (ColumnParallelLinear /
+RowParallelLinear) or both (each tp part sharded over its hdp group), with a plain optimizer or
+ZeRO-1's (ZeroRedundancyOptimizer), and read back on another world size and layout
+(docs/torch-fsdp.md).
 
     bt.dcp.save("ck/step-5", model, opt, step=5, loader=loader)      # every process
     state = bt.dcp.load("ck/step-5", model, opt, loader=loader)      # any world size, tp, FSDP or not
@@ -9,8 +11,10 @@ RowParallelLinear), and read back on another world size and layout (docs/torch-f
 
 The tensors are written by sharded.save_tp (one key per parameter, "model.<name>", and per optimizer
 state tensor, "optim.<name>.<key>": a TP shard as a DTensor on the tp group, an FSDP shard as the
-DTensor FSDP holds, a replicated tensor plain, each piece written once): the names and the whole
-shapes do not depend on how the job was split, so DCP reads any of them into any other. The step,
+DTensor FSDP holds, an FSDP piece of a tp part as a DTensor on the (tp, hdp) mesh, a replicated
+tensor plain, each piece written once; ZeRO-1's state by the rank whose share holds it): the names
+and the whole shapes do not depend on how the job was split, so DCP reads any of them into any
+other (ZeRO-1 into any partition, or a plain optimizer, and back). The step,
 the loader's state (any object with state_dict() / load_state_dict(), the same on every rank) and
 `extra` are one pickled value, written once.
 
@@ -24,9 +28,7 @@ Refused, with the same error on every rank (CheckpointError; the ranks agree thr
 the control group before any tensor is read): a directory that is missing or holds no manifest, a
 manifest of another format, a file missing, of another size or another CRC-32 (checked on rank 0),
 a parameter the checkpoint lacks or holds with another whole shape, an optimizer asked for that the
-checkpoint does not hold, a loader asked for that it does not hold; a ZeroRedundancyOptimizer
-(its state lives in an inner optimizer, a share per rank: saving it is not done here); a model
-sharded by FSDP over tp > 1.
+checkpoint does not hold, a loader asked for that it does not hold.
 """
 
 from __future__ import annotations
