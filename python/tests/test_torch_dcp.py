@@ -4,7 +4,8 @@ that draw each step's batch), saved after 3 steps and resumed for 3 more on anot
 layout: FSDP2 on 2 processes resumed on 3 (FSDP2 again, and replicated); ZeRO-1 on 2 resumed on 3
 (ZeRO-1 again, another partition, and a plain AdamW); tp 2 x hdp 2 on 4 resumed at tp 1 on 3
 (under ZeRO-1) and as FSDP over the tp parts on 4; FSDP over the tp parts on 4 resumed at tp 1 on
-3. The resumed losses equal the uninterrupted run's to 1e-6 relative (fp32); ZeRO-1 loads the Adam
+3; HDPTrainer(zero=True) on 2 resumed on 3 with and without ZeRO-1. The resumed losses equal the
+uninterrupted run's to 1e-6 relative (fp32); ZeRO-1 loads the Adam
 state of its own share only; ZeRO-1 and FSDP over tp write the keys and whole shapes a plain
 optimizer and TP write. Also what a crash before the rename leaves (the previous checkpoint,
 readable), and the refusals, the same error on every rank: a missing directory, no manifest, a
