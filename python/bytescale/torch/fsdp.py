@@ -41,8 +41,9 @@ gradient of the batch's mean token loss.
 
 What it costs: during the micro-batches every rank holds the whole parameters and gradients (as a
 replicated model does); the optimizer state and, between steps, the parameters and gradients are
-sharded. Refused: tp > 1 or pp > 1 (bytescale's TP layers are not DTensors; fully_shard over a 2-D
-mesh is not done here), a block that is not a submodule of the model.
+sharded. Beside tensor parallelism (a Layout with tp > 1) each tp part is sharded over its own hdp
+group. Refused: pp > 1 (not built: pipeline.run_stage drives the stages' forwards and backwards itself),
+a block that is not a submodule of the model.
 """
 
 from __future__ import annotations
