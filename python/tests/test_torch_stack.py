@@ -110,8 +110,8 @@ def test_bf16_and_compile_within_the_documented_bound(plain, tmp_path):
     would cost this test a minute per process; the example's default backend is inductor."""
     ref, _ = plain
     ref = ref[:3]  # 3 steps: the compile is most of this job
-    r = check_run(launch_cmd(2, SCRIPT, *COMMON, *QUIET, "--steps", 3, "--bf16", "--compile", "--compile-backend", "aot_eager",
-                             "--metrics", tmp_path / "bf16.jsonl"))
+    r = check_run(launch_cmd(2, SCRIPT, *COMMON, *QUIET, "--steps", 3, "--bf16", "--compile",
+                             "--compile-backend", "aot_eager", "--metrics", tmp_path / "bf16.jsonl"))
     a = rows(tmp_path / "bf16.jsonl")
     same_batches(a, ref)
     diffs = [rel(x["loss"], y["loss"]) for x, y in zip(a, ref)]
