@@ -337,10 +337,14 @@ def train(rank, world, args):
                 f"items {row['items']}  rings {row['rings']}{ev}")
             if args.metrics:
                 write_metrics(args.metrics, rows)
+    s = loader.summary()
+    # the slowest rank's figures: the largest mean read, the longest wait, the smallest share ready
+    worst = torch.tensor([s["read_s"], s["wait_s"], s["wait_max_s"], -s["ready"]], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     if rank == 0:
-        s = loader.summary()
-        say(f"loader: read {s['read_s']:.4f} s a step (in its thread), wait in next() {s['wait_s']:.5f} s "
-            f"(max {s['wait_max_s']:.5f}) after the first, {s['ready']:.0%} of the steps ready")
+        read, wait, wait_max, ready = worst.tolist()
+        say(f"loader, slowest rank: read {read:.4f} s a step (in its thread), wait in next() {wait:.5f} s "
+            f"(max {wait_max:.5f}) after the first, {-ready:.0%} of the steps ready")
         if args.compile:  # dynamo's own count: graphs made, and why it broke them (the attention, by design)
             from torch._dynamo.utils import counters
             breaks = sorted({k.split("\n")[0][:80] for k in counters["graph_break"]})
