@@ -385,9 +385,6 @@ def parse():
     # what cannot combine, refused on every rank before any process group (each rank parses the same argv)
     if args.fsdp and args.zero:
         ap.error("--fsdp and --zero: FSDP2 shards the optimizer state already; pick one")
-    if args.zero and (args.ckpt_dir or args.resume):
-        ap.error("--zero with --ckpt-dir/--resume: ZeRO-1's optimizer state (one share per rank) is not "
-                 "checkpointed by bt.dcp; use --fsdp for a sharded optimizer state that checkpoints")
     if args.plain and (args.fsdp or args.zero):
         ap.error("--plain is one process without HDP: nothing to shard (drop --fsdp / --zero)")
     if bool(args.ckpt_dir) != (args.ckpt_every > 0):

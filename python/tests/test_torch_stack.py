@@ -11,9 +11,9 @@ bf16 autocast and torch.compile, each run under plain torchrun against the examp
 - ZeRO-1 on 2 processes against --plain, within 1e-5.
 - bf16 autocast and torch.compile together on 2 processes, 3 steps, against --plain in fp32: within the
   bound docs/torch-precision.md states (5e-4 relative), and not equal to it (bf16 did run); dynamo
-  made graphs and broke them at the attention only (hdp_attention, and hf's layer-naming string
-  just before it).
-- what cannot combine (--fsdp with --zero, --zero with checkpoints) is refused by name.
+  made graphs and broke them at the attention only (hdp_attention).
+- ZeRO-1's checkpoint resumed by --plain on one process (a plain AdamW), within 1e-6 of the ZeRO run.
+- what cannot combine (--fsdp with --zero, --plain with either) is refused by name.
 
 Each job pays transformers' import per process: the jobs are few and short (6 steps of 1024 tokens).
 """
@@ -95,14 +95,29 @@ def test_fsdp_matches_plain_and_resumes_on_three_processes(plain, tmp_path):
     print(f"resumed on 3 vs 2 uninterrupted: loss {max(rel(x['loss'], y['loss']) for x, y in zip(b, a[3:])):.2g}")
 
 
-def test_zero_matches_plain(plain, tmp_path):
+def test_zero_matches_plain_and_resumes_in_one_process(plain, tmp_path):
+    """ZeRO-1 on 2 processes against --plain; its step-3 checkpoint (each rank's share of Adam's state
+    written under the parameters' names) resumed by --plain on one process, a plain AdamW: steps 4-6
+    give the ZeRO run's losses within 1e-6 and its batches."""
     ref, _ = plain
-    check_run(launch_cmd(2, SCRIPT, *COMMON, *QUIET, "--zero", "--metrics", tmp_path / "zero.jsonl"))
+    ck = tmp_path / "ck"
+    check_run(launch_cmd(2, SCRIPT, *COMMON, *QUIET, "--zero", "--ckpt-dir", ck, "--ckpt-every", 3,
+                         "--metrics", tmp_path / "zero.jsonl"))
     a = rows(tmp_path / "zero.jsonl")
     same_batches(a, ref)
     for x, y in zip(a, ref):
         assert rel(x["loss"], y["loss"]) <= 1e-5, (x, y)
     print(f"ZeRO-1 on 2 vs --plain: loss {max(rel(x['loss'], y['loss']) for x, y in zip(a, ref)):.2g}")
+
+    one = check_run([sys.executable, str(SCRIPT), *map(str, COMMON + QUIET), "--plain", "--resume", str(ck / "step-3"),
+                     "--metrics", str(tmp_path / "one.jsonl")])
+    assert "(saved by 2 processes) at step 4" in one.stdout, one.stdout
+    b = rows(tmp_path / "one.jsonl")
+    same_batches(b, a[3:])
+    for x, y in zip(b, a[3:]):
+        assert rel(x["loss"], y["loss"]) <= 1e-6, (x, y)
+    print(f"ZeRO-1 checkpoint resumed by --plain vs ZeRO uninterrupted: loss "
+          f"{max(rel(x['loss'], y['loss']) for x, y in zip(b, a[3:])):.2g}")
 
 
 def test_bf16_and_compile_within_the_documented_bound(plain, tmp_path):
@@ -120,11 +135,9 @@ def test_bf16_and_compile_within_the_documented_bound(plain, tmp_path):
     assert max(diffs) > 1e-7, diffs  # bf16 ran: fp32 HDP agrees with --plain to ~1e-7
     m = re.search(r"compile: (\d+) graphs, graph breaks at: (.*)", r.stdout)
     assert m and int(m.group(1)) >= 1, r.stdout
-    # the breaks are at the attention only: hdp_attention (torch.compiler.disable) and, just before it in
-    # bytescale.torch.hf's attention function, the f-string naming the layer for its refusals
+    # the breaks are at the attention only: hdp_attention (torch.compiler.disable)
     breaks = ast.literal_eval(m.group(2))
-    assert any(b.startswith("Skip calling `torch.compiler.disable()`d") for b in breaks), breaks
-    assert all(b.startswith(("Skip calling `torch.compiler.disable()`d", "BUILD_STRING")) for b in breaks), breaks
+    assert breaks and all(b.startswith("Skip calling `torch.compiler.disable()`d") for b in breaks), breaks
 
 
 def test_what_cannot_combine_is_refused(monkeypatch, capsys):
@@ -135,7 +148,6 @@ def test_what_cannot_combine_is_refused(monkeypatch, capsys):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     for flags, words in ((["--fsdp", "--zero"], "--fsdp and --zero"),
-                         (["--zero", "--resume", "x"], "ZeRO-1's optimizer state"),
                          (["--plain", "--fsdp"], "nothing to shard"),
                          (["--ckpt-dir", "x"], "go together")):
         monkeypatch.setattr(sys, "argv", ["torch_hf_train.py", *flags])
@@ -145,3 +157,5 @@ def test_what_cannot_combine_is_refused(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["torch_hf_train.py", "--fsdp", "--bf16", "--compile", "--ckpt-dir", "x",
                                       "--ckpt-every", "2", "--resume", "x"])
     assert example.parse().fsdp  # and these all combine
+    monkeypatch.setattr(sys, "argv", ["torch_hf_train.py", "--zero", "--ckpt-dir", "x", "--ckpt-every", "2"])
+    assert example.parse().zero

@@ -168,30 +168,35 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     return out.unsqueeze(0), None
 
 
+def _refusal(module, text: str) -> HDPAttentionError:
+    """The error of a refusal, naming the layer. Made only when raising: an f-string on the module's
+    layer_idx in the normal path would break torch.compile's graph there and recompile it per layer."""
+    return HDPAttentionError(f"bytescale_hdp attention (layer {getattr(module, 'layer_idx', '?')}): {text}")
+
+
 def _refuse(module, query, key, attention_mask, dropout, sliding_window, mb, kwargs) -> None:
     """Raise HDPAttentionError for what hdp_attention cannot compute as the module asks. Every member of
     an item holds the same module and the item's rows, so every member raises alike."""
-    where = f"bytescale_hdp attention (layer {getattr(module, 'layer_idx', '?')})"
     if dropout and dropout > 0:
-        raise HDPAttentionError(f"{where}: attention dropout {dropout} in training: HDP's kernels have no dropout; "
-                                f"set config.attention_dropout = 0")
+        raise _refusal(module, f"attention dropout {dropout} in training: HDP's kernels have no dropout; "
+                               f"set config.attention_dropout = 0")
     if kwargs.get("softcap") is not None:
-        raise HDPAttentionError(f"{where}: logit softcapping ({kwargs['softcap']}) is not supported")
+        raise _refusal(module, f"logit softcapping ({kwargs['softcap']}) is not supported")
     if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
-        raise HDPAttentionError(f"{where}: a non-causal (bidirectional) module: HDP attention is causal")
+        raise _refusal(module, "a non-causal (bidirectional) module: HDP attention is causal")
     if query.shape[0] != 1:
-        raise HDPAttentionError(f"{where}: a batch of {query.shape[0]} rows: an HDP micro-batch is one packed row "
-                                f"(input_ids mb.tokens[None]: hf.inputs(mb))")
+        raise _refusal(module, f"a batch of {query.shape[0]} rows: an HDP micro-batch is one packed row "
+                               f"(input_ids mb.tokens[None]: hf.inputs(mb))")
     if key.shape[2] != query.shape[2]:
-        raise HDPAttentionError(f"{where}: {key.shape[2]} keys for {query.shape[2]} queries (a KV cache?): pass "
-                                f"use_cache=False inside a micro-batch (hf.inputs(mb) does)")
+        raise _refusal(module, f"{key.shape[2]} keys for {query.shape[2]} queries (a KV cache?): pass "
+                               f"use_cache=False inside a micro-batch (hf.inputs(mb) does)")
     if attention_mask is not None:
-        raise HDPAttentionError(f"{where}: an attention mask inside a micro-batch: the plan's rows are the mask; "
-                                f"pass none (hf.inputs(mb))")
+        raise _refusal(module, f"an attention mask inside a micro-batch: the plan's rows are the mask; "
+                               f"pass none (hf.inputs(mb))")
     if sliding_window is not None:
         top = max((int(r.pos.max()) for r in item_rows(mb) if r.n), default=-1)
         if top >= int(sliding_window):
-            raise HDPAttentionError(f"{where}: sliding window {sliding_window} would cut a sequence of this item "
-                                    f"(a row at position {top} sees {top + 1} tokens): HDP attention is full causal; "
-                                    f"plan sequences of at most {sliding_window} tokens (plan_step(context=...)) "
-                                    f"or raise config.sliding_window")
+            raise _refusal(module, f"sliding window {sliding_window} would cut a sequence of this item "
+                                   f"(a row at position {top} sees {top + 1} tokens): HDP attention is full causal; "
+                                   f"plan sequences of at most {sliding_window} tokens (plan_step(context=...)) "
+                                   f"or raise config.sliding_window")
