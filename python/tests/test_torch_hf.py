@@ -359,10 +359,20 @@ def test_refusals_and_scaling():
         assert (got - want).abs().max() < 1e-5 * want.abs().max()
 
 
-def test_import_does_not_load_transformers():
-    code = "import sys, bytescale.torch; sys.exit('transformers' in sys.modules)"
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
-    assert r.returncode == 0, "import bytescale.torch imported transformers"
+def test_import_does_not_load_transformers_or_dynamo():
+    """Neither transformers nor torch._dynamo (each about as long to import as torch) is imported by
+    `import bytescale.torch`; hdp_attention's disabled copy for torch.compile is made when dynamo loads
+    (compiling.py), so after `import torch._dynamo` it exists."""
+    code = ("import sys, bytescale.torch as bt\n"
+            "assert 'transformers' not in sys.modules, 'transformers'\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo'\n"
+            "from bytescale.torch import compiling\n"
+            "assert compiling._waiting, 'nothing waits for dynamo'\n"
+            "import torch._dynamo\n"
+            "assert not compiling._waiting, 'the disabled copy was not made'\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT / "python")),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, f"import bytescale.torch: {r.stderr}"
 
 
 # ---- the example --------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from . import guard
 from .attention import Rows, local_attention, varlen_attention
+from .compiling import not_traced
 from .parallel import (column_parallel_group, copy_to_tp, row_parallel, tp_part, vocab_embedding,
                        vocab_parallel_cross_entropy)
 from .ring import ring_attention
@@ -169,7 +170,7 @@ def _plain_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tenso
         raise ShapeError(f"{e} ({what}, outside a micro-batch)") from None
 
 
-@torch.compiler.disable  # torch.compile breaks its graph here, cleanly (docs/torch-precision.md)
+@not_traced  # torch.compile breaks its graph here, cleanly (compiling.py, docs/torch-precision.md)
 def hdp_attention(q: Tensor, k: Tensor, v: Tensor, layout: str = "thd", cu_seqlens: Optional[Tensor] = None) -> Tensor:
     """The attention of the micro-batch being run (inside `microbatch_context`): the one-line
     replacement for a model's attention call.
