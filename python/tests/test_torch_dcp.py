@@ -12,6 +12,7 @@ readable), and the refusals, the same error on every rank: a missing directory, 
 damaged file, another model.
 """
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -80,7 +81,7 @@ def train_step(mode, layout, model, opt, loader, source):
                                                   policy="balance"))
     mbs = bt.microbatches(plan, layout.hdp_rank, source, layout=layout)
     total = torch.zeros((), dtype=torch.float64)
-    with fsdp.step(model) if mode == "fsdp" else _Nothing():
+    with fsdp.step(model) if mode == "fsdp" else contextlib.nullcontext():
         for mb in mbs:
             with bt.microbatch_context(mb):
                 logits = model(mb.tokens, mb.pos)
@@ -94,14 +95,6 @@ def train_step(mode, layout, model, opt, loader, source):
     if layout.hdp > 1:
         torch.distributed.all_reduce(total, group=layout.hdp_group)
     return float(total)
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def share(model, opt):

@@ -9,6 +9,7 @@ every rank whatever the plan), the local bytes of the shards, what shard refuses
 Face LlamaForCausalLM (bytescale.torch.hf) sharded by its "model.layers" against one process.
 """
 
+import contextlib
 import importlib.util
 import math
 
@@ -91,7 +92,7 @@ def run(mode, rank, world, counts=None, tp=1):
         plan = bt.broadcast_plan(lambda: plan_of(batch, source, layout.hdp, s))
         mbs = bt.microbatches(plan, layout.hdp_rank, source, layout=layout)
         total = torch.zeros((), dtype=torch.float64)
-        ctx = fsdp.step(model) if mode == "fsdp" else _nothing()
+        ctx = fsdp.step(model) if mode == "fsdp" else contextlib.nullcontext()
         with ctx:
             for mb in mbs:
                 with bt.microbatch_context(mb):
@@ -122,14 +123,6 @@ def run(mode, rank, world, counts=None, tp=1):
 def local_sizes(model, opt):
     """fsdp.local_bytes after the optimizer's step (its state made)."""
     return fsdp.local_bytes(model, opt)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def count_collectives(rank, world):
@@ -191,7 +184,7 @@ def hf_run(rank, world, sharded):
         plan = bt.broadcast_plan(lambda: plan_of(batch, source, world, s + 1)) if sharded else \
             plan_of(batch, source, 1, s + 1)
         total = torch.zeros((), dtype=torch.float64)
-        with fsdp.step(model) if sharded else _nothing():
+        with fsdp.step(model) if sharded else contextlib.nullcontext():
             for mb in bt.microbatches(plan, rank, source, check=sharded):
                 with bt.microbatch_context(mb):
                     logits = hf.logits(model, mb)

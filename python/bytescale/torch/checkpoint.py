@@ -137,12 +137,18 @@ def write_checkpoint(path: str, sections: Sequence[Tuple[str, bytes]]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    try:  # the rename itself durable
-        dfd = os.open(d, os.O_RDONLY)
+    fsync_dir(d)  # the rename itself durable
+
+
+def fsync_dir(d: str) -> None:
+    """fsync directory d, so a rename into it survives a crash (where the file system lets a directory
+    be opened; elsewhere nothing)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
         try:
-            os.fsync(dfd)
+            os.fsync(fd)
         finally:
-            os.close(dfd)
+            os.close(fd)
     except OSError:
         pass
 

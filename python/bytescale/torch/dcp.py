@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import guard
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, fsync_dir
 from .sharded import load_tp, save_tp
 
 MANIFEST = "bytescale-dcp.json"
@@ -88,17 +88,6 @@ def _crc(path: str) -> int:
     return crc
 
 
-def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
 def _layout_of(model: nn.Module, optimizer) -> Dict[str, int]:
     """What the manifest says of the job that wrote it (information only: any layout reads it)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -124,13 +113,13 @@ def _publish(tmp: str, path: str, model: nn.Module, optimizer, step) -> None:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     old = None
     if os.path.exists(path):
         old = f"{path}.old-{os.getpid()}"
         os.rename(path, old)
     os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
     if old is not None:
         shutil.rmtree(old)
 
