@@ -93,9 +93,25 @@ def bad_case_worker(rank, world, case):
     return message, good_step(rank, world, source, doc_len)
 
 
-def run_bad_case(case, world=2):
+# the bad cases on 2 processes, run one after the other in one job (each followed by its good step, as
+# it would be alone): a spawned job costs seconds of start-up, the cases a fraction of one
+TWO_RANK_CASES = ("different", "different_trainer", "four_on_two", "one_on_two", "same_rank", "hdp_misfit",
+                  "hdp_differs", "labelled")
+
+
+def bad_cases_worker(rank, world, cases):
+    return {case: bad_case_worker(rank, world, case) for case in cases}
+
+
+@pytest.fixture(scope="module")
+def two_rank_job():
+    """Every rank's (message, good step's loss) of each of TWO_RANK_CASES, from one 2-process job."""
+    results = launch.spawn(bad_cases_worker, 2, args=(TWO_RANK_CASES,), timeout_s=TIMEOUT_S)
+    return {case: [r[case] for r in results] for case in TWO_RANK_CASES}
+
+
+def checked_message(case, world, results):
     """Every rank's message; asserts they are one and the same, and that the processes went on."""
-    results = launch.spawn(bad_case_worker, world, args=(case,), timeout_s=TIMEOUT_S)
     messages = [m for m, _ in results]
     print(f"\n{case} on {world} processes, every rank prints:\n{messages[0]}")
     assert messages[0] is not None, f"{case}: no rank raised PlanCheckError"
@@ -104,11 +120,17 @@ def run_bad_case(case, world=2):
     return messages[0]
 
 
+@pytest.fixture
+def run_bad_case(two_rank_job):
+    """run_bad_case(case): the checked message of `case` on 2 processes, from the shared job."""
+    return lambda case: checked_message(case, 2, two_rank_job[case])
+
+
 def fp(plan):
     return f"{bt.plan_fingerprint(plan) & (2**64 - 1):016x}"
 
 
-def test_different_plans_two_ranks():
+def test_different_plans_two_ranks(run_bad_case):
     source, doc_len = synthetic_source()
     msg = run_bad_case("different")
     assert "run different plans" in msg
@@ -118,38 +140,38 @@ def test_different_plans_two_ranks():
 
 
 def test_different_plans_three_ranks_names_the_odd_rank():
-    msg = run_bad_case("different", world=3)
+    msg = checked_message("different", 3, launch.spawn(bad_case_worker, 3, args=("different",), timeout_s=TIMEOUT_S))
     assert "ranks 0, 2: a plan of 3 ranks, 2 items, 90 tokens" in msg
     assert "rank 1: a plan of 3 ranks, 2 items, 91 tokens" in msg
 
 
-def test_different_plans_through_the_trainer():
+def test_different_plans_through_the_trainer(run_bad_case):
     assert "run different plans" in run_bad_case("different_trainer")
 
 
-def test_plan_for_four_ranks_on_two():
+def test_plan_for_four_ranks_on_two(run_bad_case):
     msg = run_bad_case("four_on_two")
     assert msg.startswith("bytescale.torch: the plan is for 4 ranks but the world has 2 processes: plan with "
                           "ranks=2"), msg
 
 
-def test_plan_for_one_rank_on_two():
+def test_plan_for_one_rank_on_two(run_bad_case):
     msg = run_bad_case("one_on_two")
     assert msg.startswith("bytescale.torch: the plan is for 1 rank but the world has 2 processes: plan with "
                           "ranks=2"), msg
 
 
-def test_ranks_that_do_not_cover_the_plan():
+def test_ranks_that_do_not_cover_the_plan(run_bad_case):
     msg = run_bad_case("same_rank")
     assert "process 1 runs plan rank 0" in msg and "process 0" not in msg, msg
 
 
-def test_layout_hdp_dimension():
+def test_layout_hdp_dimension(run_bad_case):
     assert "the plan is for 2 ranks but the layout's HDP dimension is 1 (2 processes)" in run_bad_case("hdp_misfit")
     assert "different HDP dimensions (hdp=): rank 1: 1; rank 0: 2" in run_bad_case("hdp_differs")
 
 
-def test_labelled_count_against_the_micro_batches():
+def test_labelled_count_against_the_micro_batches(run_bad_case):
     """The loss's denominator must be the labelled rows every rank's micro-batches hold together."""
     source, doc_len = synthetic_source()
     plan = two_rank_plan(source, doc_len)
