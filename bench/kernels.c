@@ -6,10 +6,11 @@
 //      of short segments (block skipping)
 //   4. end to end: a training micro-batch through the model (llama_forward_backward), tokens/s, MFU
 //
-// Usage: bench_kernels [--quick] [--max-tokens N]
+// Usage: bench_kernels [--quick] [--max-tokens N] | --row SPEC
 //   --quick         attention up to 4K tokens, end to end at 1K tokens (a smoke run)
 //   --max-tokens N  longest attention sequence (default 32768; 16384 for "base", whose 32K run alone
 //                   takes over a minute on one core, unless N is given)
+//   --row SPEC      one row alone, machine-readable (bench/torch_kernels.py; see run_row)
 // Tables go to stdout, progress to stderr. One thread: the bench sets OpenBLAS to one thread itself.
 // Times are the thread's CPU time: on a quiet machine that equals wall time, and on a shared one
 // it leaves out the time other processes hold the core (the closing line compares the two). The
@@ -217,14 +218,24 @@ static void bench_reference(void) {
 
 // ---- 2. the model's matmul shapes ---------------------------------------------------------------
 
-static void bench_matmuls(const ModelConfig *m, int T) {
+typedef struct {
+    const char *name;
+    int C, OC;  // weight (OC, C)
+} MatmulShape;
+
+enum { N_MATMUL_SHAPES = 6 };
+
+static void matmul_shapes(const ModelConfig *m, MatmulShape shapes[N_MATMUL_SHAPES]) {
     const int q = m->n_heads * m->head_dim, kv = m->n_kv_heads * m->head_dim, d = m->d_model, f = m->d_ff;
-    struct {
-        const char *name;
-        int C, OC;  // weight (OC, C)
-    } shapes[] = {{"wq", d, q}, {"wk / wv", d, kv}, {"wo", q, d}, {"w_gate / w_up", d, f}, {"w_down", f, d},
-                  {"lm_head", d, m->vocab_size}};
-    int n = (int)(sizeof shapes / sizeof shapes[0]), cmax = 0, ocmax = 0;
+    MatmulShape all[N_MATMUL_SHAPES] = {{"wq", d, q},          {"wk / wv", d, kv}, {"wo", q, d},
+                                        {"w_gate / w_up", d, f}, {"w_down", f, d},  {"lm_head", d, m->vocab_size}};
+    memcpy(shapes, all, sizeof all);
+}
+
+static void bench_matmuls(const ModelConfig *m, int T) {
+    MatmulShape shapes[N_MATMUL_SHAPES];
+    matmul_shapes(m, shapes);
+    int n = N_MATMUL_SHAPES, cmax = 0, ocmax = 0;
     for (int i = 0; i < n; i++) {
         cmax = shapes[i].C > cmax ? shapes[i].C : cmax;
         ocmax = shapes[i].OC > ocmax ? shapes[i].OC : ocmax;
@@ -322,6 +333,19 @@ static void attn_row(const char *label, AttnShape s, const int32_t *pos, const i
     attn_case_free(&c);
 }
 
+// The pack: segments of 64..1024 tokens (uniform, fixed seed), T tokens in all; returns their count.
+// bench/torch_kernels.py reads the same segments from --row-pack.
+static int make_pack(int32_t *pos, int32_t *seg, int T) {
+    Rng rng;
+    rng_seed(&rng, 3);
+    int nseg = 0;
+    for (int i = 0; i < T; nseg++) {
+        int len = 64 + (int)rng_below(&rng, 961);
+        for (int t = 0; t < len && i < T; t++, i++) pos[i] = t, seg[i] = nseg;
+    }
+    return nseg;
+}
+
 static void bench_attention(const ModelConfig *m, int max_tokens) {
     AttnShape s = {m->n_heads, m->n_kv_heads, m->head_dim};
     char text[112];
@@ -341,16 +365,9 @@ static void bench_attention(const ModelConfig *m, int max_tokens) {
         snprintf(note, sizeof note, "attention %s %dK", m->name, T / 1024);
         step_done(note);
     }
-    // the pack: segments of 64..1024 tokens (uniform, fixed seed), 8K tokens in all
     int T = 8192;
     if (T <= max_tokens) {
-        Rng rng;
-        rng_seed(&rng, 3);
-        int nseg = 0;
-        for (int i = 0; i < T; nseg++) {
-            int len = 64 + (int)rng_below(&rng, 961);
-            for (int t = 0; t < len && i < T; t++, i++) pos[i] = t, seg[i] = nseg;
-        }
+        int nseg = make_pack(pos, seg, T);
         char label[40];
         snprintf(label, sizeof label, "pack of %d segments", nseg);
         double tp = 0;
@@ -379,7 +396,9 @@ static void run_step(void *p) {
     if (llama_forward_backward(c->m, c->mb, 1.0f / (float)c->mb->T, &loss, NULL) != 0) bs_die_errmsg();
 }
 
-static void bench_end_to_end(const ModelConfig *cfg, int T) {
+// One micro-batch of T tokens through the model: its time (best of reps), model FLOPs and the
+// attention's share of them.
+static double measure_step(const ModelConfig *cfg, int T, int reps, double *flops_out, double *attn_share) {
     Llama m;
     if (llama_init(&m, cfg, T) != 0) bs_die_errmsg();
     llama_init_weights(&m, 1);
@@ -396,7 +415,7 @@ static void bench_end_to_end(const ModelConfig *cfg, int T) {
     StepCase c = {&m, &warm};
     run_step(&c);
     c.mb = &mb;
-    double t = time_best(run_step, &c, 0.0, 1);
+    double t = time_best(run_step, &c, 0.0, reps);
 
     // model FLOPs: 3 x forward; forward = 2 x matmul parameters per token + 4 hd H per visible pair
     const int q = cfg->n_heads * cfg->head_dim, kv = cfg->n_kv_heads * cfg->head_dim, d = cfg->d_model;
@@ -406,13 +425,110 @@ static void bench_end_to_end(const ModelConfig *cfg, int T) {
     double pairs = (double)attn_visible_pairs(rows, rows);
     double attn_fwd = (double)cfg->n_layers * 4.0 * cfg->head_dim * cfg->n_heads * pairs;
     double flops = 3.0 * (2.0 * mm_params * T + attn_fwd);
+    *flops_out = flops, *attn_share = 3.0 * attn_fwd / flops;
+    free(tok), free(tgt), free(pos), free(seg);
+    llama_free(&m);
+    return t;
+}
+
+static void bench_end_to_end(const ModelConfig *cfg, int T) {
+    double flops, share, t = measure_step(cfg, T, 1, &flops, &share);
     char text[112];
     snprintf(text, sizeof text, "%-8s %6d  %9.3f %10.0f %9.1f", cfg->name, T, t, T / t, flops / 1e9);
     Line *l = line_add(text);
     line_figure(l, -1, flops / t / 1e9);
-    snprintf(l->tail, sizeof l->tail, "   (attention: %.1f%% of the model FLOPs)", 100 * 3.0 * attn_fwd / flops);
-    free(tok), free(tgt), free(pos), free(seg);
-    llama_free(&m);
+    snprintf(l->tail, sizeof l->tail, "   (attention: %.1f%% of the model FLOPs)", 100 * share);
+}
+
+// ---- one row alone: --row SPEC ------------------------------------------------------------------
+// bench/torch_kernels.py puts PyTorch beside the engine row by row, alternating the two sides' runs
+// of the same row, and runs the engine's side through this. SPEC is one of
+//   peak                              the FMA loop: prints "peak GFLOP/s"
+//   seglens                           the pack's segment lengths: prints "seglens n l1 .. ln"
+//   mm:MODEL:WEIGHT:fwd|dx|dw         a matmul of section 2 (T = 4096; WEIGHT wq, wk, wo, w_gate, ...)
+//   attn:MODEL:TOKENS|pack:fwd|bwd    a row of section 3 (one causal segment, or the 8K pack)
+//   step:MODEL:TOKENS                 section 4 at TOKENS tokens (one micro-batch, best of 2)
+// and for the last three "row SPEC SECONDS GFLOP": the best time of the row's repeats, as the tables
+// take it, and the work under the FLOP conventions above.
+
+static void row_matmul(const ModelConfig *m, const char *weight, const char *dir, double *sec, double *gflop) {
+    MatmulShape shapes[N_MATMUL_SHAPES];
+    matmul_shapes(m, shapes);
+    const MatmulShape *sh = NULL;
+    size_t len = strlen(weight);
+    for (int i = 0; i < N_MATMUL_SHAPES; i++)  // "wk" names "wk / wv"
+        if (strncmp(shapes[i].name, weight, len) == 0 && (shapes[i].name[len] == 0 || shapes[i].name[len] == ' '))
+            sh = &shapes[i];
+    BenchFn fn = strcmp(dir, "fwd") == 0 ? run_mm_forward : strcmp(dir, "dx") == 0 ? run_mm_dx
+                                                          : strcmp(dir, "dw") == 0 ? run_mm_dw : NULL;
+    if (!sh || !fn) bs_die("--row mm:%s:%s:%s: no such weight or direction (fwd, dx, dw)", m->name, weight, dir);
+    Rng rng;
+    rng_seed(&rng, 2);
+    const int T = 4096;
+    MatmulCase c = {.T = T, .C = sh->C, .OC = sh->OC};
+    c.x = rand_floats(&rng, (size_t)T * c.C, 1), c.dx = rand_floats(&rng, (size_t)T * c.C, 1);
+    c.out = rand_floats(&rng, (size_t)T * c.OC, 1), c.dout = rand_floats(&rng, (size_t)T * c.OC, 1);
+    c.w = rand_floats(&rng, (size_t)c.OC * c.C, 1), c.dw = rand_floats(&rng, (size_t)c.OC * c.C, 1);
+    *sec = time_best(fn, &c, 0.3, 50);
+    *gflop = 2.0 * T * c.C * c.OC / 1e9;
+    free(c.x), free(c.dx), free(c.out), free(c.dout), free(c.w), free(c.dw);
+}
+
+static void row_attention(const ModelConfig *m, const char *tokens, const char *dir, double *sec, double *gflop) {
+    int pack = strcmp(tokens, "pack") == 0, T = pack ? 8192 : atoi(tokens);
+    int bwd = strcmp(dir, "bwd") == 0;
+    if (T < 1 || (!bwd && strcmp(dir, "fwd") != 0))
+        bs_die("--row attn:%s:%s:%s: want TOKENS|pack:fwd|bwd", m->name, tokens, dir);
+    int32_t *pos = malloc(sizeof(int32_t) * T), *seg = malloc(sizeof(int32_t) * T);
+    if (!pos || !seg) bs_die("out of memory");
+    if (pack) make_pack(pos, seg, T);
+    else
+        for (int i = 0; i < T; i++) pos[i] = i, seg[i] = 0;
+    AttnShape s = {m->n_heads, m->n_kv_heads, m->head_dim};
+    Rng rng;
+    rng_seed(&rng, (uint64_t)T);
+    AttnCase c;
+    attn_case_init(&c, &rng, s, pos, seg, T);
+    double pairs = (double)attn_visible_pairs(c.rows, c.rows);
+    if (bwd) run_attn_forward(&c);  // the backward's real lse
+    *sec = time_best(bwd ? run_attn_backward : run_attn_forward, &c, 0.5, 10);
+    *gflop = (bwd ? 10.0 : 4.0) * s.head_dim * s.n_heads * pairs / 1e9;
+    attn_case_free(&c);
+    free(pos), free(seg);
+}
+
+static void run_row(const char *spec) {
+    char buf[128], *part[4] = {0};
+    snprintf(buf, sizeof buf, "%s", spec);
+    int n = 0;
+    for (char *p = strtok(buf, ":"); p && n < 4; p = strtok(NULL, ":")) part[n++] = p;
+    if (strcmp(spec, "peak") == 0) {
+        printf("peak %.3f\n", fma_loop_gflops());
+        return;
+    }
+    if (strcmp(spec, "seglens") == 0) {
+        int32_t pos[8192], seg[8192];
+        int nseg = make_pack(pos, seg, 8192);
+        printf("seglens %d", nseg);
+        for (int i = 0, start = 0; i <= 8192; i++)
+            if (i == 8192 || seg[i] != seg[start]) printf(" %d", i - start), start = i;
+        printf("\n");
+        return;
+    }
+    const ModelConfig *m = n >= 2 ? model_find(part[1]) : NULL;
+    if (!m) bs_die("--row %s: want peak, seglens, mm:MODEL:WEIGHT:DIR, attn:MODEL:TOKENS:DIR, step:MODEL:TOKENS", spec);
+    double sec = 0, gflop = 0, share;
+    if (strcmp(part[0], "mm") == 0 && n == 4) {
+        row_matmul(m, part[2], part[3], &sec, &gflop);
+    } else if (strcmp(part[0], "attn") == 0 && n == 4) {
+        row_attention(m, part[2], part[3], &sec, &gflop);
+    } else if (strcmp(part[0], "step") == 0 && n == 3 && atoi(part[2]) > 0) {
+        sec = measure_step(m, atoi(part[2]), 2, &gflop, &share);
+        gflop /= 1e9;
+    } else {
+        bs_die("--row %s: want mm:MODEL:WEIGHT:DIR, attn:MODEL:TOKENS:DIR or step:MODEL:TOKENS", spec);
+    }
+    printf("row %s %.6f %.6f\n", spec, sec, gflop);
 }
 
 // ---- main ---------------------------------------------------------------------------------------
@@ -423,13 +539,17 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(argv[i], "--row") == 0 && i + 1 < argc) {
+            openblas_set_num_threads(1);
+            run_row(argv[i + 1]);
+            return 0;
         } else if (strcmp(argv[i], "--max-tokens") == 0 && i + 1 < argc) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
             if (*end || v < 1024 || v > (1 << 20)) bs_die("--max-tokens %s: want a number in [1024, 1048576]", argv[i]);
             max_tokens = (int)v;
         } else {
-            bs_die("unknown argument '%s'; usage: bench_kernels [--quick] [--max-tokens N]", argv[i]);
+            bs_die("unknown argument '%s'; usage: bench_kernels [--quick] [--max-tokens N] | --row SPEC", argv[i]);
         }
     }
     openblas_set_num_threads(1);  // one core; and the thread CPU clock then sees all the work

@@ -52,6 +52,10 @@ typedef struct {
 
 static _Thread_local float scratch_block[ATTN_SCRATCH_FLOATS] __attribute__((aligned(64)));
 static _Thread_local AttnScratch scratch;
+#if ATTN_TILE_QK
+// a key block packed for attn_tile_qk (ATTN_TILE_KEYS is a multiple of 16)
+static _Thread_local float kpack[ATTN_TILE_KEYS * ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
+#endif
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
@@ -157,6 +161,16 @@ static void tile_gather(float *dst, const float *x, Tile t, AttnShape s, float c
     }
 }
 
+// s (rows, nbk; stride ATTN_TILE_KEYS) = a (rows, D) b^T, b (nbk, D) with row stride ldb.
+static void scores(float *s, const float *a, int rows, const float *b, int64_t ldb, int nbk, int D) {
+#if ATTN_TILE_QK
+    attn_tile_qk(s, ATTN_TILE_KEYS, a, D, rows, b, ldb, nbk, D, kpack);
+#else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nbk, D, 1.0f, a, D, b, (int)ldb, 0.0f, s,
+                ATTN_TILE_KEYS);
+#endif
+}
+
 static void forward_tile(AttnScratch *sc, float *out, float *lse, const float *q, AttnRows qr, const float *k,
                          const float *v, AttnRows kr, AttnShape s, Tile t) {
     int D = s.head_dim, r = s.n_heads / s.n_kv_heads, rows = t.hn * t.nbq;
@@ -172,12 +186,17 @@ static void forward_tile(AttnScratch *sc, float *out, float *lse, const float *q
         const float *kb = k + lo * ldkv + (int64_t)t.g * D;  // (nbk, head_dim), row stride ldkv
         const float *vb = v + lo * ldkv + (int64_t)t.g * D;
         // S = Q K^T   (rows, nbk)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nbk, D, 1.0f, sc->q, D, kb, (int)ldkv, 0.0f,
-                    sc->s, ATTN_TILE_KEYS);
+        scores(sc->s, sc->q, rows, kb, ldkv, nbk, D);
         if (kind == BLOCK_PARTIAL)
             attn_tile_mask(sc->s, t.hn, t.nbq, nbk, ATTN_TILE_KEYS, qr.pos + t.q0, qr.seg + t.q0, kr.pos + lo,
                            kr.seg + lo);
         attn_tile_softmax_step(sc->s, rows, nbk, ATTN_TILE_KEYS, sc->m, sc->l, sc->alpha);
+#if ATTN_TILE_QK
+        if (D % 16 == 0) {  // acc = acc * alpha + P V in one pass, P read in place
+            attn_tile_pv(sc->acc, sc->alpha, sc->s, ATTN_TILE_KEYS, rows, vb, ldkv, nbk, D, kpack);
+            continue;
+        }
+#endif
         for (int i = 0; i < rows; i++) {
             if (sc->alpha[i] == 1.0f) continue;
             float a = sc->alpha[i], *o = sc->acc + (int64_t)i * D;
@@ -233,8 +252,7 @@ static void backward_tile(AttnScratch *sc, float *dq, float *dk, float *dv, cons
         if (kind == BLOCK_HIDDEN) continue;
         int64_t off = lo * ldkv + (int64_t)t.g * D;  // (nbk, head_dim) blocks of k, v, dk, dv, row stride ldkv
         // P = 2^(Q K^T - lse)   (rows, nbk), recomputed
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nbk, D, 1.0f, sc->q, D, k + off, (int)ldkv, 0.0f,
-                    sc->s, ATTN_TILE_KEYS);
+        scores(sc->s, sc->q, rows, k + off, ldkv, nbk, D);
         if (kind == BLOCK_PARTIAL)
             attn_tile_mask(sc->s, t.hn, t.nbq, nbk, ATTN_TILE_KEYS, qr.pos + t.q0, qr.seg + t.q0, kr.pos + lo,
                            kr.seg + lo);
@@ -243,8 +261,7 @@ static void backward_tile(AttnScratch *sc, float *dq, float *dk, float *dv, cons
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nbk, D, rows, 1.0f, sc->s, ATTN_TILE_KEYS, sc->dout, D,
                     1.0f, dv + off, (int)ldkv);
         // dP = dO V^T   (rows, nbk), then dS = P o (dP - delta)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nbk, D, 1.0f, sc->dout, D, v + off, (int)ldkv,
-                    0.0f, sc->dp, ATTN_TILE_KEYS);
+        scores(sc->dp, sc->dout, rows, v + off, ldkv, nbk, D);
         attn_tile_dsoftmax(sc->dp, sc->s, rows, nbk, ATTN_TILE_KEYS, sc->delta);
         // dQ += dS K / sqrt(head_dim)   (rows, head_dim)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, nbk, scale, sc->dp, ATTN_TILE_KEYS, k + off,

@@ -33,4 +33,23 @@ void attn_tile_exp2_bias(float *s, int rows, int cols, int ld, const float *bias
 // dp <- p * (dp - delta[row]): the softmax backward, dS = P o (dP - delta).
 void attn_tile_dsoftmax(float *dp, const float *p, int rows, int cols, int ld, const float *delta);
 
+// s (rows, cols; row stride ld) = a (rows, d; row stride lda) b^T, b (cols, d; row stride ldb): the
+// score product Q K^T (and the backward's dO V^T) without a BLAS call. OpenBLAS packs both operands
+// and zeroes a beta = 0 output on every call; here b is packed once into kpack (panels of 16 keys,
+// at least round16(cols) * d floats) and a is read in place, and s is written, not accumulated.
+// Columns up to round16(cols) are written (zeros where b has no row): ld must allow it.
+// Defined (ATTN_TILE_QK 1) with AVX2 + FMA only; callers use cblas_sgemm otherwise.
+#if defined(__AVX2__) && defined(__FMA__)
+#define ATTN_TILE_QK 1
+void attn_tile_qk(float *s, int ld, const float *a, int lda, int rows, const float *b, int64_t ldb, int cols, int d,
+                  float *kpack);
+// acc (rows, d; row stride d) <- acc * alpha[row] + p v, p (rows, cols; row stride ldp), v (cols, d;
+// row stride ldv): the forward's rescale and P V in one pass, v packed into vpack (cols * d floats).
+// d must be a multiple of 16.
+void attn_tile_pv(float *acc, const float *alpha, const float *p, int ldp, int rows, const float *v, int64_t ldv,
+                  int cols, int d, float *vpack);
+#else
+#define ATTN_TILE_QK 0
+#endif
+
 #endif
