@@ -10,6 +10,7 @@
 //   and the newest checkpoint resumes the run exactly (bit for bit on the same layout).
 // The server's kill -9 under 3D is test_cli_serve_3d's.
 // ctest: long (9-process jobs of the `base` model)
+// ctest: cost 120
 // ctest: slow (each feature's own test runs under the sanitizers; nine sanitized processes of `base`
 // on two cores would take the ASan pass past its budget)
 #include "cli/cli_run.h"
