@@ -196,6 +196,22 @@ double cost_max_offload_tokens(const CostModel *cm, int64_t C);
 // docs/cost-model.md has the formula.
 double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r);
 
+// What every kind of item (ring, all-to-all group, hybrid) shares for the same segments on D
+// members: the tokens and visible pairs, the TP all-reduces of a member's tokens / D rows per layer,
+// and the head with its TP collectives. Choosing among the kinds of one item (policy_item_choice)
+// computes them once; cost_*_terms_time give exactly what cost_item_time, cost_a2a_item_time and
+// cost_hybrid_item_time give for the same arguments (those are these, with the terms made first).
+typedef struct {
+    double tokens, area;              // sum of the segments' lengths and of their causal areas
+    int D;                            // members (>= 1)
+    double tp_fwd, tp_bwd;            // cost_tp_layer_times(tokens / D)
+    double head, head_fwd, head_bwd;  // cost_head_time(tokens / D) and cost_tp_head_times (both ends)
+} ItemTerms;
+void cost_item_terms(const CostModel *cm, const int64_t *segs, int n_segs, int D, ItemTerms *t);
+double cost_ring_terms_time(const CostModel *cm, const ItemTerms *t, double r);         // a ring (D = 1: a pack)
+double cost_a2a_terms_time(const CostModel *cm, const ItemTerms *t, double off);       // D = 1: the pack
+double cost_hybrid_terms_time(const CostModel *cm, const ItemTerms *t, int u, double off);  // u divides D
+
 // One member of a block item (the block peer, docs/peers.md): what it owns, computes and receives,
 // in tokens and (query, key) pairs per layer. plan_blocks_loads derives it from a plan.
 typedef struct {

@@ -232,18 +232,27 @@ static double tp_ring(const CostModel *cm, double bytes) {
 
 double cost_tp_allreduce(const CostModel *cm, double rows) { return tp_ring(cm, rows * cm->tp_token); }
 
-void cost_tp_head_times(const CostModel *cm, double rows, int first, int last, double *fwd, double *bwd) {
-    *fwd = first ? cost_tp_allreduce(cm, rows) : 0.0;
+// cost_tp_head_times and cost_tp_layer_times given ar, the all-reduce of these rows: one item's
+// layer and head share it (cost_item_terms makes it once).
+static void tp_head_times(const CostModel *cm, double rows, double ar, int first, int last, double *fwd, double *bwd) {
+    *fwd = first ? ar : 0.0;
     // the vocabulary-parallel loss: the row max (4 bytes a row), then the exp-sum and the target logit
     // (8), then the head's input gradient (the residual stream)
-    *bwd = last ? tp_ring(cm, 4.0 * rows) + tp_ring(cm, 8.0 * rows) + cost_tp_allreduce(cm, rows) : 0.0;
+    *bwd = last ? tp_ring(cm, 4.0 * rows) + tp_ring(cm, 8.0 * rows) + ar : 0.0;
 }
 
-void cost_tp_layer_times(const CostModel *cm, double rows, double *fwd, double *bwd) {
-    double ar = cost_tp_allreduce(cm, rows);
+static void tp_layer_times(const CostModel *cm, double rows, double ar, double *fwd, double *bwd) {
     double lin = cm->lin_token * (rows > 0 ? rows : 0);
     *fwd = 2.0 * ar;  // after wo and after w_down: the next op needs the sum
     *bwd = fmax(0.0, ar - cm->tp_hide_qkv * lin) + fmax(0.0, ar - cm->tp_hide_mlp * lin);
+}
+
+void cost_tp_head_times(const CostModel *cm, double rows, int first, int last, double *fwd, double *bwd) {
+    tp_head_times(cm, rows, cost_tp_allreduce(cm, rows), first, last, fwd, bwd);
+}
+
+void cost_tp_layer_times(const CostModel *cm, double rows, double *fwd, double *bwd) {
+    tp_layer_times(cm, rows, cost_tp_allreduce(cm, rows), fwd, bwd);
 }
 
 const char *cost_derived_3d_fields(const CostModel *cm) {
@@ -386,17 +395,33 @@ static double offload_exposed(const CostModel *cm, double tokens, int D, double 
     return n_off * (fmax(0.0, copy - fwd) + fmax(0.0, copy - bwd));
 }
 
-double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
-    double tokens, area;
-    pack_size(segs, n_segs, &tokens, &area);
-    if (tokens <= 0) return 0.0;
-    if (D < 1) D = 1;
+void cost_item_terms(const CostModel *cm, const int64_t *segs, int n_segs, int D, ItemTerms *t) {
+    pack_size(segs, n_segs, &t->tokens, &t->area);
+    t->D = D < 1 ? 1 : D;
+    double rows = t->tokens / t->D, ar = cost_tp_allreduce(cm, rows);  // the layer's and the head's
+    tp_layer_times(cm, rows, ar, &t->tp_fwd, &t->tp_bwd);
+    t->head = cost_head_time(cm, rows);  // one stage holds both ends here (the planner's per-rank estimate)
+    tp_head_times(cm, rows, ar, cm->tp_head, cm->tp_head, &t->head_fwd, &t->head_bwd);
+}
+
+// An item's time from its layer's forward and backward on a member: every layer, the head, and
+// what offloading r of the activations leaves exposed. The sum in one order for every kind.
+static double item_total(const CostModel *cm, const ItemTerms *t, double r, double fwd, double bwd) {
+    return cm->n_layers * (fwd + bwd) + t->head + t->head_fwd + t->head_bwd +
+           offload_exposed(cm, t->tokens, t->D, r, fwd, bwd);
+}
+
+double cost_ring_terms_time(const CostModel *cm, const ItemTerms *t, double r) {
+    if (t->tokens <= 0) return 0.0;
     double fwd, bwd;
-    item_layer_times(cm, tokens, area, D, &fwd, &bwd);
-    double head_fwd, head_bwd;  // one stage holds both ends here (the planner's per-rank estimate)
-    cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
-    return cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd +
-           offload_exposed(cm, tokens, D, r, fwd, bwd);
+    item_layer_compute(cm, t->tokens, t->area, t->D, &fwd, &bwd);
+    return item_total(cm, t, r, fwd + t->tp_fwd, bwd + t->tp_bwd);
+}
+
+double cost_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
+    ItemTerms t;
+    cost_item_terms(cm, segs, n_segs, D, &t);
+    return cost_ring_terms_time(cm, &t, r);
 }
 
 // A block member's fetch (docs/cost-model.md, "Block items"): the tokens from its own node travel
@@ -455,25 +480,24 @@ int cost_a2a_max(const CostModel *cm, int most) {
     return cm->a2a_heads > 0 && cm->a2a_heads < most ? cm->a2a_heads : most;
 }
 
-double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double off) {
-    if (D <= 1) return cost_item_time(cm, segs, n_segs, 1, off);
-    double tokens, area;
-    pack_size(segs, n_segs, &tokens, &area);
-    if (tokens <= 0) return 0.0;
+double cost_a2a_terms_time(const CostModel *cm, const ItemTerms *t, double off) {
+    if (t->D <= 1) return cost_ring_terms_time(cm, t, off);
+    if (t->tokens <= 0) return 0.0;
     // every member: 1/D of the tokens through the linear layers, its share of the heads over the
     // whole mask; the all-to-alls sit between the projections and attention, so nothing overlaps them
+    int D = t->D;
     double bw, lat;
     ring_link(cm, D, &bw, &lat);
-    double x = transfer_time(cost_a2a_bytes(cm, D) * tokens / D * (D - 1) / D, bw, lat);
-    double tp_fwd, tp_bwd;
-    cost_tp_layer_times(cm, tokens / D, &tp_fwd, &tp_bwd);
-    double work = cm->lin_token * tokens / D + cm->layer_const + cm->attn_pair * area * cost_a2a_head_share(cm, D) +
+    double x = transfer_time(cost_a2a_bytes(cm, D) * t->tokens / D * (D - 1) / D, bw, lat);
+    double work = cm->lin_token * t->tokens / D + cm->layer_const + cm->attn_pair * t->area * cost_a2a_head_share(cm, D) +
                   cm->attn_step;  // one attention call over whole segments
-    double fwd = work / 3.0 + x + tp_fwd, bwd = 2.0 * work / 3.0 + x + tp_bwd;
-    double head_fwd, head_bwd;
-    cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
-    return cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd +
-           offload_exposed(cm, tokens, D, off, fwd, bwd);
+    return item_total(cm, t, off, work / 3.0 + x + t->tp_fwd, 2.0 * work / 3.0 + x + t->tp_bwd);
+}
+
+double cost_a2a_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int D, double off) {
+    ItemTerms t;
+    cost_item_terms(cm, segs, n_segs, D, &t);
+    return cost_a2a_terms_time(cm, &t, off);
 }
 
 double cost_hybrid_kv_share(const CostModel *cm, int u) {
@@ -513,20 +537,19 @@ static void hybrid_layer_compute(const CostModel *cm, double tokens, double area
     *bwd += (r - 1) * fmax(blk_bwd, x_bwd) + x_fwd;  // the summed dK/dV travel home once more
 }
 
+double cost_hybrid_terms_time(const CostModel *cm, const ItemTerms *t, int u, double off) {
+    if (t->tokens <= 0) return 0.0;
+    double fwd, bwd;
+    hybrid_layer_compute(cm, t->tokens, t->area, u, t->D / u, &fwd, &bwd);
+    return item_total(cm, t, off, fwd + t->tp_fwd, bwd + t->tp_bwd);
+}
+
 double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_segs, int u, int r, double off) {
     if (u < 1) u = 1;
     if (r < 1) r = 1;
-    double tokens, area;
-    pack_size(segs, n_segs, &tokens, &area);
-    if (tokens <= 0) return 0.0;
-    int D = u * r;
-    double fwd, bwd, tp_fwd, tp_bwd, head_fwd, head_bwd;
-    hybrid_layer_compute(cm, tokens, area, u, r, &fwd, &bwd);
-    cost_tp_layer_times(cm, tokens / D, &tp_fwd, &tp_bwd);
-    cost_tp_head_times(cm, tokens / D, cm->tp_head, cm->tp_head, &head_fwd, &head_bwd);
-    fwd += tp_fwd, bwd += tp_bwd;
-    return cm->n_layers * (fwd + bwd) + cost_head_time(cm, tokens / D) + head_fwd + head_bwd +
-           offload_exposed(cm, tokens, D, off, fwd, bwd);
+    ItemTerms t;
+    cost_item_terms(cm, segs, n_segs, u * r, &t);
+    return cost_hybrid_terms_time(cm, &t, u, off);
 }
 
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "bytescale/keep.h"
 #include "plan/policy_util.h"
 
 int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, int32_t pp, const char *policy) {
@@ -22,7 +23,7 @@ int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, 
     p->pp = pp;
     p->capacity = capacity;
     snprintf(p->policy, sizeof p->policy, "%s", policy ? policy : "");
-    p->batch.seqs = bs_malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(Sequence));
+    p->batch.seqs = bs_keep_alloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(Sequence));
     if (!p->batch.seqs) return bs_fail_ctx("plan: copying the batch");
     if (b->n > 0) memcpy(p->batch.seqs, b->seqs, (size_t)b->n * sizeof(Sequence));
     p->batch.n = b->n;
@@ -31,16 +32,16 @@ int plan_init(Plan *p, const GlobalBatch *b, int32_t n_ranks, int64_t capacity, 
 }
 
 void plan_free(Plan *p) {
-    free(p->batch.seqs);
-    free(p->items);
-    free(p->segs);
-    free(p->ranks);
-    free(p->rank_begin);
-    free(p->rank_items);
-    free(p->rank_busy);
-    free(p->barriers);
-    free(p->delayed);
-    free(p->seg_owner);
+    bs_keep_free(p->batch.seqs);
+    bs_keep_free(p->items);
+    bs_keep_free(p->segs);
+    bs_keep_free(p->ranks);
+    bs_keep_free(p->rank_begin);
+    bs_keep_free(p->rank_items);
+    bs_keep_free(p->rank_busy);
+    bs_keep_free(p->barriers);
+    bs_keep_free(p->delayed);
+    bs_keep_free(p->seg_owner);
     memset(p, 0, sizeof *p);
 }
 
@@ -51,7 +52,7 @@ static int grow(void **arr, int32_t *cap, int64_t need, size_t elem, const char 
     int64_t c = *cap ? *cap : 64;
     while (c < need) c *= 2;
     if (c > INT32_MAX) c = INT32_MAX;
-    void *q = bs_realloc(*arr, (size_t)c * elem);
+    void *q = bs_keep_realloc(*arr, (size_t)c * elem);
     if (!q) return bs_fail_ctx("plan: growing %s", what);
     *arr = q;
     *cap = (int32_t)c;
@@ -133,13 +134,13 @@ static int64_t planner_node(int32_t rank, const void *ctx) {
 // A block item's estimate: its slowest member (the group's fetches and reductions are collectives).
 static int blocks_item_time(Plan *p, int32_t k, const CostModel *cm) {
     Item *it = &p->items[k];
-    BlockLoad *ld = bs_malloc((size_t)it->n_ranks * sizeof(BlockLoad));
+    BlockLoad *ld = bs_keep_alloc((size_t)it->n_ranks * sizeof(BlockLoad));
     if (!ld) return bs_fail_ctx("plan_finalize");
     int per = cm->ranks_per_node;
     int rc = plan_blocks_loads(p, k, planner_node, &per, ld);
     it->est_time = 0;
     for (int32_t m = 0; rc == 0 && m < it->n_ranks; m++) it->est_time = fmax(it->est_time, cost_blocks_member_time(cm, &ld[m]));
-    free(ld);
+    bs_keep_free(ld);
     return rc;
 }
 
@@ -148,14 +149,14 @@ static int finalize_times(Plan *p, const CostModel *cm) {
     int32_t max_segs = 1;
     for (int32_t k = 0; k < p->n_items; k++)
         if (p->items[k].n_segs > max_segs) max_segs = p->items[k].n_segs;
-    int64_t *lens = bs_malloc((size_t)max_segs * sizeof(int64_t));
+    int64_t *lens = bs_keep_alloc((size_t)max_segs * sizeof(int64_t));
     if (!lens) return bs_fail_ctx("plan_finalize");
     for (int32_t k = 0; k < p->n_items; k++) {
         Item *it = &p->items[k];
         for (int32_t j = 0; j < it->n_segs; j++) lens[j] = p->segs[it->seg_begin + j].len;
         if (plan_item_kind(p, k) == ITEM_BLOCKS) {
             if (blocks_item_time(p, k, cm) != 0) {
-                free(lens);
+                bs_keep_free(lens);
                 return -1;
             }
             continue;
@@ -167,7 +168,7 @@ static int finalize_times(Plan *p, const CostModel *cm) {
             it->est_time = it->a2a ? cost_a2a_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload)
                                    : cost_item_time(cm, lens, it->n_segs, it->n_ranks, it->offload);
     }
-    free(lens);
+    bs_keep_free(lens);
     return 0;
 }
 
@@ -230,26 +231,26 @@ static void waves_fill(const Plan *p, int32_t *wave) {
 }
 
 int plan_pipeline_slots(const Plan *p, int32_t *slot) {
-    int32_t *last = bs_malloc((size_t)(p->n_ranks > 0 ? p->n_ranks : 1) * sizeof(int32_t));
+    int32_t *last = bs_keep_alloc((size_t)(p->n_ranks > 0 ? p->n_ranks : 1) * sizeof(int32_t));
     if (!last) return bs_fail_ctx("plan_pipeline_slots");
     slots_fill(p, slot, last);
-    free(last);
+    bs_keep_free(last);
     return 0;
 }
 
 static int pipeline_makespan(Plan *p, double *out) {
     int32_t n = p->n_items, R = p->n_ranks, pp = p->pp;
-    int32_t *slot = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
-    int32_t *by_slot = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *slot = bs_keep_alloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *by_slot = bs_keep_alloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     // slots stay below n, plus pp - 1 skipped at every barrier (slots_fill)
     size_t n_slots = (size_t)n + (size_t)(pp - 1) * (size_t)p->n_barriers + 1;
-    int32_t *slot_begin = bs_calloc(n_slots + 1, sizeof(int32_t));
-    int32_t *fill = bs_malloc(n_slots * sizeof(int32_t));
-    int32_t *last = bs_malloc((size_t)R * sizeof(int32_t));   // per rank: its latest item's slot
-    int32_t *dense = bs_malloc((size_t)R * sizeof(int32_t));  // per rank: its row in free_at, -1 idle
-    double *f_end = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    double *b_end = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    int32_t *wave = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *slot_begin = bs_keep_calloc(n_slots + 1, sizeof(int32_t));
+    int32_t *fill = bs_keep_alloc(n_slots * sizeof(int32_t));
+    int32_t *last = bs_keep_alloc((size_t)R * sizeof(int32_t));   // per rank: its latest item's slot
+    int32_t *dense = bs_keep_alloc((size_t)R * sizeof(int32_t));  // per rank: its row in free_at, -1 idle
+    double *f_end = bs_keep_alloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    double *b_end = bs_keep_alloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    int32_t *wave = bs_keep_alloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     double *free_at = NULL;
     int rc = -1;
     if (!slot || !by_slot || !slot_begin || !fill || !last || !dense || !f_end || !b_end || !wave) goto out;
@@ -262,7 +263,7 @@ static int pipeline_makespan(Plan *p, double *out) {
         if (slot[k] > max_slot) max_slot = slot[k];
     }
     for (int32_t r = 0; r < R; r++) dense[r] = last[r] >= 0 ? used++ : -1;
-    free_at = bs_calloc((size_t)(used > 0 ? used : 1) * (size_t)pp, sizeof(double));
+    free_at = bs_keep_calloc((size_t)(used > 0 ? used : 1) * (size_t)pp, sizeof(double));
     if (!free_at) goto out;
     // items by slot (counting sort, global order within a slot)
     for (int32_t q = 0; q <= max_slot; q++) slot_begin[q + 1] += slot_begin[q];
@@ -311,16 +312,16 @@ static int pipeline_makespan(Plan *p, double *out) {
     rc = 0;
 out:
     if (rc != 0) bs_fail_ctx("plan_finalize: the pipeline schedule");
-    free(slot);
-    free(by_slot);
-    free(slot_begin);
-    free(fill);
-    free(last);
-    free(dense);
-    free(f_end);
-    free(b_end);
-    free(wave);
-    free(free_at);
+    bs_keep_free(slot);
+    bs_keep_free(by_slot);
+    bs_keep_free(slot_begin);
+    bs_keep_free(fill);
+    bs_keep_free(last);
+    bs_keep_free(dense);
+    bs_keep_free(f_end);
+    bs_keep_free(b_end);
+    bs_keep_free(wave);
+    bs_keep_free(free_at);
     return rc;
 }
 
@@ -328,7 +329,7 @@ out:
 static int finalize_bounds(Plan *p, const CostModel *cm) {
     GlobalBatch b = p->batch;
     if (p->n_delayed > 0) {
-        b.seqs = bs_malloc((size_t)p->batch.n * sizeof(Sequence));
+        b.seqs = bs_keep_alloc((size_t)p->batch.n * sizeof(Sequence));
         if (!b.seqs) return bs_fail_ctx("plan_finalize");
         b.n = b.n_tokens = 0;
         for (int64_t i = 0, d = 0; i < p->batch.n; i++) {
@@ -342,16 +343,16 @@ static int finalize_bounds(Plan *p, const CostModel *cm) {
     }
     p->lower_bound = plan_lower_bound_pp(&b, cm, p->n_ranks, p->capacity, p->pp);
     p->hdp_bound = plan_hdp_bound(&b, cm, p->n_ranks, p->capacity, p->pp);
-    if (p->n_delayed > 0) free(b.seqs);
+    if (p->n_delayed > 0) bs_keep_free(b.seqs);
     return 0;
 }
 
 int plan_finalize(Plan *p, const CostModel *cm) { return plan_finalize_bounds(p, cm, NULL); }
 
 int plan_finalize_bounds(Plan *p, const CostModel *cm, const double *bounds) {
-    free(p->rank_begin);
-    free(p->rank_items);
-    free(p->rank_busy);
+    bs_keep_free(p->rank_begin);
+    bs_keep_free(p->rank_items);
+    bs_keep_free(p->rank_busy);
     p->rank_begin = p->rank_items = NULL;
     p->rank_busy = NULL;
     // the derivation indexes by rank and segment, so those must be in range (plan_validate checks
@@ -374,14 +375,14 @@ int plan_finalize_bounds(Plan *p, const CostModel *cm, const double *bounds) {
     }
     if (cm && finalize_times(p, cm) != 0) return -1;
 
-    p->rank_begin = bs_calloc((size_t)p->n_ranks + 1, sizeof(int32_t));
-    p->rank_items = bs_malloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
-    p->rank_busy = bs_calloc((size_t)p->n_ranks, sizeof(double));
-    double *free_at = bs_calloc((size_t)p->n_ranks, sizeof(double));
-    int32_t *fill = bs_malloc((size_t)p->n_ranks * sizeof(int32_t));
+    p->rank_begin = bs_keep_calloc((size_t)p->n_ranks + 1, sizeof(int32_t));
+    p->rank_items = bs_keep_alloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
+    p->rank_busy = bs_keep_calloc((size_t)p->n_ranks, sizeof(double));
+    double *free_at = bs_keep_calloc((size_t)p->n_ranks, sizeof(double));
+    int32_t *fill = bs_keep_alloc((size_t)p->n_ranks * sizeof(int32_t));
     if (!p->rank_begin || !p->rank_items || !p->rank_busy || !free_at || !fill) {
-        free(free_at);
-        free(fill);
+        bs_keep_free(free_at);
+        bs_keep_free(fill);
         return bs_fail_ctx("plan_finalize");
     }
     // counting sort of (item, member) pairs by rank; items are visited in global order, so every
@@ -409,8 +410,8 @@ int plan_finalize_bounds(Plan *p, const CostModel *cm, const double *bounds) {
         }
         if (end > makespan) makespan = end;
     }
-    free(fill);
-    free(free_at);
+    bs_keep_free(fill);
+    bs_keep_free(free_at);
     // with pipelines the items of a rank overlap on its stages, and fill and drain come on top
     if (p->pp > 1 && pipeline_makespan(p, &makespan) != 0) return -1;
     p->makespan = makespan;
@@ -451,12 +452,14 @@ static double slot_const(const CostModel *cm) {
 // it (docs/planner.md, "The bounds"). A hand-made cost model without heads (a2a_heads = 0) keeps
 // the ring-only hdp_bound; a plan of all-to-all groups on it, which only flexsp makes, is not bounded.
 double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
-    double t = cost_item_time(cm, &s, 1, D, 0.0);
+    ItemTerms terms;  // what every kind shares, computed once
+    cost_item_terms(cm, &s, 1, D, &terms);
+    double t = cost_ring_terms_time(cm, &terms, 0.0);
     int heads = cm->a2a_heads;
     if (D < 2 || heads <= 0) return t;
-    if (D <= heads) t = fmin(t, cost_a2a_item_time(cm, &s, 1, D, 0.0));
+    if (D <= heads) t = fmin(t, cost_a2a_terms_time(cm, &terms, 0.0));
     for (int u = 2; u <= heads && u < D; u++)
-        if (D % u == 0 && heads % u == 0) t = fmin(t, cost_hybrid_item_time(cm, &s, 1, u, D / u, 0.0));
+        if (D % u == 0 && heads % u == 0) t = fmin(t, cost_hybrid_terms_time(cm, &terms, u, 0.0));
     return t;
 }
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "bytescale/keep.h"
 #include "bytescale/plan.h"
 
 static int check_header(const Plan *p) {
@@ -164,10 +165,10 @@ static int check_segments(const Plan *p, int32_t k, const Item *it, Seen *sn) {
 // *whole: 1 when every sequence is exactly one segment of its full length, the plans balance and
 // elastic make (then check_coverage has nothing left to find); 0 when that is not shown here.
 static int check_items(const Plan *p, const CostModel *cm, int *whole) {
-    int32_t *stamp = bs_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
-    int64_t *diff = bs_malloc(((size_t)p->n_ranks + 1) * sizeof(int64_t));  // fullest_member's, any ring fits
+    int32_t *stamp = bs_keep_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
+    int64_t *diff = bs_keep_alloc(((size_t)p->n_ranks + 1) * sizeof(int64_t));  // fullest_member's, any ring fits
     size_t nn = (size_t)(p->batch.n > 0 ? p->batch.n : 1);
-    Seen sn = {bs_malloc(nn * sizeof(int32_t)), bs_calloc(nn, 1), 0};
+    Seen sn = {bs_keep_alloc(nn * sizeof(int32_t)), bs_keep_calloc(nn, 1), 0};
     int rc = -1;
     int64_t seg_at = 0, ref_at = 0;
     *whole = 0;
@@ -251,10 +252,10 @@ static int check_items(const Plan *p, const CostModel *cm, int *whole) {
     *whole = sn.n_whole == p->batch.n && p->n_segs == p->batch.n && p->n_delayed == 0;
     rc = 0;
 out:
-    free(stamp);
-    free(diff);
-    free(sn.len32);
-    free(sn.hit);
+    bs_keep_free(stamp);
+    bs_keep_free(diff);
+    bs_keep_free(sn.len32);
+    bs_keep_free(sn.hit);
     return rc;
 }
 
@@ -305,7 +306,7 @@ static int walk_pieces(const Plan *p, int64_t s, Piece *ps, int32_t m) {
 // and walked. Linear, with one int per sequence and a Piece per segment of a cut sequence.
 static int check_coverage(const Plan *p) {
     int64_t n = p->batch.n;
-    int32_t *seen = bs_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *seen = bs_keep_alloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     int32_t *begin = NULL;
     Piece *pieces = NULL;
     int rc = -1;
@@ -323,8 +324,8 @@ static int check_coverage(const Plan *p) {
         if (was >= 0) seen[q] = -2 - n_cut++;
     }
     if (n_cut > 0) {  // the cut sequences' pieces, grouped by sequence in item order
-        begin = bs_calloc((size_t)n_cut + 1, sizeof(int32_t));
-        pieces = bs_malloc((size_t)cut_segs * sizeof(Piece));
+        begin = bs_keep_calloc((size_t)n_cut + 1, sizeof(int32_t));
+        pieces = bs_keep_alloc((size_t)cut_segs * sizeof(Piece));
         if (!begin || !pieces) {
             bs_fail_ctx("plan_validate");
             goto out;
@@ -362,9 +363,9 @@ static int check_coverage(const Plan *p) {
     }
     rc = 0;
 out:
-    free(seen);
-    free(begin);
-    free(pieces);
+    bs_keep_free(seen);
+    bs_keep_free(begin);
+    bs_keep_free(pieces);
     return rc;
 }
 
@@ -375,8 +376,8 @@ static int check_schedule(const Plan *p) {
     if (rb[0] != 0 || rb[p->n_ranks] != p->n_refs)
         return bs_fail("the per-rank schedules hold %d entries, the items have %d members", rb[p->n_ranks] - rb[0],
                        p->n_refs);
-    int32_t *expect_begin = bs_calloc((size_t)p->n_ranks + 1, sizeof(int32_t));
-    int32_t *expect = bs_malloc((size_t)(p->n_refs > 0 ? p->n_refs : 1) * sizeof(int32_t));
+    int32_t *expect_begin = bs_keep_calloc((size_t)p->n_ranks + 1, sizeof(int32_t));
+    int32_t *expect = bs_keep_alloc((size_t)(p->n_refs > 0 ? p->n_refs : 1) * sizeof(int32_t));
     int rc = -1;
     if (!expect_begin || !expect) {
         bs_fail_ctx("plan_validate");
@@ -418,8 +419,8 @@ static int check_schedule(const Plan *p) {
     }
     rc = 0;
 out:
-    free(expect_begin);
-    free(expect);
+    bs_keep_free(expect_begin);
+    bs_keep_free(expect);
     return rc;
 }
 

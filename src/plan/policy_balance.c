@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "bytescale/keep.h"
 #include "plan/policy_util.h"
 
 #define BALANCE_DEFAULT_DELTA 0.001
@@ -97,7 +98,7 @@ static int record(Balance *bl, const MadeSeg *segs, int n_segs, const int32_t *r
         return bs_fail("balance: more items or segments than sequences (%d items)", bl->n_made);
     if (bl->n_made_ranks + n_ranks > bl->cap_made_ranks) {
         int64_t c = 2 * bl->cap_made_ranks > bl->n_made_ranks + n_ranks ? 2 * bl->cap_made_ranks : bl->n_made_ranks + n_ranks;
-        int32_t *r = bs_realloc(bl->made_ranks, (size_t)c * sizeof(int32_t));
+        int32_t *r = bs_keep_realloc(bl->made_ranks, (size_t)c * sizeof(int32_t));
         if (!r) return bs_fail_ctx("balance: %lld rank references", (long long)c);
         bl->made_ranks = r;
         bl->cap_made_ranks = c;
@@ -174,6 +175,7 @@ typedef struct {
     double work;    // t x those ranks: the ring's part of the batch's total work
     int32_t seq;
     int32_t d_max;  // the widest it may be: ceil(s / C), or more where elastic widens it
+    int32_t lk;     // its index among the long sequences (BalanceBatch.width_at), -1: a promoted short
 } Ring;
 
 static int by_time_desc(const void *a, const void *b) {
@@ -245,8 +247,8 @@ static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t ra
 static int assign_rest(Balance *bl, RankTree *queue) {
     int32_t R = bl->cfg->n_ranks;
     int pp_balance = bl->cfg->pp > 1;
-    OpenPack *open = bs_malloc((size_t)R * sizeof(OpenPack));
-    int32_t *next = bs_malloc((size_t)(bl->n_short > 0 ? bl->n_short : 1) * sizeof(int32_t));
+    OpenPack *open = bs_keep_alloc((size_t)R * sizeof(OpenPack));
+    int32_t *next = bs_keep_alloc((size_t)(bl->n_short > 0 ? bl->n_short : 1) * sizeof(int32_t));
     int rc = -1;
     if (!open || !next) {
         bs_fail_ctx("balance");
@@ -278,12 +280,45 @@ static int assign_rest(Balance *bl, RankTree *queue) {
         if (close_pack(bl, &open[r], next, r) != 0) goto out;
     rc = 0;
 out:
-    free(open);
-    free(next);
+    bs_keep_free(open);
+    bs_keep_free(next);
     return rc;
 }
 
 // ---- phase 1: rings ------------------------------------------------------------------------------------
+
+// A long sequence at one width HDP's rule allows: the offload ratio that width needs
+// (policy_offload_for) and the kind policy_item_choice picks there.
+typedef struct WidthChoice {
+    ItemChoice c;
+    double r;
+    int state;  // 0: not costed yet; 1: costed; -1: it fits on no ring of this width
+} WidthChoice;
+
+// The last width of long sequence k in the table: ceil(s/C), or every rank when there are fewer.
+static int64_t width_top(const BalanceBatch *bb, int32_t k) {
+    int64_t s = bb->b->seqs[bb->long_seq[k]].len, C = bb->cfg->capacity, plain = s / C + (s % C != 0);
+    return plain < bb->cfg->n_ranks ? plain : bb->cfg->n_ranks;
+}
+
+// Long sequence k (len tokens) on dd ranks: 0 where it fits on no ring that wide, else 1 with its
+// kind and offload ratio; with the table kept (balance_keep_widths) costed the first time and read
+// from it after (k < 0, no table or a width outside it: costed here every time).
+static int width_choice(const BalanceBatch *bb, int32_t k, int64_t len, int dd, ItemChoice *c, double *r) {
+    WidthChoice scratch = {0}, *w = &scratch;
+    if (bb->widths && k >= 0) {
+        int32_t d0 = bb->d_min[bb->long_seq[k]];
+        if (dd >= d0 && dd - d0 < bb->width_at[k + 1] - bb->width_at[k]) w = &bb->widths[bb->width_at[k] + dd - d0];
+    }
+    if (w->state == 0) {
+        w->state = policy_offload_for(bb->cm, len, bb->cfg->capacity, dd, &w->r) ? 1 : -1;
+        if (w->state > 0) w->c = policy_item_choice(bb->cm, &len, 1, dd, w->r);
+    }
+    if (w->state < 0) return 0;
+    *c = w->c;
+    *r = w->r;
+    return 1;
+}
 
 // Selective offloading: Eq. 3's fewest ranks D_off(s) cut ring traffic, but a ring on few ranks
 // takes long. So a ring may use any D in [D_off(s), ceil(s/C)] (just D = ceil(s/C) without
@@ -297,8 +332,8 @@ out:
 // the same time (and, pp > 1, at the same levels) can finish first, and only those are costed.
 // Pops d_hi ranks into members (least-loaded first); the caller takes the first *d and pushes the
 // rest back.
-static int place_ring(const Balance *bl, RankTree *queue, int64_t len, int d_lo, int d_max, int32_t *members, int *d,
-                      int *d_hi, ItemChoice *t, double *r) {
+static int place_ring(const Balance *bl, const BalanceBatch *bb, int32_t lk, RankTree *queue, int64_t len, int d_lo,
+                      int d_max, int32_t *members, int *d, int *d_hi, ItemChoice *t, double *r) {
     const CostModel *cm = bl->cm;
     int64_t C = bl->cfg->capacity;
     int64_t plain = len / C + (len % C != 0), top = plain > d_max ? plain : d_max;
@@ -325,9 +360,8 @@ static int place_ring(const Balance *bl, RankTree *queue, int64_t len, int d_lo,
             if (bl->last_free[next] <= latest && same_wait) continue;
         }
         double rd;
-        if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
-        // the kind by the plan's cost model; a widened ring (elastic) timed as crossing nodes
-        ItemChoice c = policy_item_choice(cm, &len, 1, dd, rd);
+        ItemChoice c;  // the kind by the plan's cost model; a widened ring (elastic) timed as crossing nodes
+        if (!width_choice(bb, dd <= plain ? lk : -1, len, dd, &c, &rd)) continue;
         double td = dd > plain ? policy_kind_time(bl->wide, &len, 1, dd, rd, c.a2a, c.ulysses) : c.t;
         double wait = fmax(pipeline_wait(bl, td, low), pipeline_wait(bl, td, high));
         double end = latest + wait + td + pipeline_drain(bl, td);
@@ -362,7 +396,7 @@ static int sort_shorts(BalanceBatch *bb) {
         for (int32_t i = 0; i < n; i++) bb->slen[i] = b->seqs[bb->sidx[i]].len;
         return 0;
     }
-    int32_t *start = bs_calloc((size_t)C + 2, sizeof(int32_t));
+    int32_t *start = bs_keep_calloc((size_t)C + 2, sizeof(int32_t));
     if (!start) return bs_fail_ctx("balance: sorting %d short sequences", n);
     // bucket C - len holds the sequences of length len, so the buckets in order are longest first
     for (int64_t i = 0; i < b->n; i++)
@@ -375,7 +409,7 @@ static int sort_shorts(BalanceBatch *bb) {
         bb->sidx[at] = (int32_t)i;
         bb->slen[at] = len;
     }
-    free(start);
+    bs_keep_free(start);
     return 0;
 }
 
@@ -386,12 +420,12 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     bb->cm = cm;
     bb->open_cost = cm->n_layers * (cm->layer_const + cm->attn_step);
     size_t nn = (size_t)(b->n > 0 ? b->n : 1);
-    bb->d_min = bs_malloc(nn * sizeof(int32_t));
-    bb->r_min = bs_malloc(nn * sizeof(double));
-    bb->long_seq = bs_malloc(nn * sizeof(int32_t));
-    bb->sidx = bs_malloc(nn * sizeof(int32_t));
-    bb->slen = bs_malloc(nn * sizeof(int64_t));
-    bb->scost = bs_malloc(nn * sizeof(double));
+    bb->d_min = bs_keep_alloc(nn * sizeof(int32_t));
+    bb->r_min = bs_keep_alloc(nn * sizeof(double));
+    bb->long_seq = bs_keep_alloc(nn * sizeof(int32_t));
+    bb->sidx = bs_keep_alloc(nn * sizeof(int32_t));
+    bb->slen = bs_keep_alloc(nn * sizeof(int64_t));
+    bb->scost = bs_keep_alloc(nn * sizeof(double));
     if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->sidx || !bb->slen || !bb->scost) {
         balance_batch_free(bb);
         return bs_fail_ctx("balance: a batch of %lld sequences", (long long)b->n);
@@ -408,6 +442,7 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
         balance_batch_free(bb);
         return -1;
     }
+
     for (int32_t i = 0; i < bb->n_short; i++) {  // a pack's time is additive; one length, one cost
         int64_t s = bb->slen[i];
         bb->scost[i] = i > 0 && s == bb->slen[i - 1] ? bb->scost[i - 1] : cost_item_time(cm, &s, 1, 1, 0.0) - bb->open_cost;
@@ -415,13 +450,29 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     return 0;
 }
 
+int balance_keep_widths(BalanceBatch *bb) {
+    bb->width_at = bs_keep_alloc(((size_t)bb->n_long + 1) * sizeof(int64_t));
+    if (!bb->width_at) return bs_fail_ctx("balance: %d long sequences", bb->n_long);
+    bb->width_at[0] = 0;
+    for (int32_t k = 0; k < bb->n_long; k++) {
+        int64_t n = width_top(bb, k) - bb->d_min[bb->long_seq[k]] + 1;
+        bb->width_at[k + 1] = bb->width_at[k] + (n > 0 ? n : 0);
+    }
+    int64_t n = bb->width_at[bb->n_long];
+    bb->widths = bs_keep_calloc((size_t)(n > 0 ? n : 1), sizeof(WidthChoice));
+    if (!bb->widths) return bs_fail_ctx("balance: the widths of %d long sequences", bb->n_long);
+    return 0;
+}
+
 void balance_batch_free(BalanceBatch *bb) {
-    free(bb->d_min);
-    free(bb->r_min);
-    free(bb->long_seq);
-    free(bb->sidx);
-    free(bb->slen);
-    free(bb->scost);
+    bs_keep_free(bb->d_min);
+    bs_keep_free(bb->r_min);
+    bs_keep_free(bb->long_seq);
+    bs_keep_free(bb->sidx);
+    bs_keep_free(bb->slen);
+    bs_keep_free(bb->scost);
+    bs_keep_free(bb->width_at);
+    bs_keep_free(bb->widths);
     memset(bb, 0, sizeof *bb);
 }
 
@@ -430,17 +481,17 @@ void balance_batch_free(BalanceBatch *bb) {
 // A ring's place in the longest-first order: its time on ceil(s / C) ranks (no offload), where
 // every ring's choice starts, or on Eq. 3's fewest when there are fewer ranks than that; a ring
 // that may be wider (elastic) is timed on its widest.
-static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i) {
+static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i, int32_t lk) {
     int64_t s = bb->b->seqs[i].len, C = bb->cfg->capacity, plain = s / C + (s % C != 0);
     int32_t R = bb->cfg->n_ranks, dm = w && w->d_max ? w->d_max[i] : 0;
     if (dm > R) dm = R;
     if (dm > plain) {
         double t = policy_item_choice(w->wide ? w->wide : bb->cm, &s, 1, dm, 0.0).t;
-        return (Ring){t, t * dm, i, dm};
+        return (Ring){t, t * dm, i, dm, lk};
     }
     int d = plain < R ? (int)plain : bb->d_min[i];
     double t = policy_item_choice(bb->cm, &s, 1, d, d == bb->d_min[i] ? bb->r_min[i] : 0.0).t;
-    return (Ring){t, t * d, i, (int32_t)(plain < R ? plain : R)};
+    return (Ring){t, t * d, i, (int32_t)(plain < R ? plain : R), lk};
 }
 
 // One run's ring phase: the rings longest first, and the holes they leave on members that wait.
@@ -459,16 +510,16 @@ static int schedule_alloc(Balance *bl, RingPhase *rp) {
     const PlanConfig *cfg = bl->cfg;
     int32_t R = cfg->n_ranks;
     size_t ns = (size_t)(bl->n_short > 0 ? bl->n_short : 1);
-    rp->rings = bs_malloc((size_t)(rp->n_rings > 0 ? rp->n_rings : 1) * sizeof(Ring));
+    rp->rings = bs_keep_alloc((size_t)(rp->n_rings > 0 ? rp->n_rings : 1) * sizeof(Ring));
     int pp_balance = cfg->pp > 1;  // PP-Balance: no micro-batch mixes two buckets
-    if (pp_balance) bl->sbucket = bs_malloc(ns * sizeof(int32_t));
-    bl->unused = bs_malloc((ns + 1) * sizeof(int32_t));
+    if (pp_balance) bl->sbucket = bs_keep_alloc(ns * sizeof(int32_t));
+    bl->unused = bs_keep_alloc((ns + 1) * sizeof(int32_t));
     size_t most_segs = bl->n_short < cfg->capacity ? ns : (size_t)cfg->capacity;
-    bl->pack = bs_malloc(most_segs * sizeof(MadeSeg));
-    bl->segs = bs_malloc(most_segs * sizeof(Segment));
-    rp->members = bs_malloc((size_t)R * sizeof(int32_t));
-    bl->last_free = bs_calloc((size_t)R, sizeof(double));
-    bl->last_t = bs_calloc((size_t)R, sizeof(double));
+    bl->pack = bs_keep_alloc(most_segs * sizeof(MadeSeg));
+    bl->segs = bs_keep_alloc(most_segs * sizeof(Segment));
+    rp->members = bs_keep_alloc((size_t)R * sizeof(int32_t));
+    bl->last_free = bs_keep_calloc((size_t)R, sizeof(double));
+    bl->last_t = bs_keep_calloc((size_t)R, sizeof(double));
     if (!rp->rings || (pp_balance && !bl->sbucket) || !bl->unused || !bl->pack || !bl->segs || !rp->members ||
         !bl->last_free || !bl->last_t)
         return bs_fail_ctx("balance");
@@ -484,22 +535,22 @@ static int key_rings(Balance *bl, RingPhase *rp, const BalanceBatch *bb, const B
     int64_t refs = bl->n_short;  // at most: a rank for every short sequence, the widest allowed for every ring
                                  // (room for that up front, within reason: more grows)
     for (int32_t k = 0; k < bb->n_long; k++) {
-        rp->rings[k] = ring_key(bb, w, bb->long_seq[k]);
+        rp->rings[k] = ring_key(bb, w, bb->long_seq[k], k);
         total += rp->rings[k].work;
         refs += rp->rings[k].d_max;
     }
     for (int32_t k = 0; k < n_promoted; k++) {
-        rp->rings[bb->n_long + k] = ring_key(bb, w, bb->sidx[k]);
+        rp->rings[bb->n_long + k] = ring_key(bb, w, bb->sidx[k], -1);
         total += rp->rings[bb->n_long + k].work;
         refs += rp->rings[bb->n_long + k].d_max;
     }
     // every sequence is one segment of one item
     size_t nn = (size_t)(b->n > 0 ? b->n : 1);
-    bl->made = bs_malloc(nn * sizeof(Made));
-    bl->start = bs_malloc(nn * sizeof(double));
-    bl->made_seg = bs_malloc(nn * sizeof(MadeSeg));
+    bl->made = bs_keep_alloc(nn * sizeof(Made));
+    bl->start = bs_keep_alloc(nn * sizeof(double));
+    bl->made_seg = bs_keep_alloc(nn * sizeof(MadeSeg));
     if (refs > (int64_t)b->n + 4 * (int64_t)R) refs = (int64_t)b->n + 4 * (int64_t)R;
-    bl->made_ranks = bs_malloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
+    bl->made_ranks = bs_keep_alloc((size_t)(refs > 0 ? refs : 1) * sizeof(int32_t));
     bl->cap_made_ranks = refs > 0 ? refs : 1;
     if (!bl->made || !bl->start || !bl->made_seg || !bl->made_ranks) return bs_fail_ctx("balance");
     qsort(rp->rings, (size_t)rp->n_rings, sizeof(Ring), by_time_desc);
@@ -529,7 +580,7 @@ static void assign_buckets(Balance *bl, const RingPhase *rp, int n_buckets) {
 static int add_hole(RingPhase *rp, Hole h) {
     if (rp->n_holes == rp->cap_holes) {
         int64_t c = rp->cap_holes ? 2 * rp->cap_holes : 1024;
-        Hole *hs = bs_realloc(rp->holes, (size_t)c * sizeof(Hole));
+        Hole *hs = bs_keep_realloc(rp->holes, (size_t)c * sizeof(Hole));
         if (!hs) return bs_fail_ctx("balance");
         rp->holes = hs;
         rp->cap_holes = c;
@@ -549,7 +600,8 @@ static int place_rings(Balance *bl, RingPhase *rp, RankTree *queue, const Balanc
         int d, d_hi;
         double rr = 0;
         ItemChoice kind = {0, 0, 0};
-        if (place_ring(bl, queue, len, bb->d_min[s], rp->rings[k].d_max, members, &d, &d_hi, &kind, &rr) != 0)
+        if (place_ring(bl, bb, rp->rings[k].lk, queue, len, bb->d_min[s], rp->rings[k].d_max, members, &d, &d_hi,
+                       &kind, &rr) != 0)
             return -1;
         double t = kind.t;
         // in step on every member: it starts when the last of their last stages is ready for it
@@ -588,7 +640,7 @@ static int emit_plan(Plan *out, Balance *bl, const char *name) {
     const GlobalBatch *b = bl->b;
     const PlanConfig *cfg = bl->cfg;
     int32_t m = bl->n_made;
-    int32_t *sorted = bs_malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+    int32_t *sorted = bs_keep_alloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
     if (!sorted) return bs_fail_ctx("balance");
     int rc = -1;
     if (policy_order_by_time(bl->start, m, sorted) != 0) goto out;
@@ -609,24 +661,24 @@ static int emit_plan(Plan *out, Balance *bl, const char *name) {
     }
     rc = 0;
 out:
-    free(sorted);
+    bs_keep_free(sorted);
     return rc;
 }
 
 static void schedule_free(Balance *bl, RingPhase *rp, RankTree *queue) {
-    free(rp->rings);
-    free(rp->holes);
-    free(rp->members);
-    free(bl->start);
-    free(bl->sbucket);
-    free(bl->unused);
-    free(bl->pack);
-    free(bl->segs);
-    free(bl->last_free);
-    free(bl->last_t);
-    free(bl->made);
-    free(bl->made_seg);
-    free(bl->made_ranks);
+    bs_keep_free(rp->rings);
+    bs_keep_free(rp->holes);
+    bs_keep_free(rp->members);
+    bs_keep_free(bl->start);
+    bs_keep_free(bl->sbucket);
+    bs_keep_free(bl->unused);
+    bs_keep_free(bl->pack);
+    bs_keep_free(bl->segs);
+    bs_keep_free(bl->last_free);
+    bs_keep_free(bl->last_t);
+    bs_keep_free(bl->made);
+    bs_keep_free(bl->made_seg);
+    bs_keep_free(bl->made_ranks);
     ranktree_free(queue);
 }
 
@@ -700,15 +752,15 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
     int64_t C = bb->cfg->capacity;
     int32_t R = bb->cfg->n_ranks, n = bb->n_long, n_heap = 0, n_took;
     size_t nn = (size_t)(n > 0 ? n : 1);
-    Ring *rings = bs_malloc(nn * sizeof(Ring));
-    RankGroup *heap = bs_malloc((nn + 2) * sizeof(RankGroup)), *took = bs_malloc((nn + 2) * sizeof(RankGroup));
+    Ring *rings = bs_keep_alloc(nn * sizeof(Ring));
+    RankGroup *heap = bs_keep_alloc((nn + 2) * sizeof(RankGroup)), *took = bs_keep_alloc((nn + 2) * sizeof(RankGroup));
     int rc = -1;
     *end = 0;
     if (!rings || !heap || !took) {
         bs_fail_ctx("balance: replaying the rings");
         goto out;
     }
-    for (int32_t k = 0; k < n; k++) rings[k] = ring_key(bb, NULL, bb->long_seq[k]);
+    for (int32_t k = 0; k < n; k++) rings[k] = ring_key(bb, NULL, bb->long_seq[k], k);
     qsort(rings, (size_t)n, sizeof(Ring), by_time_desc);
     rank_groups_push(heap, &n_heap, (RankGroup){0, R});
     for (int32_t k = 0; k < n; k++) {
@@ -728,8 +780,9 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
         for (int dd = d_lo; dd <= d_hi; dd++) {
             while (upto < dd) upto += took[++g].n;
             double rd;
-            if (!policy_offload_for(cm, len, C, dd, &rd)) continue;
-            double td = policy_item_choice(cm, &len, 1, dd, rd).t;
+            ItemChoice c;
+            if (!width_choice(bb, rings[k].lk, len, dd, &c, &rd)) continue;
+            double td = c.t;
             if (took[g].t + td < best) {
                 best = took[g].t + td;
                 d = dd;
@@ -756,9 +809,9 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
     }
     rc = 0;
 out:
-    free(rings);
-    free(heap);
-    free(took);
+    bs_keep_free(rings);
+    bs_keep_free(heap);
+    bs_keep_free(took);
     return rc;
 }
 

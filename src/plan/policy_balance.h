@@ -25,11 +25,20 @@ typedef struct {
     double *scost;      // (n_short,) time it adds to a micro-batch (its item time less open_cost)
     const double *bounds;  // (2,) the batch's bounds (policy_bounds) when the caller knows them, else NULL:
                            // balance_best finalizes its plans with them (plan_finalize_bounds)
+    // Each long sequence's choice at every width HDP's rule allows, d_min .. min(ceil(s/C), R): the
+    // kind and offload ratio place_ring and balance_rings_end cost it at, filled the first time one
+    // of them asks (elastic replays the ring phase and schedules again: the same widths each time).
+    // NULL unless balance_keep_widths made them.
+    int64_t *width_at;     // (n_long + 1,) where long sequence k's widths start in widths[]
+    struct WidthChoice *widths;  // (width_at[n_long],)
 } BalanceBatch;
 
 // Shard (policy_shard) and sort. -1 + error for a sequence that fits on no ring of cfg->n_ranks.
 int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm);
 void balance_batch_free(BalanceBatch *bb);
+// Keep the choice at each width of each long sequence from its first costing on (width_at,
+// widths): for a batch that is scheduled or replayed more than once (elastic). 0, or -1 + error.
+int balance_keep_widths(BalanceBatch *bb);
 
 // Rings wider than HDP's rule allows (elastic's). With none (NULL) a sequence of s > C tokens runs
 // on D in [d_min, ceil(s/C)] ranks, as ByteScale's Algorithm 2 has it.

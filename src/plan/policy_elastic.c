@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "bytescale/keep.h"
 #include "plan/policy_balance.h"
 #include "plan/policy_elastic.h"
 #include "plan/policy_util.h"
@@ -257,10 +258,10 @@ static int by_t0_desc(const void *a, const void *b) {
 }
 
 static void model_free(Model *m) {
-    free(m->lng);
-    free(m->sht);
-    free(m->rigid);
-    free(m->groups);
+    bs_keep_free(m->lng);
+    bs_keep_free(m->sht);
+    bs_keep_free(m->rigid);
+    bs_keep_free(m->groups);
     memset(m, 0, sizeof *m);
 }
 
@@ -268,10 +269,10 @@ static void model_free(Model *m) {
 // heap of rank groups, never more groups than ranks nor than rings placed + 1.
 static int model_scratch(Model *m, int32_t n_short, int32_t runs) {
     int64_t rings = (int64_t)m->n_lng + n_short, n_groups = rings + 1 < m->R ? rings + 1 : m->R;
-    free(m->rigid);
-    free(m->groups);
-    m->rigid = bs_malloc(((size_t)m->n_lng + (m->flags & ELASTIC_RING_AT_A_TIME ? n_short : runs) + 1) * sizeof(Rigid));
-    m->groups = bs_malloc(((size_t)n_groups + 1) * sizeof(RankGroup));
+    bs_keep_free(m->rigid);
+    bs_keep_free(m->groups);
+    m->rigid = bs_keep_alloc(((size_t)m->n_lng + (m->flags & ELASTIC_RING_AT_A_TIME ? n_short : runs) + 1) * sizeof(Rigid));
+    m->groups = bs_keep_alloc(((size_t)n_groups + 1) * sizeof(RankGroup));
     return m->rigid && m->groups ? 0 : bs_fail_ctx("elastic: the width model");
 }
 
@@ -295,7 +296,7 @@ static int model_init(Model *m, const BalanceBatch *bb, int flags) {
         for (int u = 2; u <= cm->a2a_heads && m->n_fam < ELASTIC_FAMILIES; u++)
             if (cm->a2a_heads % u == 0) m->fam[m->n_fam++] = (Family){u, 0};
     }
-    m->lng = bs_malloc((size_t)(bb->n_long > 0 ? bb->n_long : 1) * sizeof(Seq));
+    m->lng = bs_keep_alloc((size_t)(bb->n_long > 0 ? bb->n_long : 1) * sizeof(Seq));
     if (!m->lng) return bs_fail_ctx("elastic: %d long sequences", bb->n_long);
     for (int32_t k = 0; k < bb->n_long; k++) {
         int32_t i = bb->long_seq[k];
@@ -335,7 +336,7 @@ static int model_floor(Model *m) {
     // length (scost is the length's: a run is alike to the model)
     int32_t n = 0, runs = 0;
     for (; n < bb->n_short && bb->scost[n] + bb->open_cost > m->floor_t; n++) runs += n == 0 || bb->slen[n] != bb->slen[n - 1];
-    m->sht = bs_malloc((size_t)(runs > 0 ? runs : 1) * sizeof(Seq));
+    m->sht = bs_keep_alloc((size_t)(runs > 0 ? runs : 1) * sizeof(Seq));
     if (!m->sht) return bs_fail_ctx("elastic: the width model");
     if (model_scratch(m, n, runs) != 0) return -1;
     for (int32_t k = 0; k < n; k++) {
@@ -594,11 +595,11 @@ static int makespan_across_nodes(Plan *p, const Model *m, double *out) {
         *out = p->makespan;
         return plan_finalize_bounds(p, m->cm, m->bb->bounds);
     }
-    double *free_at = bs_calloc((size_t)p->n_ranks, sizeof(double));
-    int64_t *lens = bs_malloc((size_t)(p->n_segs > 0 ? p->n_segs : 1) * sizeof(int64_t));
+    double *free_at = bs_keep_calloc((size_t)p->n_ranks, sizeof(double));
+    int64_t *lens = bs_keep_alloc((size_t)(p->n_segs > 0 ? p->n_segs : 1) * sizeof(int64_t));
     if (!free_at || !lens) {
-        free(free_at);
-        free(lens);
+        bs_keep_free(free_at);
+        bs_keep_free(lens);
         return bs_fail_ctx("elastic: replaying the plan");
     }
     *out = 0;
@@ -614,8 +615,8 @@ static int makespan_across_nodes(Plan *p, const Model *m, double *out) {
         for (int32_t j = 0; j < it->n_ranks; j++) free_at[rk[j]] = start + t;
         *out = fmax(*out, start + t);
     }
-    free(free_at);
-    free(lens);
+    bs_keep_free(free_at);
+    bs_keep_free(lens);
     return 0;
 }
 
@@ -657,10 +658,11 @@ int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     policy_bounds(b, cfg, cm, bounds);
     bb.bounds = bounds;
     int rc = -1;
-    if (model_init(&m, &bb, 0) != 0) goto out;
+    // the rings are replayed and scheduled more than once here: each width of each costed once
+    if (balance_keep_widths(&bb) != 0 || model_init(&m, &bb, 0) != 0) goto out;
     if (cfg->pp > 1) {  // the targets by replay (search_replayed)
         if (model_floor(&m) != 0) goto out;
-        d_max = bs_malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(int32_t));
+        d_max = bs_keep_alloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(int32_t));
         rc = d_max ? elastic_pipelined(out, &bb, &m, d_max) : bs_fail_ctx("elastic");
         goto out;
     }
@@ -674,7 +676,7 @@ int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     }
     // 2. the batch with rings widened to it; where the schedule misses the prediction, the targets
     // next to it, one step of the grid further each round while that shortens the step
-    d_max = bs_malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(int32_t));
+    d_max = bs_keep_alloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(int32_t));
     if (!d_max) {
         bs_fail_ctx("elastic");
         goto out;
@@ -721,7 +723,7 @@ out:
     if (rc != 0) plan_free(out);
     plan_free(&bal);
     plan_free(&cand);
-    free(d_max);
+    bs_keep_free(d_max);
     model_free(&m);
     balance_batch_free(&bb);
     return rc;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "bytescale/keep.h"
 
 int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int32_t *D, double *r) {
     int64_t C = cfg->capacity;
@@ -45,16 +46,18 @@ int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double 
 static int hybrid_u_ok(int u, int D, int heads) { return u < D && D % u == 0 && heads % u == 0; }
 
 ItemChoice policy_item_choice(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
-    ItemChoice c = {cost_item_time(cm, segs, n_segs, D, r), 0, 0};
+    ItemTerms terms;  // what every kind shares, computed once
+    cost_item_terms(cm, segs, n_segs, D, &terms);
+    ItemChoice c = {cost_ring_terms_time(cm, &terms, r), 0, 0};
     if (D <= 1 || cm->a2a_heads <= 0) return c;
     int heads = cost_a2a_max(cm, INT32_MAX);  // a group splits the query heads of a TP shard: at most that many
     if (D <= heads) {
-        double t = cost_a2a_item_time(cm, segs, n_segs, D, r);
+        double t = cost_a2a_terms_time(cm, &terms, r);
         if (t < c.t) c = (ItemChoice){t, 1, 0};
     }
     for (int u = 2; u <= heads && u < D; u++) {
         if (!hybrid_u_ok(u, D, heads)) continue;
-        double t = cost_hybrid_item_time(cm, segs, n_segs, u, D / u, r);
+        double t = cost_hybrid_terms_time(cm, &terms, u, r);
         if (t < c.t) c = (ItemChoice){t, 0, u};
     }
     return c;
@@ -127,13 +130,13 @@ int bestfit_init(BestFit *bf, int64_t capacity) {
     if (capacity < 1 || capacity > POLICY_MAX_CAPACITY)
         return bs_fail("capacity %lld is outside [1, %lld] tokens", (long long)capacity, (long long)POLICY_MAX_CAPACITY);
     bf->capacity = capacity;
-    bf->head = bs_malloc((size_t)(capacity + 1) * sizeof(int32_t));
+    bf->head = bs_keep_alloc((size_t)(capacity + 1) * sizeof(int32_t));
     if (!bf->head) return bs_fail_ctx("best-fit packing");
     for (int64_t v = 0; v <= capacity; v++) bf->head[v] = -1;
     int64_t n = capacity + 1;
     do {
         int64_t words = (n + 63) / 64;
-        bf->bits[bf->levels] = bs_calloc((size_t)words, sizeof(uint64_t));
+        bf->bits[bf->levels] = bs_keep_calloc((size_t)words, sizeof(uint64_t));
         if (!bf->bits[bf->levels]) {
             bestfit_free(bf);
             return bs_fail_ctx("best-fit packing");
@@ -164,10 +167,10 @@ int32_t bestfit_add(BestFit *bf, int64_t len) {
     } else {
         if (bf->n_bins == bf->cap_bins) {
             int32_t c = bf->cap_bins ? bf->cap_bins * 2 : 256;
-            int32_t *below = bs_realloc(bf->below, (size_t)c * sizeof(int32_t));
+            int32_t *below = bs_keep_realloc(bf->below, (size_t)c * sizeof(int32_t));
             if (!below) return bs_fail_ctx("best-fit packing");
             bf->below = below;
-            int64_t *room = bs_realloc(bf->room, (size_t)c * sizeof(int64_t));
+            int64_t *room = bs_keep_realloc(bf->room, (size_t)c * sizeof(int64_t));
             if (!room) return bs_fail_ctx("best-fit packing");
             bf->room = room;
             bf->cap_bins = c;
@@ -181,10 +184,10 @@ int32_t bestfit_add(BestFit *bf, int64_t len) {
 }
 
 void bestfit_free(BestFit *bf) {
-    free(bf->head);
-    free(bf->below);
-    free(bf->room);
-    for (int k = 0; k < bf->levels; k++) free(bf->bits[k]);
+    bs_keep_free(bf->head);
+    bs_keep_free(bf->below);
+    bs_keep_free(bf->room);
+    for (int k = 0; k < bf->levels; k++) bs_keep_free(bf->bits[k]);
     memset(bf, 0, sizeof *bf);
 }
 
@@ -198,8 +201,8 @@ static int before(RankEntry a, RankEntry b) { return a.key < b.key || (a.key == 
 
 int rankheap_init(RankHeap *h, int32_t n_ranks) {
     memset(h, 0, sizeof *h);
-    h->key = bs_calloc((size_t)n_ranks, sizeof(double));
-    h->heap = bs_malloc((size_t)n_ranks * sizeof(RankEntry));
+    h->key = bs_keep_calloc((size_t)n_ranks, sizeof(double));
+    h->heap = bs_keep_alloc((size_t)n_ranks * sizeof(RankEntry));
     if (!h->key || !h->heap) {
         rankheap_free(h);
         return bs_fail_ctx("rank heap of %d ranks", n_ranks);
@@ -266,8 +269,8 @@ void rankheap_replace_top(RankHeap *h, double key) {
 }
 
 void rankheap_free(RankHeap *h) {
-    free(h->key);
-    free(h->heap);
+    bs_keep_free(h->key);
+    bs_keep_free(h->heap);
     memset(h, 0, sizeof *h);
 }
 
@@ -291,8 +294,8 @@ int ranktree_init(RankTree *t, int32_t n_ranks) {
     memset(t, 0, sizeof *t);
     int32_t size = 1;
     while (size < n_ranks) size *= 2;
-    t->key = bs_calloc((size_t)n_ranks, sizeof(double));
-    t->node = bs_malloc(2 * (size_t)size * sizeof(unsigned __int128));
+    t->key = bs_keep_calloc((size_t)n_ranks, sizeof(double));
+    t->node = bs_keep_alloc(2 * (size_t)size * sizeof(unsigned __int128));
     if (!t->key || !t->node) {
         ranktree_free(t);
         return bs_fail_ctx("rank tree of %d ranks", n_ranks);
@@ -346,8 +349,8 @@ void ranktree_replace_top(RankTree *t, double key) {
 }
 
 void ranktree_free(RankTree *t) {
-    free(t->key);
-    free(t->node);
+    bs_keep_free(t->key);
+    bs_keep_free(t->node);
     memset(t, 0, sizeof *t);
 }
 
@@ -356,7 +359,7 @@ void ranktree_free(RankTree *t) {
 static int reserve(void **arr, int32_t *cap, int64_t need, size_t elem) {
     if (need <= *cap) return 0;
     if (need > INT32_MAX) need = INT32_MAX;  // plan_add_item reports what does not fit
-    void *q = bs_realloc(*arr, (size_t)need * elem);
+    void *q = bs_keep_realloc(*arr, (size_t)need * elem);
     if (!q) return -1;
     *arr = q;
     *cap = (int32_t)need;
@@ -373,11 +376,11 @@ int policy_plan_reserve(Plan *p, int64_t items, int64_t segs, int64_t refs) {
 
 int policy_order_by_time(const double *key, int32_t n, int32_t *order) {
     size_t nn = (size_t)(n > 0 ? n : 1);
-    uint64_t *bits = bs_malloc(nn * sizeof(uint64_t));
-    int32_t *other = bs_malloc(nn * sizeof(int32_t));
+    uint64_t *bits = bs_keep_alloc(nn * sizeof(uint64_t));
+    int32_t *other = bs_keep_alloc(nn * sizeof(int32_t));
     if (!bits || !other) {
-        free(bits);
-        free(other);
+        bs_keep_free(bits);
+        bs_keep_free(other);
         return bs_fail_ctx("ordering %d items by time", n);
     }
     for (int32_t i = 0; i < n; i++) {
@@ -399,8 +402,8 @@ int policy_order_by_time(const double *key, int32_t n, int32_t *order) {
         to = t;
     }
     if (from != order) memcpy(order, from, nn * sizeof(int32_t));
-    free(bits);
-    free(other);
+    bs_keep_free(bits);
+    bs_keep_free(other);
     return 0;
 }
 
