@@ -88,6 +88,34 @@ static void test_matmul_reference_and_gradients(void **state) {
     for (int i = 0; i < T * C; i++) assert_close(dx[i], 2 * base[i], 1e-6, 1e-6);
 }
 
+// Backward dX on the shapes matmul.c computes itself (C a multiple of 16, OC <= 128: row counts not a
+// multiple of its 6-row and 192-row blocks) and beside them (OC 129: OpenBLAS), against a double loop:
+// overwritten when accumulate_dx = 0 (dx pre-filled with NaN), added onto what is there when 1.
+static void test_matmul_dx_narrow_weights(void **state) {
+    (void)state;
+    const int shapes[][3] = {{13, 32, 5}, {200, 48, 128}, {1, 16, 1}, {7, 16, 129}, {385, 64, 64}};
+    Rng rng;
+    rng_seed(&rng, 5);
+    for (int sh = 0; sh < 5; sh++) {
+        int T = shapes[sh][0], C = shapes[sh][1], OC = shapes[sh][2];
+        float *w = malloc(sizeof(float) * OC * C), *R = malloc(sizeof(float) * T * OC);
+        float *dx = malloc(sizeof(float) * T * C);
+        assert_non_null(w), assert_non_null(R), assert_non_null(dx);
+        fill_normal(w, OC * C, &rng, 1), fill_normal(R, T * OC, &rng, 1);
+        for (int acc = 0; acc < 2; acc++) {
+            for (int i = 0; i < T * C; i++) dx[i] = acc ? 0.25f * (float)(i % 7) : NAN;
+            matmul_backward(dx, NULL, R, NULL, w, T, C, OC, acc);
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < C; c++) {
+                    double s = acc ? 0.25 * ((t * C + c) % 7) : 0;
+                    for (int o = 0; o < OC; o++) s += (double)R[t * OC + o] * w[o * C + c];
+                    assert_close(dx[t * C + c], s, 1e-5, 1e-5);
+                }
+        }
+        free(w), free(R), free(dx);
+    }
+}
+
 // ---- embedding -------------------------------------------------------------------------------------
 
 typedef struct {
@@ -426,6 +454,7 @@ static void test_vocab_parallel_variants(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_reference_and_gradients),
+        cmocka_unit_test(test_matmul_dx_narrow_weights),
         cmocka_unit_test(test_embedding_gradients),
         cmocka_unit_test(test_rmsnorm_reference_and_gradients),
         cmocka_unit_test(test_rope_reference_and_gradients),
