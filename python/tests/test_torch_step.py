@@ -81,11 +81,23 @@ def run_steps(rank, world, policy, dtype, seed, capacity, batch_world):
     return {"losses": losses, "grads": grads, "params": model.flat.detach().clone(), "rings": rings}
 
 
-def worker(rank, world, dtype, seed):
-    out = {}
-    for policy in POLICIES:
-        out[policy] = run_steps(rank, world, policy, dtype, seed, CAPACITY, world)
-    return out
+def worker(rank, world, dtypes, seed):
+    """Every policy's steps in each of `dtypes`: by dtype, then policy."""
+    return {dtype: {policy: run_steps(rank, world, policy, dtype, seed, CAPACITY, world) for policy in POLICIES}
+            for dtype in dtypes}
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    """job(world): the spawned job of `world` processes that runs fp64 and fp32 both (its start-up
+    costs more than the steps), once for the two tests of that world."""
+    done = {}
+
+    def job(world):
+        if world not in done:
+            done[world] = launch.spawn(worker, world, args=((torch.float64, torch.float32), 100 + world))
+        return done[world]
+    return job
 
 
 def rel(a, b):
@@ -112,11 +124,11 @@ def tensor_errors(model_layout, got, ref):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["fp64", "fp32"])
-def test_step_matches_one_process(world, dtype, tol):
+def test_step_matches_one_process(world, dtype, tol, jobs):
     seed = 100 + world
     ref = reference(dtype, seed, world)
     layout = bt.Llama(bt.LlamaConfig.named("tiny")).layout
-    results = launch.spawn(worker, world, args=(dtype, seed))
+    results = [r[dtype] for r in jobs(world)]
     table = []
     for policy in POLICIES:
         per_rank = [r[policy] for r in results]

@@ -74,9 +74,36 @@ def ulysses_worker(rank, world):
     return errs
 
 
+STEP_WORLDS = (2, 3, 4)  # test_step_matches_one_process's
+
+
+def job_worker(rank, world, parts):
+    """The attention cases, then (on STEP_WORLDS) both step tests, in one set of processes: a spawned
+    job's start-up costs more than either. The tiles are put back between them."""
+    tiles = attention.Q_TILE, attention.K_TILE
+    out = {"attention": ulysses_worker(rank, world)}
+    attention.Q_TILE, attention.K_TILE = tiles
+    if "step" in parts:
+        out["step"] = step_worker(rank, world)
+    return out
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    """job(world): every rank's results of job_worker on `world` processes, spawned once."""
+    done = {}
+
+    def job(world):
+        if world not in done:
+            parts = ("attention", "step") if world in STEP_WORLDS else ("attention",)
+            done[world] = launch.spawn(job_worker, world, args=(parts,))
+        return done[world]
+    return job
+
+
 @pytest.mark.parametrize("world", [2, 3, 4, 6])
-def test_ulysses_attention_matches_full(world):
-    results = launch.spawn(ulysses_worker, world)
+def test_ulysses_attention_matches_full(world, jobs):
+    results = [r["attention"] for r in jobs(world)]
     worst, kinds, empty = {}, set(), 0
     for rank, errs in enumerate(results):
         for dtype, ci, u, n, e in errs:
@@ -197,8 +224,8 @@ def step_worker(rank, world):
     return out
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_step_matches_one_process(world):
+@pytest.mark.parametrize("world", STEP_WORLDS)
+def test_step_matches_one_process(world, jobs):
     """A whole step of the tiny model (4 query heads, 2 K/V heads) on `world` processes against the
     one-process step of the same batches: the hand-made plans (a2a, hybrid, ring and pack items) and
     the peer flexsp's plans from bytescale.plan (a2a items of 2 and 4 ranks beside packs), as
@@ -210,7 +237,7 @@ def test_step_matches_one_process(world):
               for u in bt.plan_step(b, source, ranks=world, capacity=FLEXSP_CAPACITY[world], policy="flexsp").ulysses
               if u)
     assert a2a > 0, "flexsp planned no a2a item: the test needs them"
-    results = launch.spawn(step_worker, world)
+    results = [r["step"] for r in jobs(world)]
     layout = bt.Llama(bt.LlamaConfig.named("tiny")).layout
     lines = []
     for dtype, tol in DTYPES:
