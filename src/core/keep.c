@@ -12,7 +12,7 @@
 
 #include "bytescale/error.h"
 
-#define KEEP_MIN ((size_t)256 << 10)         // smaller: plain malloc
+#define KEEP_MIN ((size_t)128 << 10)         // smaller: plain malloc (glibc maps blocks from 128 KiB on)
 #define KEEP_LIVE 256                        // blocks tracked in use at once; more are plain malloc
 #define KEEP_SPARE 32                        // spare blocks kept
 #define KEEP_SPARE_BYTES ((size_t)2 << 30)   // and at most this many bytes of them

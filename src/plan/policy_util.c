@@ -309,7 +309,7 @@ int ranktree_init(RankTree *t, int32_t n_ranks) {
 // Set rank r's leaf and replay its path to the root.
 static void tree_set(RankTree *t, int32_t r, unsigned __int128 v) {
     unsigned __int128 *node = t->node;
-    int32_t i = t->size + r;
+    size_t i = (size_t)t->size + (size_t)r;  // unsigned and pointer-wide: no sign extension at every level
     node[i] = v;
     while (i > 1) {
         unsigned __int128 s = node[i ^ 1];

@@ -10,7 +10,7 @@
 #include "bytescale/keep.h"
 #include "bytescale/rng.h"
 
-#define BIG ((size_t)1 << 20)  // above keep.c's KEEP_MIN (256 KiB)
+#define BIG ((size_t)1 << 20)  // above keep.c's KEEP_MIN (128 KiB)
 
 static void test_freed_block_is_reused_when_it_fits(void **state) {
     (void)state;
