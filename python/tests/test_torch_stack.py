@@ -8,7 +8,8 @@ bf16 autocast and torch.compile, each run under plain torchrun against the examp
   and the plain forward of the same sharded module) within 1e-5 of --plain's, the same greedy tokens;
   then the step-3 checkpoint resumed on 3 processes (FSDP2 over 3) to the end: steps 4-6 give the
   uninterrupted 2-process run's losses within 1e-6 and its batches.
-- ZeRO-1 on 2 processes against --plain, within 1e-5.
+- ZeRO-1 on 2 processes against --plain: the losses, the eval (HDP and the plain forward, the
+  parameters not sharded) within 1e-5, the same greedy tokens: the example's path without --fsdp.
 - bf16 autocast and torch.compile together on 2 processes, 3 steps, against --plain in fp32: within the
   bound docs/torch-precision.md states (5e-4 relative), and not equal to it (bf16 did run); dynamo
   made graphs and broke them at the attention only (hdp_attention).
@@ -96,18 +97,24 @@ def test_fsdp_matches_plain_and_resumes_on_three_processes(plain, tmp_path):
 
 
 def test_zero_matches_plain_and_resumes_in_one_process(plain, tmp_path):
-    """ZeRO-1 on 2 processes against --plain; its step-3 checkpoint (each rank's share of Adam's state
-    written under the parameters' names) resumed by --plain on one process, a plain AdamW: steps 4-6
-    give the ZeRO run's losses within 1e-6 and its batches."""
-    ref, _ = plain
+    """ZeRO-1 on 2 processes against --plain, with rings, the eval (HDP and the plain forward of the
+    same module, not sharded: the example's path without --fsdp) and the greedy tokens; its step-3
+    checkpoint (each rank's share of Adam's state written under the parameters' names) resumed by
+    --plain on one process, a plain AdamW: steps 4-6 give the ZeRO run's losses within 1e-6 and its
+    batches."""
+    ref, ref_greedy = plain
     ck = tmp_path / "ck"
-    check_run(launch_cmd(2, SCRIPT, *COMMON, *QUIET, "--zero", "--ckpt-dir", ck, "--ckpt-every", 3,
-                         "--metrics", tmp_path / "zero.jsonl"))
+    zero = check_run(launch_cmd(2, SCRIPT, *COMMON, *EVAL, "--zero", "--ckpt-dir", ck, "--ckpt-every", 3,
+                                "--metrics", tmp_path / "zero.jsonl"))
     a = rows(tmp_path / "zero.jsonl")
     same_batches(a, ref)
+    assert sum(r["rings"] for r in a) > 0, "no ring was planned"
     for x, y in zip(a, ref):
         assert rel(x["loss"], y["loss"]) <= 1e-5, (x, y)
     print(f"ZeRO-1 on 2 vs --plain: loss {max(rel(x['loss'], y['loss']) for x, y in zip(a, ref)):.2g}")
+    last = a[-1]
+    assert rel(last["eval"], ref[-1]["eval"]) <= 1e-5 and rel(last["eval_plain"], ref[-1]["eval"]) <= 1e-5, last
+    assert greedy(zero.stdout) == ref_greedy
 
     one = check_run([sys.executable, str(SCRIPT), *map(str, COMMON + QUIET), "--plain", "--resume", str(ck / "step-3"),
                      "--metrics", str(tmp_path / "one.jsonl")])
