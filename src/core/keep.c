@@ -12,6 +12,17 @@
 
 #include "bytescale/error.h"
 
+// Under AddressSanitizer a spare block is poisoned, so that a use after bs_keep_free is still caught
+// although the block is not freed; it is unpoisoned when it is handed out again or freed.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define KEEP_POISON(b) ASAN_POISON_MEMORY_REGION((b).p, (b).cap)
+#define KEEP_UNPOISON(b) ASAN_UNPOISON_MEMORY_REGION((b).p, (b).cap)
+#else
+#define KEEP_POISON(b) ((void)0)
+#define KEEP_UNPOISON(b) ((void)0)
+#endif
+
 #define KEEP_MIN ((size_t)128 << 10)         // smaller: plain malloc (glibc maps blocks from 128 KiB on)
 #define KEEP_LIVE 256                        // blocks tracked in use at once; more are plain malloc
 #define KEEP_SPARE 32                        // spare blocks kept
@@ -50,18 +61,21 @@ static Block spare_take(size_t n) {
     Block b = spare[best];
     spare[best] = spare[--n_spare];
     spare_bytes -= b.cap;
+    KEEP_UNPOISON(b);
     return b;
 }
 
 // Under mu: keep b as a spare, freeing the smallest spares (b itself, if it is the smallest) while
 // the table is over its count or its bytes.
 static void spare_put(Block b) {
+    KEEP_POISON(b);
     spare[n_spare++] = b;  // there is room: the table is never left full
     spare_bytes += b.cap;
     while (n_spare == KEEP_SPARE || (spare_bytes > KEEP_SPARE_BYTES && n_spare > 0)) {
         int small = 0;
         for (int i = 1; i < n_spare; i++)
             if (spare[i].cap < spare[small].cap) small = i;
+        KEEP_UNPOISON(spare[small]);
         free(spare[small].p);
         spare_bytes -= spare[small].cap;
         spare[small] = spare[--n_spare];
@@ -133,7 +147,10 @@ void bs_keep_free(void *p) {
 
 void bs_keep_release(void) {
     pthread_mutex_lock(&mu);
-    for (int i = 0; i < n_spare; i++) free(spare[i].p);
+    for (int i = 0; i < n_spare; i++) {
+        KEEP_UNPOISON(spare[i]);
+        free(spare[i].p);
+    }
     n_spare = 0;
     spare_bytes = 0;
     pthread_mutex_unlock(&mu);
