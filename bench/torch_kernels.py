@@ -247,8 +247,7 @@ def measure(args, engine):
 
 
 def print_table(results, peak, args):
-    print(f"PyTorch {torch.__version__} ({torch.backends.mkldnn.is_available() and 'oneDNN, ' or ''}"
-          f"{torch.__config__.parallel_info().splitlines()[0]}), one thread; FMA peak {peak:.1f} GFLOP/s "
+    print(f"PyTorch {torch.__version__}, one thread; FMA peak {peak:.1f} GFLOP/s "
           f"(best of the samples); medians of {args.repeats} alternating rounds, thread CPU time; "
           f"attention K/V heads {'enable_gqa' if args.gqa else 'repeat_interleave'}")
     print()
@@ -258,8 +257,10 @@ def print_table(results, peak, args):
         print(f"| {label} | {gflop:.3f} | {e:.4f} | {100 * gflop / e / peak:.1f}% | {t:.4f} | "
               f"{100 * gflop / t / peak:.1f}% | {t / e:.2f}x |")
     worst = min(results, key=lambda r: r[3] / r[2])
+    behind = [r[0] for r in results if r[3] < r[2]]
     print()
-    print(f"Weakest row: {worst[0]}, engine {worst[3] / worst[2]:.2f}x PyTorch's speed.")
+    print(f"Weakest row: {worst[0]}, engine {worst[3] / worst[2]:.2f}x PyTorch's speed. "
+          f"Engine behind in {len(behind)} of {len(results)} rows{': ' + ', '.join(behind) if behind else ''}.")
 
 
 def warm_up(gqa):

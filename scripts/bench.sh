@@ -24,6 +24,13 @@ if [ -x .venv/bin/python ] && [ -f data/tiktoken/hf-o200k.json ]; then
     BS_BINARY="$BUILD/bytescale" .venv/bin/python bench/tokenizer_speed.py --every 4 --reps 1 || failed="$failed bench/tokenizer_speed.py"
     echo
 fi
+# the engine's kernels and training step beside PyTorch's on one core (bench/torch_kernels.py,
+# docs/kernels.md "Against PyTorch 2.13"; --quick: attention to 4K tokens, one round)
+if [ -x .venv/bin/python ] && [ -x "$BUILD/bench_kernels" ]; then
+    echo "==> bench/torch_kernels.py --quick"
+    .venv/bin/python bench/torch_kernels.py --quick --bench "$BUILD/bench_kernels" || failed="$failed bench/torch_kernels.py"
+    echo
+fi
 if [ "$found" = 0 ]; then
     echo "bench: no bench_* executables in $BUILD; build first (make)" >&2
     exit 1
