@@ -99,7 +99,7 @@ static double stage_params(const ModelConfig *m, int pp) {
     int layers = (m->n_layers + pp - 1) / pp;
     double emb = (double)m->vocab_size * m->d_model;
     double head = (double)m->vocab_size * m->d_model + m->d_model;
-    double outer = pp == 1 ? emb + head : fmax(emb, head);
+    double outer = pp == 1 ? emb + head : cost_fmax(emb, head);
     return layers * (double)model_params_per_layer(m) + outer;
 }
 
@@ -244,7 +244,7 @@ static void tp_head_times(const CostModel *cm, double rows, double ar, int first
 static void tp_layer_times(const CostModel *cm, double rows, double ar, double *fwd, double *bwd) {
     double lin = cm->lin_token * (rows > 0 ? rows : 0);
     *fwd = 2.0 * ar;  // after wo and after w_down: the next op needs the sum
-    *bwd = fmax(0.0, ar - cm->tp_hide_qkv * lin) + fmax(0.0, ar - cm->tp_hide_mlp * lin);
+    *bwd = cost_fmax(0.0, ar - cm->tp_hide_qkv * lin) + cost_fmax(0.0, ar - cm->tp_hide_mlp * lin);
 }
 
 void cost_tp_head_times(const CostModel *cm, double rows, int first, int last, double *fwd, double *bwd) {
@@ -353,8 +353,8 @@ static void item_layer_compute(const CostModel *cm, double tokens, double area, 
     double blk_fwd = (attn / ((double)D * D) + cm->attn_step) / 3.0;
     double blk_bwd = 2.0 * (attn / ((double)D * D) + cm->attn_step) / 3.0;
     double lin_rank = cm->lin_token * tokens / D;
-    *fwd = (lin_rank + cm->layer_const) / 3.0 + blk_fwd + (D - 1) * fmax(blk_fwd, x_fwd);
-    *bwd = 2.0 * (lin_rank + cm->layer_const) / 3.0 + blk_bwd + (D - 1) * fmax(blk_bwd, x_bwd) + x_fwd;
+    *fwd = (lin_rank + cm->layer_const) / 3.0 + blk_fwd + (D - 1) * cost_fmax(blk_fwd, x_fwd);
+    *bwd = 2.0 * (lin_rank + cm->layer_const) / 3.0 + blk_bwd + (D - 1) * cost_fmax(blk_bwd, x_bwd) + x_fwd;
 }
 
 // The same with the layer's TP all-reduces (cost_tp_layer_times of the rank's tokens / D).
@@ -392,7 +392,7 @@ static double offload_exposed(const CostModel *cm, double tokens, int D, double 
     int n_off = cm->n_layers > 2 ? cm->n_layers - 2 : 0;
     if (!(r > 0) || n_off == 0 || !(cm->offload_bw > 0)) return 0.0;
     double copy = offload_copy_time(cm, tokens, D, r > 1 ? 1.0 : r);
-    return n_off * (fmax(0.0, copy - fwd) + fmax(0.0, copy - bwd));
+    return n_off * (cost_fmax(0.0, copy - fwd) + cost_fmax(0.0, copy - bwd));
 }
 
 void cost_item_terms(const CostModel *cm, const int64_t *segs, int n_segs, int D, ItemTerms *t) {
@@ -432,7 +432,7 @@ static double blocks_fetch_time(const CostModel *cm, double intra, double inter,
         ring_link(cm, 1, &bw, &lat);  // a "ring" inside one node: the intra-node link when there is one
         x = transfer_time(intra * token_bytes, bw, lat);
     }
-    if (inter > 0) x = fmax(x, transfer_time(inter * token_bytes, cm->ring_bw, cm->ring_lat));
+    if (inter > 0) x = cost_fmax(x, transfer_time(inter * token_bytes, cm->ring_bw, cm->ring_lat));
     return x;
 }
 
@@ -444,8 +444,8 @@ void cost_blocks_layer_times(const CostModel *cm, const BlockLoad *ld, double *f
     double x_dkv = blocks_fetch_time(cm, ld->dkv_intra, ld->dkv_inter, cm->kv_token);
     // the remote K/V arrive while the local attention runs (one remote stage); the remote attention
     // waits for them; backward fetches them again and reduces the partial dK/dV after the remote part
-    *fwd = lin / 3.0 + fmax(local / 3.0, x_kv) + remote / 3.0;
-    *bwd = 2.0 * lin / 3.0 + fmax(2.0 * local / 3.0, x_kv) + 2.0 * remote / 3.0 + x_dkv;
+    *fwd = lin / 3.0 + cost_fmax(local / 3.0, x_kv) + remote / 3.0;
+    *bwd = 2.0 * lin / 3.0 + cost_fmax(2.0 * local / 3.0, x_kv) + 2.0 * remote / 3.0 + x_dkv;
     double tp_fwd, tp_bwd;
     cost_tp_layer_times(cm, ld->tokens, &tp_fwd, &tp_bwd);
     *fwd += tp_fwd;
@@ -533,8 +533,8 @@ static void hybrid_layer_compute(const CostModel *cm, double tokens, double area
     double kv_bytes = cm->kv_token * cost_hybrid_kv_share(cm, u) * tokens / r;  // one group block, its heads
     double x_fwd = transfer_time(kv_bytes, bw, lat);
     double x_bwd = transfer_time(2.0 * kv_bytes, bw, lat);
-    *fwd += (r - 1) * fmax(blk_fwd, x_fwd);
-    *bwd += (r - 1) * fmax(blk_bwd, x_bwd) + x_fwd;  // the summed dK/dV travel home once more
+    *fwd += (r - 1) * cost_fmax(blk_fwd, x_fwd);
+    *bwd += (r - 1) * cost_fmax(blk_bwd, x_bwd) + x_fwd;  // the summed dK/dV travel home once more
 }
 
 double cost_hybrid_terms_time(const CostModel *cm, const ItemTerms *t, int u, double off) {

@@ -139,7 +139,7 @@ static int blocks_item_time(Plan *p, int32_t k, const CostModel *cm) {
     int per = cm->ranks_per_node;
     int rc = plan_blocks_loads(p, k, planner_node, &per, ld);
     it->est_time = 0;
-    for (int32_t m = 0; rc == 0 && m < it->n_ranks; m++) it->est_time = fmax(it->est_time, cost_blocks_member_time(cm, &ld[m]));
+    for (int32_t m = 0; rc == 0 && m < it->n_ranks; m++) it->est_time = cost_fmax(it->est_time, cost_blocks_member_time(cm, &ld[m]));
     bs_keep_free(ld);
     return rc;
 }
@@ -284,9 +284,9 @@ static int pipeline_makespan(Plan *p, double *out) {
                 const int32_t *rk = p->ranks + it->rank_begin;
                 if (wave[k] > cur_wave) cur_wave = wave[k], floor_t = all_end;
                 double start = s == 0 ? floor_t : f_end[k];
-                for (int32_t m = 0; m < it->n_ranks; m++) start = fmax(start, free_at[(size_t)dense[rk[m]] * pp + s]);
+                for (int32_t m = 0; m < it->n_ranks; m++) start = cost_fmax(start, free_at[(size_t)dense[rk[m]] * pp + s]);
                 double end = start + it->est_time / 3;
-                all_end = fmax(all_end, end);
+                all_end = cost_fmax(all_end, end);
                 for (int32_t m = 0; m < it->n_ranks; m++) free_at[(size_t)dense[rk[m]] * pp + s] = end;
                 f_end[k] = end;
             }
@@ -299,13 +299,13 @@ static int pipeline_makespan(Plan *p, double *out) {
             const int32_t *rk = p->ranks + it->rank_begin;
             for (int32_t s = pp - 1; s >= 0; s--) {
                 double start = s == pp - 1 ? f_end[k] : b_end[k];
-                for (int32_t m = 0; m < it->n_ranks; m++) start = fmax(start, free_at[(size_t)dense[rk[m]] * pp + s]);
+                for (int32_t m = 0; m < it->n_ranks; m++) start = cost_fmax(start, free_at[(size_t)dense[rk[m]] * pp + s]);
                 double end = start + it->est_time * 2 / 3;
                 for (int32_t m = 0; m < it->n_ranks; m++) free_at[(size_t)dense[rk[m]] * pp + s] = end;
                 b_end[k] = end;
             }
             if (b_end[k] > makespan) makespan = b_end[k];
-            all_end = fmax(all_end, makespan);
+            all_end = cost_fmax(all_end, makespan);
         }
     }
     *out = makespan;
@@ -457,9 +457,9 @@ double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
     double t = cost_ring_terms_time(cm, &terms, 0.0);
     int heads = cm->a2a_heads;
     if (D < 2 || heads <= 0) return t;
-    if (D <= heads) t = fmin(t, cost_a2a_terms_time(cm, &terms, 0.0));
+    if (D <= heads) t = cost_fmin(t, cost_a2a_terms_time(cm, &terms, 0.0));
     for (int u = 2; u <= heads && u < D; u++)
-        if (D % u == 0 && heads % u == 0) t = fmin(t, cost_hybrid_terms_time(cm, &terms, u, 0.0));
+        if (D % u == 0 && heads % u == 0) t = cost_fmin(t, cost_hybrid_terms_time(cm, &terms, u, 0.0));
     return t;
 }
 
@@ -482,7 +482,7 @@ static double ring_floor(const CostModel *cm, int64_t s, int D) {
     if (cm->ranks_per_node > 1 && cm->ring_bw_intra > 0 && D <= cm->ranks_per_node) return 0;  // inside a node
     double bytes = cm->ring_bw > 0 ? cm->kv_token * (double)s / D / cm->ring_bw : 0;  // one block's transfer
     double xfer = (3.0 * D - 2) * bytes + (2.0 * D - 1) * cm->ring_lat;
-    return cm->n_layers * fmax(xfer, D * cm->attn_step) * (1 - 1e-9);
+    return cm->n_layers * cost_fmax(xfer, D * cm->attn_step) * (1 - 1e-9);
 }
 
 // The two parts of the policy-independent bound for one stage: *avg, the average work per rank,

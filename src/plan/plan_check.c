@@ -230,7 +230,7 @@ static int check_items(const Plan *p, const CostModel *cm, int *whole) {
         // member's ceil(tokens / D); so the share checked is the member's count less one token of
         // rounding, and never less than tokens / D. A ring of many short segments, whose low members
         // hold up to a token per segment more than tokens / D, is checked against what they hold.
-        double share = fmax((double)tokens / it->n_ranks, (double)(most - 1)), need, budget;
+        double share = cost_fmax((double)tokens / it->n_ranks, (double)(most - 1)), need, budget;
         if (off > 0 && cm && !offload_fits(cm, share, off, p->capacity, &need, &budget)) {
             char who[96] = "";
             if (it->n_ranks > 1)

@@ -344,16 +344,16 @@ static int place_ring(const Balance *bl, const BalanceBatch *bb, int32_t lk, Ran
     // wait is V-shaped in the previous level, so its largest value is at one of them)
     double latest = 0, low = INFINITY, high = 0;
     for (int j = 0; j < d_lo - 1; j++) {
-        latest = fmax(latest, bl->last_free[members[j]]);
-        low = fmin(low, bl->last_t[members[j]]);
-        high = fmax(high, bl->last_t[members[j]]);
+        latest = cost_fmax(latest, bl->last_free[members[j]]);
+        low = cost_fmin(low, bl->last_t[members[j]]);
+        high = cost_fmax(high, bl->last_t[members[j]]);
     }
     double best = INFINITY;
     *d = -1;
     for (int dd = d_lo; dd <= *d_hi; dd++) {
-        latest = fmax(latest, bl->last_free[members[dd - 1]]);
-        low = fmin(low, bl->last_t[members[dd - 1]]);
-        high = fmax(high, bl->last_t[members[dd - 1]]);
+        latest = cost_fmax(latest, bl->last_free[members[dd - 1]]);
+        low = cost_fmin(low, bl->last_t[members[dd - 1]]);
+        high = cost_fmax(high, bl->last_t[members[dd - 1]]);
         if (dd > plain && dd < *d_hi) {  // a wider ring with the same start and wait is faster
             int32_t next = members[dd];
             int same_wait = bl->lift == 0 || (bl->last_t[next] >= low && bl->last_t[next] <= high);
@@ -363,7 +363,7 @@ static int place_ring(const Balance *bl, const BalanceBatch *bb, int32_t lk, Ran
         ItemChoice c;  // the kind by the plan's cost model; a widened ring (elastic) timed as crossing nodes
         if (!width_choice(bb, dd <= plain ? lk : -1, len, dd, &c, &rd)) continue;
         double td = dd > plain ? policy_kind_time(bl->wide, &len, 1, dd, rd, c.a2a, c.ulysses) : c.t;
-        double wait = fmax(pipeline_wait(bl, td, low), pipeline_wait(bl, td, high));
+        double wait = cost_fmax(pipeline_wait(bl, td, low), pipeline_wait(bl, td, high));
         double end = latest + wait + td + pipeline_drain(bl, td);
         if (end < best) {
             best = end;
@@ -608,7 +608,7 @@ static int place_rings(Balance *bl, RingPhase *rp, RankTree *queue, const Balanc
         // (pp = 1: the last member's free time; members come out least-loaded first)
         double start = 0;
         for (int32_t j = 0; j < d; j++)
-            start = fmax(start, bl->last_free[members[j]] + pipeline_wait(bl, t, bl->last_t[members[j]]));
+            start = cost_fmax(start, bl->last_free[members[j]] + pipeline_wait(bl, t, bl->last_t[members[j]]));
         for (int32_t j = 0; j < d; j++) {
             double f = queue->key[members[j]];
             if (cfg->pp == 1 && start - f > delta * start && add_hole(rp, (Hole){members[j], f, start}) != 0) return -1;
@@ -805,7 +805,7 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
             if (took[j].n > take) rank_groups_push(heap, &n_heap, (RankGroup){took[j].t, took[j].n - take});
         }
         rank_groups_push(heap, &n_heap, (RankGroup){start + t, d});
-        *end = fmax(*end, start + t);
+        *end = cost_fmax(*end, start + t);
     }
     rc = 0;
 out:

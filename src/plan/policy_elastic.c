@@ -312,7 +312,7 @@ static int model_init(Model *m, const BalanceBatch *bb, int flags) {
     qsort(m->lng, (size_t)m->n_lng, sizeof(Seq), by_t0_desc);
     for (int32_t k = 0; k < bb->n_short; k++) m->work += bb->scost[k] + bb->open_cost * (double)bb->slen[k] / (double)C;
     m->hi = m->n_lng > 0 ? m->lng[0].t0 : 0;
-    if (bb->n_short > 0) m->hi = fmax(m->hi, bb->scost[0] + bb->open_cost);
+    if (bb->n_short > 0) m->hi = cost_fmax(m->hi, bb->scost[0] + bb->open_cost);
     if (model_scratch(m, 0, 0) != 0) {
         model_free(m);
         return -1;
@@ -330,7 +330,7 @@ static int model_floor(Model *m) {
     // the floor: sequences in t0 order, stopping where t0 falls below what is already known (t_fast <= t0)
     for (int32_t i = 0; i < m->n_lng && m->lng[i].t0 > m->floor_t; i++) {
         find_fastest(m, &m->lng[i]);
-        m->floor_t = fmax(m->floor_t, m->lng[i].t_fast);
+        m->floor_t = cost_fmax(m->floor_t, m->lng[i].t_fast);
     }
     // the short sequences slower alone than that floor: a prefix of the length order, in runs of one
     // length (scost is the length's: a run is alike to the model)
@@ -352,7 +352,7 @@ static int model_floor(Model *m) {
     m->n_sht_seqs = n;
     for (int32_t i = 0; i < m->n_sht && m->sht[i].t0 > m->floor_t; i++) {
         find_fastest(m, &m->sht[i]);
-        m->floor_t = fmax(m->floor_t, m->sht[i].t_fast);
+        m->floor_t = cost_fmax(m->floor_t, m->sht[i].t_fast);
     }
     // every sequence a target can touch (t0 > floor_t) knows its fastest width from here on
     for (int32_t i = 0; i < m->n_lng && m->lng[i].t0 > m->floor_t; i++) find_fastest(m, &m->lng[i]);
@@ -410,14 +410,14 @@ static double rings_end(Model *m, int32_t k) {
             left -= q;
             // with pp stages a ring's forward first crosses the other stages and its backward drains
             // through them: (pp - 1) x its per-stage time on top (docs/planner.md, PP-Balance)
-            last_end = fmax(last_end, start + g->t + m->lift * g->t);
+            last_end = cost_fmax(last_end, start + g->t + m->lift * g->t);
         }
     }
     return last_end;
 }
 
 static double predict(Model *m, double T) {
-    double even = work_at(m, T) / m->R, fill = fmax(T, even) / ELASTIC_FILL;
+    double even = work_at(m, T) / m->R, fill = cost_fmax(T, even) / ELASTIC_FILL;
     int32_t k = 0, i = 0;
     for (; i < m->n_lng && m->lng[i].t0 > fill; i++, k++) {
         const Seq *q = &m->lng[i];
@@ -438,9 +438,9 @@ static double predict(Model *m, double T) {
             m->rigid[k++] = g;
     }
     int32_t made = run_seqs(m, r);
-    if (made < bb->n_short) piece = fmax(piece, bb->scost[made] + bb->open_cost);
+    if (made < bb->n_short) piece = cost_fmax(piece, bb->scost[made] + bb->open_cost);
     qsort(m->rigid, (size_t)k, sizeof(Rigid), by_rigid_desc);
-    return fmax(rings_end(m, k), fmax(even, piece) + m->lift * piece);
+    return cost_fmax(rings_end(m, k), cost_fmax(even, piece) + m->lift * piece);
 }
 
 // ---- when the work sets the step ------------------------------------------------------------------------
@@ -511,7 +511,7 @@ static double find_target(Model *m, ElasticSearch *s) {
     double best = base;
     for (int i = 0; i < n; i++) {
         pred[i] = predict(m, grid[i]);
-        best = fmin(best, pred[i]);
+        best = cost_fmin(best, pred[i]);
     }
     s->n = n;
     if (!(best < base * (1 - ELASTIC_GAIN))) return 0;
@@ -556,12 +556,12 @@ static int search_replayed(Plan *out, const BalanceBatch *bb, const Model *m, do
                            double *T_out) {
     *T_out = 0;
     if (!(m->floor_t < m->hi)) return 0;
-    double step = fmin(ELASTIC_GRID_STEP, pow(m->floor_t / m->hi, 1.0 / ELASTIC_PP_TARGETS));
+    double step = cost_fmin(ELASTIC_GRID_STEP, pow(m->floor_t / m->hi, 1.0 / ELASTIC_PP_TARGETS));
     double best = base * (1 - ELASTIC_GAIN);
     Plan cand;
     memset(&cand, 0, sizeof cand);
     for (int i = 1; i <= ELASTIC_PP_TARGETS; i++) {
-        double T = fmax(m->hi * pow(step, i), m->floor_t);
+        double T = cost_fmax(m->hi * pow(step, i), m->floor_t);
         if (widen_to(&cand, bb, m, T, d_max) != 0) return -1;
         if (cand.makespan < best) {
             Plan t = *out;
@@ -611,9 +611,9 @@ static int makespan_across_nodes(Plan *p, const Model *m, double *out) {
             for (int32_t j = 0; j < it->n_segs; j++) lens[j] = p->segs[it->seg_begin + j].len;
             t = policy_kind_time(&m->wide, lens, it->n_segs, it->n_ranks, it->offload, it->a2a, it->ulysses);
         }
-        for (int32_t j = 0; j < it->n_ranks; j++) start = fmax(start, free_at[rk[j]]);
+        for (int32_t j = 0; j < it->n_ranks; j++) start = cost_fmax(start, free_at[rk[j]]);
         for (int32_t j = 0; j < it->n_ranks; j++) free_at[rk[j]] = start + t;
-        *out = fmax(*out, start + t);
+        *out = cost_fmax(*out, start + t);
     }
     bs_keep_free(free_at);
     bs_keep_free(lens);
@@ -708,7 +708,7 @@ int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     if (makespan_across_nodes(out, &m, &across) != 0) goto out;
     if (cfg->pp == 1 && across > balance_at_least) {  // the bound did not settle it: balance's rings
         if (balance_rings_end(&bb, &rings_end) != 0) goto out;
-        balance_at_least = fmax(balance_at_least, rings_end);
+        balance_at_least = cost_fmax(balance_at_least, rings_end);
     }
     if (across > balance_at_least) {
         if (balance_best(&bal, &bb, NULL, "elastic") != 0) goto out;
