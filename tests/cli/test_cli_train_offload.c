@@ -10,7 +10,7 @@
 // the same losses as the plans kept resident with both tiers, a lower per-process peak, and the
 // budget shared by the micro-batches in flight on a stage.
 // ctest: long (21 MPI training runs)
-// ctest: cost 170
+// ctest: cost 150
 #include "cli/cli_run.h"
 
 #include <math.h>
