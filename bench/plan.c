@@ -293,7 +293,7 @@ static void table_scale(int only_ranks) {
            "width up to all ranks where its rings set `lower` (the lower bound's search stops 65,536 widths past "
            "Eq. 3's fewest, and it times rings only); set by: what sets that bound, the batch's work or the longest "
            "sequence (then the batch has less work than ranks). Target for elastic: within 5%% of the bound where the work sets it. Planning time: median of "
-           "%d runs (3 from 1G tokens) on one core, wall clock (thread CPU time in brackets)\n\n",
+           "%d runs (3 above 1G tokens) on one core, wall clock (thread CPU time in brackets)\n\n",
            REPEATS);
     printf("| dataset | ranks   | tokens/rank | sequences | set by  | idle ranks, balance | idle ranks, elastic "
            "| balance / lower | elastic / lower | balance / bound | elastic / bound | balance ms      "
@@ -313,7 +313,7 @@ static void table_scale(int only_ranks) {
                     continue;
                 }
                 int64_t tokens = (int64_t)R * PER_RANK[k];
-                int reps = tokens >= (1ll << 30) ? 3 : REPEATS;
+                int reps = tokens > (1ll << 30) ? 3 : REPEATS;  // 1G tokens (16,384 ranks x 64K) gets all: the goal is its median
                 CostModel cm;
                 cost_for(&cm, R);
                 GlobalBatch b;

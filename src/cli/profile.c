@@ -273,7 +273,9 @@ int cmd_profile(int argc, char **argv) {
     }
     profile_free(p);
     free(p);
-    if (comm->size > 1) comm_mpi_finalize();
+    // MPI was started whenever mpirun launched the job, one rank too (`mpirun -np 1`): finalize it
+    // then, or mpirun reports the rank as exiting improperly and fails the job
+    if (comm_launched_by_mpi()) comm_mpi_finalize();
     return rc;
 #undef GIVEN
 }

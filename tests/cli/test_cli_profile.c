@@ -173,6 +173,24 @@ static void test_two_ranks_measure_links(void **state) {
 
 // Bad flags: exit 2, a message naming the problem, nothing measured and nothing written; output paths
 // the file system refuses: exit 1, before measuring.
+// `mpirun -np 1` starts MPI for one rank: the profile finalizes it and exits 0 (it left MPI
+// unfinalized once, and mpirun failed the job although the file had been written).
+static void test_one_rank_under_mpirun_exits_cleanly(void **state) {
+    (void)state;
+    test_tmpdir("cli_profile");
+    const char *bin = getenv("BS_BINARY");
+    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun -np 1 '%s' profile " QUICK " --out " DIR
+             "/one-mpi.json >" DIR "/stdout 2>" DIR "/stderr",
+             bin);
+    if (run_profile(NULL, cmd) != 0) fail_msg("mpirun -np 1 profile: %s\n%s", cli_out, cli_err);
+    assert_non_null(strstr(cli_out, "wrote " DIR "/one-mpi.json"));
+    CostModel cm;
+    if (cost_load(&cm, DIR "/one-mpi.json") != 0) fail_msg("%s", bs_errmsg());
+}
+
 static void test_bad_flags(void **state) {
     (void)state;
     test_tmpdir("cli_profile");
@@ -241,6 +259,7 @@ static void test_bad_flags(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_rank_under_mpirun_exits_cleanly),
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_one_process_file_plan_simulate_plot),
         cmocka_unit_test(test_two_ranks_measure_links),
