@@ -19,13 +19,6 @@
 
 BS_API_BEGIN
 
-// fmax and fmin bit for bit (glibc's: the larger / smaller; b when they are equal, so fmax(+0, -0)
-// is -0; the other one where one is a NaN), inline: the cost model and the planners call them in
-// every item time, and libm's are calls the compiler may not replace by its own instruction (which
-// differs on NaN). Planning 1G tokens made millions of such calls.
-static inline double cost_fmax(double a, double b) { return a > b || b != b ? a : b; }
-static inline double cost_fmin(double a, double b) { return a < b || b != b ? a : b; }
-
 typedef struct {
     // compute, seconds per layer per rank (forward + backward)
     double attn_pair;     // per visible (query, key) pair;  a1 = attn_pair / 2

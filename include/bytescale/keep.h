@@ -17,10 +17,7 @@
 
 #include <stddef.h>
 
-#include "bytescale/export.h"
-
-BS_API_BEGIN
-
+// Internal to the library (not installed, not exported), as arena.h.
 void *bs_keep_alloc(size_t n);                    // NULL + error (bs_malloc's) without the memory
 void *bs_keep_calloc(size_t count, size_t size);  // zeroed
 void *bs_keep_realloc(void *p, size_t n);         // p's contents kept; NULL + error, p untouched
@@ -30,6 +27,5 @@ void bs_keep_release(void);
 // Bytes kept for reuse now (not in use), for memory reports and tests.
 size_t bs_keep_spare_bytes(void);
 
-BS_API_END
 
 #endif

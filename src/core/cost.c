@@ -4,6 +4,7 @@
 // otherwise, forward + backward. A training pass costs 3x the forward FLOPs (the backward pass
 // computes the gradients of both the inputs and the weights: 2x forward).
 #include "bytescale/cost.h"
+#include "core/fminmax.h"
 
 #include <math.h>
 #include <stddef.h>

@@ -2,6 +2,7 @@
 // simulator's 1F1B schedule replayed), the symmetric chunk layout, and the two bounds on the step's
 // makespan (plan.h, docs/planner.md). The validator is in plan_check.c, the JSON form in plan_io.c.
 #include "bytescale/plan.h"
+#include "core/fminmax.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "core/fminmax.h"
 #include "bytescale/keep.h"
 #include "bytescale/plan.h"
 

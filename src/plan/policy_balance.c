@@ -30,6 +30,7 @@
 // Cost: O((refs + shorts) log ranks) for the tree, O(n log n) for the ring sort and O(n + C) for the
 // shorts' (a counting sort by length when C is small next to the batch, else O(n log n)).
 #include "plan/policy_balance.h"
+#include "core/fminmax.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "bytescale/error.h"
+#include "core/fminmax.h"
 #include "bytescale/keep.h"
 #include "plan/policy_balance.h"
 #include "plan/policy_elastic.h"
