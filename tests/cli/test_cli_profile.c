@@ -111,18 +111,22 @@ static void test_one_process_file_plan_simulate_plot(void **state) {
     assert_non_null(strstr(cli_out, "balance"));
 }
 
-// Under mpirun the links are measured: the file's ring fields are the ping-pong's fit and say so.
-static void test_two_ranks_measure_links(void **state) {
-    (void)state;
+// `mpirun MPIRUN bytescale ARGS --out DIR/OUT` through run_profile, its output in cli_out / cli_err.
+static void mpirun_profile(const char *mpirun, const char *args, const char *out) {
     test_tmpdir("cli_profile");
     const char *bin = getenv("BS_BINARY");
     if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
-             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun -np 2 --oversubscribe '%s' " FAST " --out " DIR
-             "/two.json >" DIR "/stdout 2>" DIR "/stderr",
-             bin);
-    if (run_profile(NULL, cmd) != 0) fail_msg("mpirun profile: %s\n%s", cli_out, cli_err);
+             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun %s '%s' %s --out " DIR "/%s >" DIR "/stdout 2>" DIR "/stderr",
+             mpirun, bin, args, out);
+    if (run_profile(NULL, cmd) != 0) fail_msg("mpirun %s profile: %s\n%s", mpirun, cli_out, cli_err);
+}
+
+// Under mpirun the links are measured: the file's ring fields are the ping-pong's fit and say so.
+static void test_two_ranks_measure_links(void **state) {
+    (void)state;
+    mpirun_profile("-np 2 --oversubscribe", FAST, "two.json");
     assert_non_null(strstr(cli_out, "2 ranks"));
     assert_non_null(strstr(cli_out, "ping-pong between ranks 0 and 1"));
     CostModel cm;
@@ -171,26 +175,18 @@ static void test_two_ranks_measure_links(void **state) {
     cJSON_Delete(root);
 }
 
-// Bad flags: exit 2, a message naming the problem, nothing measured and nothing written; output paths
-// the file system refuses: exit 1, before measuring.
 // `mpirun -np 1` starts MPI for one rank: the profile finalizes it and exits 0 (it left MPI
 // unfinalized once, and mpirun failed the job although the file had been written).
 static void test_one_rank_under_mpirun_exits_cleanly(void **state) {
     (void)state;
-    test_tmpdir("cli_profile");
-    const char *bin = getenv("BS_BINARY");
-    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun -np 1 '%s' profile " QUICK " --out " DIR
-             "/one-mpi.json >" DIR "/stdout 2>" DIR "/stderr",
-             bin);
-    if (run_profile(NULL, cmd) != 0) fail_msg("mpirun -np 1 profile: %s\n%s", cli_out, cli_err);
+    mpirun_profile("-np 1", "profile " QUICK, "one-mpi.json");
     assert_non_null(strstr(cli_out, "wrote " DIR "/one-mpi.json"));
     CostModel cm;
     if (cost_load(&cm, DIR "/one-mpi.json") != 0) fail_msg("%s", bs_errmsg());
 }
 
+// Bad flags: exit 2, a message naming the problem, nothing measured and nothing written; output paths
+// the file system refuses: exit 1, before measuring.
 static void test_bad_flags(void **state) {
     (void)state;
     test_tmpdir("cli_profile");
