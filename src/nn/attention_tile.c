@@ -10,6 +10,8 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include "nn/panel_kernel.h"
 #define ATTN_TILE_AVX2 1
 #else
 #define ATTN_TILE_AVX2 0
@@ -164,44 +166,12 @@ static void qk_pack(float *kp, const float *b, int64_t ldb, int cols, int d) {
     }
 }
 
-// nr (<= 6) rows of a times one panel of 16 keys: 2 x nr accumulators, each a's value broadcast.
-// Always inlined with a constant nr, so the accumulators stay in registers.
-static inline __attribute__((always_inline)) void qk_micro(float *s, int ld, const float *a, int lda,
-                                                           const float *panel, int d, int nr) {
-    __m256 c[6][2];
-    for (int r = 0; r < nr; r++) c[r][0] = _mm256_setzero_ps(), c[r][1] = _mm256_setzero_ps();
-    for (int e = 0; e < d; e++) {
-        __m256 b0 = _mm256_load_ps(panel + e * 16), b1 = _mm256_load_ps(panel + e * 16 + 8);
-        for (int r = 0; r < nr; r++) {
-            __m256 x = _mm256_broadcast_ss(a + (int64_t)r * lda + e);
-            c[r][0] = _mm256_fmadd_ps(x, b0, c[r][0]);
-            c[r][1] = _mm256_fmadd_ps(x, b1, c[r][1]);
-        }
-    }
-    for (int r = 0; r < nr; r++) {
-        _mm256_storeu_ps(s + (int64_t)r * ld, c[r][0]);
-        _mm256_storeu_ps(s + (int64_t)r * ld + 8, c[r][1]);
-    }
-}
-
 void attn_tile_qk(float *s, int ld, const float *a, int lda, int rows, const float *b, int64_t ldb, int cols, int d,
                   float *kpack) {
     qk_pack(kpack, b, ldb, cols, d);
     // panels outer: one panel (16 keys x d, 4 KB at d 64) stays in L1 while every row block reads it
     for (int p0 = 0; p0 < cols; p0 += 16) {
-        const float *panel = kpack + (int64_t)p0 * d;
-        int r = 0;
-        for (; r + 6 <= rows; r += 6) qk_micro(s + (int64_t)r * ld + p0, ld, a + (int64_t)r * lda, lda, panel, d, 6);
-        const float *ar = a + (int64_t)r * lda;
-        float *sr = s + (int64_t)r * ld + p0;
-        switch (rows - r) {
-        case 5: qk_micro(sr, ld, ar, lda, panel, d, 5); break;
-        case 4: qk_micro(sr, ld, ar, lda, panel, d, 4); break;
-        case 3: qk_micro(sr, ld, ar, lda, panel, d, 3); break;
-        case 2: qk_micro(sr, ld, ar, lda, panel, d, 2); break;
-        case 1: qk_micro(sr, ld, ar, lda, panel, d, 1); break;
-        default: break;
-        }
+        panel_rows(s + p0, ld, a, lda, rows, kpack + (int64_t)p0 * d, d, 0, NULL);
     }
 }
 
@@ -214,47 +184,11 @@ static void pv_pack(float *vp, const float *v, int64_t ldv, int cols, int d) {
     }
 }
 
-// nr (<= 6) rows of acc, 16 columns: acc * alpha + p (nr, cols) times one panel (cols, 16).
-static inline __attribute__((always_inline)) void pv_micro(float *acc, int d, const float *alpha, const float *p,
-                                                           int ldp, const float *panel, int cols, int nr) {
-    __m256 c[6][2];
-    for (int r = 0; r < nr; r++) {
-        __m256 a = _mm256_broadcast_ss(alpha + r);
-        c[r][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + (int64_t)r * d), a);
-        c[r][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + (int64_t)r * d + 8), a);
-    }
-    for (int j = 0; j < cols; j++) {
-        __m256 b0 = _mm256_load_ps(panel + j * 16), b1 = _mm256_load_ps(panel + j * 16 + 8);
-        for (int r = 0; r < nr; r++) {
-            __m256 x = _mm256_broadcast_ss(p + (int64_t)r * ldp + j);
-            c[r][0] = _mm256_fmadd_ps(x, b0, c[r][0]);
-            c[r][1] = _mm256_fmadd_ps(x, b1, c[r][1]);
-        }
-    }
-    for (int r = 0; r < nr; r++) {
-        _mm256_storeu_ps(acc + (int64_t)r * d, c[r][0]);
-        _mm256_storeu_ps(acc + (int64_t)r * d + 8, c[r][1]);
-    }
-}
-
 void attn_tile_pv(float *acc, const float *alpha, const float *p, int ldp, int rows, const float *v, int64_t ldv,
                   int cols, int d, float *vpack) {
     pv_pack(vpack, v, ldv, cols, d);
     for (int q0 = 0; q0 < d; q0 += 16) {
-        const float *panel = vpack + (int64_t)q0 * cols;
-        int r = 0;
-        for (; r + 6 <= rows; r += 6)
-            pv_micro(acc + (int64_t)r * d + q0, d, alpha + r, p + (int64_t)r * ldp, ldp, panel, cols, 6);
-        float *ar = acc + (int64_t)r * d + q0;
-        const float *pr = p + (int64_t)r * ldp, *al = alpha + r;
-        switch (rows - r) {
-        case 5: pv_micro(ar, d, al, pr, ldp, panel, cols, 5); break;
-        case 4: pv_micro(ar, d, al, pr, ldp, panel, cols, 4); break;
-        case 3: pv_micro(ar, d, al, pr, ldp, panel, cols, 3); break;
-        case 2: pv_micro(ar, d, al, pr, ldp, panel, cols, 2); break;
-        case 1: pv_micro(ar, d, al, pr, ldp, panel, cols, 1); break;
-        default: break;
-        }
+        panel_rows(acc + q0, d, p, ldp, rows, vpack + (int64_t)q0 * cols, cols, 1, alpha);
     }
 }
 

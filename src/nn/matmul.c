@@ -6,7 +6,7 @@
 #include "nn/ops.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include "nn/panel_kernel.h"
 
 // dX = dout (T, K) @ w (K, C) with a short inner dimension K (OC <= 128): OpenBLAS packs all T rows
 // of dout as one operand panel, which at K = 128 outgrows L2 and runs at ~50% of peak here (bench
@@ -15,45 +15,6 @@
 enum { SMALLK_MAX = 128, SMALLK_ROWS = 192 };
 
 static int smallk_fits(int C, int K) { return K <= SMALLK_MAX && C % 16 == 0; }
-
-// nr (<= 6) rows x 16 columns: dx (+)= dout rows (nr, K) times one panel (K, 16).
-static inline __attribute__((always_inline)) void smallk_micro(float *dx, int ldx, const float *a, int K,
-                                                               const float *panel, int acc, int nr) {
-    __m256 c[6][2];
-    for (int r = 0; r < nr; r++) {
-        c[r][0] = acc ? _mm256_loadu_ps(dx + (int64_t)r * ldx) : _mm256_setzero_ps();
-        c[r][1] = acc ? _mm256_loadu_ps(dx + (int64_t)r * ldx + 8) : _mm256_setzero_ps();
-    }
-    for (int k = 0; k < K; k++) {
-        __m256 b0 = _mm256_loadu_ps(panel + k * 16), b1 = _mm256_loadu_ps(panel + k * 16 + 8);
-        for (int r = 0; r < nr; r++) {
-            __m256 x = _mm256_broadcast_ss(a + (int64_t)r * K + k);
-            c[r][0] = _mm256_fmadd_ps(x, b0, c[r][0]);
-            c[r][1] = _mm256_fmadd_ps(x, b1, c[r][1]);
-        }
-    }
-    for (int r = 0; r < nr; r++) {
-        _mm256_storeu_ps(dx + (int64_t)r * ldx, c[r][0]);
-        _mm256_storeu_ps(dx + (int64_t)r * ldx + 8, c[r][1]);
-    }
-}
-
-// Rows [r0, r1) of dx against one packed panel (columns q0 .. q0+15).
-static void smallk_rows(float *dx, const float *dout, const float *panel, int r0, int r1, int C, int K, int q0,
-                        int acc) {
-    int r = r0;
-    for (; r + 6 <= r1; r += 6) smallk_micro(dx + (int64_t)r * C + q0, C, dout + (int64_t)r * K, K, panel, acc, 6);
-    float *d = dx + (int64_t)r * C + q0;
-    const float *a = dout + (int64_t)r * K;
-    switch (r1 - r) {
-    case 5: smallk_micro(d, C, a, K, panel, acc, 5); break;
-    case 4: smallk_micro(d, C, a, K, panel, acc, 4); break;
-    case 3: smallk_micro(d, C, a, K, panel, acc, 3); break;
-    case 2: smallk_micro(d, C, a, K, panel, acc, 2); break;
-    case 1: smallk_micro(d, C, a, K, panel, acc, 1); break;
-    default: break;
-    }
-}
 
 // dx (T, C) (+)= dout (T, K) @ w (K, C); 0 when it ran, -1 when the packing buffer could not be had.
 static int smallk_dx(float *dx, const float *dout, const float *w, int T, int C, int K, int acc) {
@@ -64,7 +25,9 @@ static int smallk_dx(float *dx, const float *dout, const float *w, int T, int C,
             for (int c = 0; c < 16; c++) pack[((int64_t)q0 * K) + k * 16 + c] = w[(int64_t)k * C + q0 + c];
     for (int r0 = 0; r0 < T; r0 += SMALLK_ROWS) {
         int r1 = r0 + SMALLK_ROWS < T ? r0 + SMALLK_ROWS : T;
-        for (int q0 = 0; q0 < C; q0 += 16) smallk_rows(dx, dout, pack + (int64_t)q0 * K, r0, r1, C, K, q0, acc);
+        for (int q0 = 0; q0 < C; q0 += 16)
+            panel_rows(dx + (int64_t)r0 * C + q0, C, dout + (int64_t)r0 * K, K, r1 - r0, pack + (int64_t)q0 * K, K, acc,
+                       NULL);
     }
     free(pack);
     return 0;
