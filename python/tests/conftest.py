@@ -4,6 +4,7 @@ batches, and a runner for the command.
 BS_BINARY names the command (ctest sets it); without it, the build/ of this checkout.
 """
 
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -12,6 +13,15 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def load_example(name):
+    """examples/NAME.py as a module, for the tests that call its functions (its main() runs only when
+    asked: every example guards it with `if __name__ == "__main__"`)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ damaged file, another model.
 """
 
 import contextlib
-import importlib.util
 import os
 import shutil
 
@@ -27,7 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 import bytescale.torch as bt  # noqa: E402
 from bytescale.torch import dcp, fsdp, launch  # noqa: E402
 from bytescale.torch.checkpoint import CheckpointError  # noqa: E402
-from conftest import ROOT  # noqa: E402
+from conftest import load_example  # noqa: E402
 
 LR = 3e-3
 CAPACITY = 160
@@ -35,10 +34,7 @@ TOL = 1e-6
 
 
 def user_loop():
-    spec = importlib.util.spec_from_file_location("torch_user_loop", ROOT / "examples" / "torch_user_loop.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("torch_user_loop")
 
 
 class Draw:

@@ -4,7 +4,6 @@ bytescale.torch reads back, and a resumed run that continues from it; --tp 2 and
 plans and a checkpoint passed between the two layouts; the errors for a wrong --resume and a policy
 `bytescale train` does not run."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import bytescale.torch as bt  # noqa: E402
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, load_example  # noqa: E402
 from test_torch_vs_c import corpus  # noqa: E402
 
 
@@ -49,10 +48,7 @@ def test_example_trains_checkpoints_and_resumes(tmp_path):
 
 
 def example_module():
-    spec = importlib.util.spec_from_file_location("torch_hdp_train", ROOT / "examples" / "torch_hdp_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("torch_hdp_train")
 
 
 def test_example_tp_pp_checkpoints_and_errors(tmp_path, capsys):

@@ -10,7 +10,6 @@ Face LlamaForCausalLM (bytescale.torch.hf) sharded by its "model.layers" against
 """
 
 import contextlib
-import importlib.util
 import math
 
 import numpy as np
@@ -22,7 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import bytescale.torch as bt  # noqa: E402
 from bytescale.torch import fsdp, launch  # noqa: E402
-from conftest import ROOT  # noqa: E402
+from conftest import load_example  # noqa: E402
 
 STEPS = 10
 LR, CLIP = 3e-3, 1.0
@@ -31,10 +30,7 @@ TOL = 1e-5
 
 def user_loop():
     """examples/torch_user_loop.py as a module: its TinyLM and made-up documents."""
-    spec = importlib.util.spec_from_file_location("torch_user_loop", ROOT / "examples" / "torch_user_loop.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("torch_user_loop")
 
 
 def batch_of(ex, step):

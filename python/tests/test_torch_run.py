@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bytescale.torch import launch  # noqa: E402
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, load_example  # noqa: E402
 from test_torch_vs_c import corpus  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
@@ -68,11 +68,7 @@ def test_user_loop_under_torchrun_matches_one_process(tmp_path):
 
 
 def user_loop_module():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("torch_user_loop", EXAMPLES / "torch_user_loop.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("torch_user_loop")
 
 
 def test_user_loop_tp2_hdp2_with_checkpoints_matches_one_process(tmp_path):

@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, load_example  # noqa: E402
 from test_torch_run import check_run, launch_cmd, python_env  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "torch_hf_train.py"
@@ -150,10 +150,7 @@ def test_bf16_and_compile_within_the_documented_bound(plain, tmp_path):
 def test_what_cannot_combine_is_refused(monkeypatch, capsys):
     """The example's own argument check, in this process (it runs before any process group, the same
     on every rank of a torchrun job, each parsing the same argv)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("torch_hf_train", SCRIPT)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example("torch_hf_train")
     for flags, words in ((["--fsdp", "--zero"], "--fsdp and --zero"),
                          (["--plain", "--fsdp"], "nothing to shard"),
                          (["--ckpt-dir", "x"], "go together")):
