@@ -56,13 +56,20 @@ typedef struct {
     int32_t len;  // tokens; 0: a ring's sequence, read from the batch
 } MadeSeg;
 
-// An item as the scheduler makes it: its segments and ranks in Balance's made_* arrays.
+// An item as the scheduler makes it: its segments and ranks in Balance's made_* arrays; a micro-batch
+// of phase 3 keeps no segments there (seg_begin -1): its shorts are in the Placed list.
 typedef struct {
     int32_t seg_begin, n_segs;
     int32_t rank_begin, n_ranks;
     float offload;
     int32_t a2a, ulysses;  // the kind policy_item_choice chose for a ring (Item.a2a, Item.ulysses)
+    int64_t tokens;
 } Made;
+
+typedef struct {
+    int32_t short_i;  // index among the shorts
+    int32_t pack;     // the OpenPack.id of the micro-batch it joined
+} Placed;
 
 typedef struct {
     const GlobalBatch *b;
@@ -76,6 +83,10 @@ typedef struct {
     int32_t n_made;
     MadeSeg *made_seg;   // (n,)
     int32_t n_made_segs;
+    int32_t n_segs;      // segments of all items made (made_seg's and the placed shorts)
+    Placed *placed;      // (n_short,) phase 3's shorts in the order handed out (assign_rest)
+    int32_t n_placed;
+    int32_t *pack_made;  // (n_short,) per micro-batch of phase 3, by OpenPack.id: its index in made
     int32_t *made_ranks; // (cap_made_ranks,), grown when rings take more than counted
     int64_t n_made_ranks, cap_made_ranks;
     double open_cost;  // what opening a micro-batch adds: one layer_const and attention floor per layer
@@ -90,12 +101,13 @@ typedef struct {
     int32_t *sbucket;  // (n_short,) bucket of equal compute (pp > 1 only, else NULL)
     int32_t *unused;   // (n_short + 1,) union-find "next unused short at or after i"
     MadeSeg *pack;     // (min(n_short, C),) scratch: the sequences of one micro-batch (each >= 1 token)
-    Segment *segs;     // (the same,) scratch: one item's segments as the plan gets them
 } Balance;
 
-static int record(Balance *bl, const MadeSeg *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
-                  double start) {
-    if (bl->n_made >= bl->b->n || bl->n_made_segs + n_segs > bl->b->n)
+// An item of n_segs segments (`tokens` in all) on these ranks, planned to start at `start`, whose
+// segments are at made_seg[seg_begin ..), or come from the placed shorts (seg_begin -1). 0, or -1 + error.
+static int record_item(Balance *bl, int32_t seg_begin, int n_segs, int64_t tokens, const int32_t *ranks, int n_ranks,
+                       double offload, double start) {
+    if (bl->n_made >= bl->b->n || bl->n_segs + n_segs > bl->b->n)
         return bs_fail("balance: more items or segments than sequences (%d items)", bl->n_made);
     if (bl->n_made_ranks + n_ranks > bl->cap_made_ranks) {
         int64_t c = 2 * bl->cap_made_ranks > bl->n_made_ranks + n_ranks ? 2 * bl->cap_made_ranks : bl->n_made_ranks + n_ranks;
@@ -104,12 +116,22 @@ static int record(Balance *bl, const MadeSeg *segs, int n_segs, const int32_t *r
         bl->made_ranks = r;
         bl->cap_made_ranks = c;
     }
-    bl->made[bl->n_made] = (Made){bl->n_made_segs, n_segs, (int32_t)bl->n_made_ranks, n_ranks, (float)offload, 0, 0};
+    bl->made[bl->n_made] = (Made){seg_begin, n_segs, (int32_t)bl->n_made_ranks, n_ranks, (float)offload, 0, 0, tokens};
     bl->start[bl->n_made++] = start;
-    memcpy(bl->made_seg + bl->n_made_segs, segs, (size_t)n_segs * sizeof(MadeSeg));
     memcpy(bl->made_ranks + bl->n_made_ranks, ranks, (size_t)n_ranks * sizeof(int32_t));
-    bl->n_made_segs += n_segs;
+    bl->n_segs += n_segs;
     bl->n_made_ranks += n_ranks;
+    return 0;
+}
+
+// record_item with the segments given (a ring's, len 0: its whole sequence).
+static int record(Balance *bl, const MadeSeg *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
+                  double start) {
+    int64_t tokens = 0;
+    for (int j = 0; j < n_segs; j++) tokens += segs[j].len > 0 ? segs[j].len : bl->b->seqs[segs[j].seq].len;
+    if (record_item(bl, bl->n_made_segs, n_segs, tokens, ranks, n_ranks, offload, start) != 0) return -1;
+    memcpy(bl->made_seg + bl->n_made_segs, segs, (size_t)n_segs * sizeof(MadeSeg));
+    bl->n_made_segs += n_segs;
     return 0;
 }
 
@@ -225,65 +247,64 @@ static int fill_hole(Balance *bl, const Hole *h) {
 }
 
 // ---- phase 3: the rest, longest first, to the most-lagging rank ----------------------------------------
+//
+// Every short goes to the rank on top of the queue, whose open micro-batch is a random one of R: the
+// loop touches as little per rank as it can (OpenPack, 32 bytes) and writes down where each short went
+// (bl->placed, in order) instead of linking it into its micro-batch; emit_plan writes each short
+// straight into its item's segments from that list, in increasing short order as a list would give
+// them. A micro-batch is recorded when it closes, as before, so the items and their order are the same.
 
 typedef struct {
-    int32_t first, last;  // linked list of shorts through next[]; -1 = no open micro-batch
-    int64_t tokens;
+    double start;    // the rank's last stage free time when it was opened
+    double end;      // start + its time so far (the pipeline's wait not included)
+    int32_t tokens;  // <= C <= POLICY_MAX_CAPACITY
+    int32_t n;       // shorts in it; 0: no open micro-batch
+    int32_t id;      // its index in bl->pack_made
     int32_t bucket;
-    double start;         // the rank's last stage free time when it was opened
-    double end;           // start + its time so far (the pipeline's wait not included)
 } OpenPack;
 
-static int close_pack(Balance *bl, OpenPack *op, const int32_t *next, int32_t rank) {
-    if (op->first < 0) return 0;
-    int n_segs = 0;
-    for (int32_t i = op->first; i >= 0; i = next[i]) bl->pack[n_segs++] = (MadeSeg){bl->sidx[i], (int32_t)bl->slen[i]};
-    op->first = op->last = -1;
+static int close_pack(Balance *bl, OpenPack *op, int32_t rank) {
+    if (op->n == 0) return 0;
     double t = op->end - op->start, wait = pipeline_wait(bl, t, bl->last_t[rank]);
     bl->last_free[rank] = op->end + wait;
     bl->last_t[rank] = t;
-    return record(bl, bl->pack, n_segs, &rank, 1, 0.0, op->start + wait);
+    bl->pack_made[op->id] = bl->n_made;
+    int rc = record_item(bl, -1, op->n, op->tokens, &rank, 1, 0.0, op->start + wait);
+    op->n = 0;
+    return rc;
 }
 
 static int assign_rest(Balance *bl, RankTree *queue) {
-    int32_t R = bl->cfg->n_ranks;
+    int32_t R = bl->cfg->n_ranks, n_packs = 0;
     int pp_balance = bl->cfg->pp > 1;
-    OpenPack *open = bs_keep_alloc((size_t)R * sizeof(OpenPack));
-    int32_t *next = bs_keep_alloc((size_t)(bl->n_short > 0 ? bl->n_short : 1) * sizeof(int32_t));
-    int rc = -1;
-    if (!open || !next) {
-        bs_fail_ctx("balance");
-        goto out;
-    }
-    for (int32_t r = 0; r < R; r++) open[r].first = open[r].last = -1;
+    OpenPack *open = bs_keep_calloc((size_t)R, sizeof(OpenPack));
+    if (!open) return bs_fail_ctx("balance");
     for (int32_t i = next_unused(bl, 0); i < bl->n_short; i = next_unused(bl, i)) {
         take(bl, i);
         int32_t r = ranktree_top(queue);
         OpenPack *op = &open[r];
-        int fits = op->first >= 0 && op->tokens + bl->slen[i] <= bl->cfg->capacity &&
+        int fits = op->n > 0 && op->tokens + bl->slen[i] <= bl->cfg->capacity &&
                    (!pp_balance || op->bucket == bl->sbucket[i]);
         if (!fits) {
-            if (close_pack(bl, op, next, r) != 0) goto out;
+            if (close_pack(bl, op, r) != 0) goto fail;
             double f = bl->last_free[r];
-            *op = (OpenPack){i, -1, 0, pp_balance ? bl->sbucket[i] : 0, f, f + bl->open_cost};
-        } else {
-            next[op->last] = i;
+            *op = (OpenPack){f, f + bl->open_cost, 0, 0, n_packs++, pp_balance ? bl->sbucket[i] : 0};
         }
-        next[i] = -1;
-        op->last = i;
-        op->tokens += bl->slen[i];
+        bl->placed[bl->n_placed++] = (Placed){i, op->id};
+        op->n++;
+        op->tokens += (int32_t)bl->slen[i];
         op->end += bl->scost[i];
         // the open micro-batch grows, and with it its wait behind the rank's previous one and its drain
         double t = op->end - op->start;
         ranktree_replace_top(queue, op->end + pipeline_wait(bl, t, bl->last_t[r]) + pipeline_drain(bl, t));
     }
     for (int32_t r = 0; r < R; r++)
-        if (close_pack(bl, &open[r], next, r) != 0) goto out;
-    rc = 0;
-out:
+        if (close_pack(bl, &open[r], r) != 0) goto fail;
     bs_keep_free(open);
-    bs_keep_free(next);
-    return rc;
+    return 0;
+fail:
+    bs_keep_free(open);
+    return -1;
 }
 
 // ---- phase 1: rings ------------------------------------------------------------------------------------
@@ -517,11 +538,13 @@ static int schedule_alloc(Balance *bl, RingPhase *rp) {
     bl->unused = bs_keep_alloc((ns + 1) * sizeof(int32_t));
     size_t most_segs = bl->n_short < cfg->capacity ? ns : (size_t)cfg->capacity;
     bl->pack = bs_keep_alloc(most_segs * sizeof(MadeSeg));
-    bl->segs = bs_keep_alloc(most_segs * sizeof(Segment));
+    bl->placed = bs_keep_alloc(ns * sizeof(Placed));
+    bl->pack_made = bs_keep_alloc(ns * sizeof(int32_t));
     rp->members = bs_keep_alloc((size_t)R * sizeof(int32_t));
     bl->last_free = bs_keep_calloc((size_t)R, sizeof(double));
     bl->last_t = bs_keep_calloc((size_t)R, sizeof(double));
-    if (!rp->rings || (pp_balance && !bl->sbucket) || !bl->unused || !bl->pack || !bl->segs || !rp->members ||
+    if (!rp->rings || (pp_balance && !bl->sbucket) || !bl->unused || !bl->pack || !bl->placed || !bl->pack_made ||
+        !rp->members ||
         !bl->last_free || !bl->last_t)
         return bs_fail_ctx("balance");
     return 0;
@@ -636,33 +659,54 @@ static int fill_holes(Balance *bl, RingPhase *rp) {
 }
 
 // The plan, in the global order: by planned start, so every rank meets its items in time order and
-// the members of a ring all reach it at its start. 0, or -1 + error (out may be half made).
+// the members of a ring all reach it at its start. Each item is laid out in that order, then every
+// segment written once into its place: the recorded ones item by item, phase 3's shorts from the
+// placed list (the items come out at random in start order, and so each one's segments are written
+// together instead of each short's read back at random). 0, or -1 + error (out may be half made).
 static int emit_plan(Plan *out, Balance *bl, const char *name) {
     const GlobalBatch *b = bl->b;
     const PlanConfig *cfg = bl->cfg;
     int32_t m = bl->n_made;
-    int32_t *sorted = bs_keep_alloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
-    if (!sorted) return bs_fail_ctx("balance");
+    size_t mm = (size_t)(m > 0 ? m : 1);
+    int32_t *sorted = bs_keep_alloc(mm * sizeof(int32_t)), *seg_at = bs_keep_alloc(mm * sizeof(int32_t));
     int rc = -1;
+    if (!sorted || !seg_at) {
+        bs_fail_ctx("balance");
+        goto out;
+    }
     if (policy_order_by_time(bl->start, m, sorted) != 0) goto out;
     if (plan_init(out, b, cfg->n_ranks, cfg->capacity, cfg->pp, name) != 0 ||
-        policy_plan_reserve(out, m, bl->n_made_segs, bl->n_made_ranks) != 0)
+        policy_plan_reserve(out, m, bl->n_segs, bl->n_made_ranks) != 0)
         goto out;
-    for (int32_t k = 0; k < m; k++) {
+    int32_t n_segs = 0, n_refs = 0;
+    for (int32_t k = 0; k < m; k++) {  // the items, each with its ranks (what plan_add_item makes)
         const Made *it = &bl->made[sorted[k]];
-        for (int32_t j = 0; j < it->n_segs; j++) {
-            MadeSeg q = bl->made_seg[it->seg_begin + j];
-            bl->segs[j] = (Segment){q.seq, 0, q.len > 0 ? q.len : b->seqs[q.seq].len};
-        }
-        int32_t idx = plan_add_item(out, bl->segs, it->n_segs, bl->made_ranks + it->rank_begin, it->n_ranks,
-                                    it->offload);
-        if (idx < 0) goto out;
-        out->items[idx].a2a = it->a2a;
-        out->items[idx].ulysses = it->ulysses;
+        out->items[k] = (Item){.seg_begin = n_segs, .n_segs = it->n_segs, .rank_begin = n_refs, .n_ranks = it->n_ranks,
+                    .offload = it->offload, .a2a = it->a2a, .ulysses = it->ulysses, .tokens = it->tokens};
+        memcpy(out->ranks + n_refs, bl->made_ranks + it->rank_begin, (size_t)it->n_ranks * sizeof(int32_t));
+        seg_at[sorted[k]] = n_segs;
+        n_segs += it->n_segs;
+        n_refs += it->n_ranks;
     }
+    for (int32_t i = 0; i < m; i++) {  // the recorded segments
+        const Made *it = &bl->made[i];
+        for (int32_t j = 0; it->seg_begin >= 0 && j < it->n_segs; j++) {
+            MadeSeg q = bl->made_seg[it->seg_begin + j];
+            out->segs[seg_at[i] + j] = (Segment){q.seq, 0, q.len > 0 ? q.len : b->seqs[q.seq].len};
+        }
+    }
+    for (int32_t k = 0; k < bl->n_placed; k++) {  // phase 3's shorts, each micro-batch's in order
+        Placed q = bl->placed[k];
+        int32_t *at = &seg_at[bl->pack_made[q.pack]];
+        out->segs[(*at)++] = (Segment){bl->sidx[q.short_i], 0, bl->slen[q.short_i]};
+    }
+    out->n_items = m;
+    out->n_segs = n_segs;
+    out->n_refs = n_refs;
     rc = 0;
 out:
     bs_keep_free(sorted);
+    bs_keep_free(seg_at);
     return rc;
 }
 
@@ -674,7 +718,8 @@ static void schedule_free(Balance *bl, RingPhase *rp, RankTree *queue) {
     bs_keep_free(bl->sbucket);
     bs_keep_free(bl->unused);
     bs_keep_free(bl->pack);
-    bs_keep_free(bl->segs);
+    bs_keep_free(bl->placed);
+    bs_keep_free(bl->pack_made);
     bs_keep_free(bl->last_free);
     bs_keep_free(bl->last_t);
     bs_keep_free(bl->made);
