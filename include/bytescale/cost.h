@@ -267,6 +267,16 @@ double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_seg
 // 1 / u when the head count is not known (0), 1 for u = 1.
 double cost_hybrid_kv_share(const CostModel *cm, int u);
 
+// Every field of the cost model >= 0 (none NaN) and at least one layer: then no term of an item's
+// time is negative, the premise of cost_item_floor and of the planners' bounds.
+int cost_fields_nonneg(const CostModel *cm);
+// A floor under the time of one sequence of s tokens on D ranks, whatever its kind (ring,
+// all-to-all group, hybrid) and offload ratio, when cost_fields_nonneg holds: every member does at
+// least 1/D of the sequence's compute (attention, linear layers, head) and pays each layer's
+// constant, one attention call's floor (attn_step) per layer and the head's constant. In exact
+// arithmetic; a caller comparing it with computed times leaves room for their rounding.
+double cost_item_floor(const CostModel *cm, int64_t s, int D);
+
 // Eq. 3 of the paper (docs/cost-model.md section 5): the fewest ranks D(s) that can hold a sequence of s
 // tokens with capacity C, and the offload ratio r that achieves it (0 without offloading).
 // Returns D >= 1, or -1 + error when s does not fit even on max_ranks ranks.

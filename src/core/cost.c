@@ -553,6 +553,25 @@ double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_seg
     return cost_hybrid_terms_time(cm, &t, u, off);
 }
 
+int cost_fields_nonneg(const CostModel *cm) {
+    for (int i = 0; i < cost_field_count(); i++)
+        if (!(cost_field_value(cm, i) >= 0)) return 0;  // also NaN
+    return cm->n_layers >= 1;
+}
+
+// Each kind's layer on a member (fwd + bwd) holds lin_token s / D + layer_const and at least the
+// area / D of attention plus one attn_step: a ring's D blocks of area / D^2 and a floor each; an
+// all-to-all group's head share ceil(h / D) / h >= 1 / D of the whole area in one call; a hybrid's
+// r blocks of head share >= 1 / u over area / r^2. Every other term (transfers beyond the blocks
+// they overlap, TP all-reduces, offload copies) adds >= 0, and the head is head_token s / D +
+// head_const.
+double cost_item_floor(const CostModel *cm, int64_t s, int D) {
+    if (D < 1) D = 1;
+    double work = cm->n_layers * (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) +
+                  cm->head_token * (double)s;
+    return work / D + cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const;
+}
+
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------
 
 // The least offload ratio whose memory fits, unclamped (> 1: not even offloading every layer; < 0: no

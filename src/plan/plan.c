@@ -469,16 +469,10 @@ double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
 // and one more home, each block the link's latency plus its bytes over the link's bandwidth (what of
 // it compute hides, a block's attention takes instead: fmax in cost_item_time). That floor grows with
 // D wherever the ring's link is the one between nodes (past ranks_per_node), and every other term of
-// the cost model is >= 0 where every field is (floors_hold). So the search for the longest sequence's
+// the cost model is >= 0 where every field is (cost_fields_nonneg). So the search for the longest sequence's
 // fastest ring stops at the first such D whose floor is above the best time found: no wider ring can
 // reach it. The floor is scaled down by 1e-9 against the rounding of either side, so the minimum
 // found is the very one a search over every width finds.
-static int floors_hold(const CostModel *cm) {
-    for (int i = 0; i < cost_field_count(); i++)
-        if (!(cost_field_value(cm, i) >= 0)) return 0;  // also NaN
-    return cm->n_layers >= 1;
-}
-
 static double ring_floor(const CostModel *cm, int64_t s, int D) {
     if (cm->ranks_per_node > 1 && cm->ring_bw_intra > 0 && D <= cm->ranks_per_node) return 0;  // inside a node
     double bytes = cm->ring_bw > 0 ? cm->kv_token * (double)s / D / cm->ring_bw : 0;  // one block's transfer
@@ -512,7 +506,7 @@ static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
     *single = 0;
     if (d_lo >= 1) {
         *single = INFINITY;
-        int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks, prune = floors_hold(cm);
+        int d_hi = n_ranks - d_lo > 65535 ? d_lo + 65535 : n_ranks, prune = cost_fields_nonneg(cm);
         for (int D = d_lo; D <= d_hi; D++) {
             if (prune && ring_floor(cm, longest, D) > *single) break;
             double t = cost_item_time(cm, &longest, 1, D, 0.0);  // rings only: see plan_fastest_item

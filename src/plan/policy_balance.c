@@ -91,6 +91,7 @@ typedef struct {
     int64_t n_made_ranks, cap_made_ranks;
     double open_cost;  // what opening a micro-batch adds: one layer_const and attention floor per layer
     double lift;       // pp - 1: the stages a forward fills and a backward drains before the last
+    int floors;        // cost_fields_nonneg(cm): a ring's width may be passed over by its floor (place_ring)
     double *last_free; // (n_ranks,) when each rank's last stage is done with its micro-batches so far
     double *last_t;    // (n_ranks,) per-stage time of each rank's latest micro-batch (0: none yet)
     // short sequences that are packed, longest first (BalanceBatch's, less the promoted ones)
@@ -342,6 +343,31 @@ static int width_choice(const BalanceBatch *bb, int32_t k, int64_t len, int dd, 
     return 1;
 }
 
+// The members' state over the first dd of them, least-loaded first: the latest last stage, and the
+// lowest and highest levels (the wait is V-shaped in the previous level, so its largest value is at
+// one of them).
+typedef struct {
+    double latest, low, high;
+} Front;
+
+static void front_add(const Balance *bl, Front *f, int32_t rank) {
+    f->latest = cost_fmax(f->latest, bl->last_free[rank]);
+    f->low = cost_fmin(f->low, bl->last_t[rank]);
+    f->high = cost_fmax(f->high, bl->last_t[rank]);
+}
+
+// When a ring on the first dd members would end (INFINITY where it fits on no ring that wide), with
+// the kind and offload ratio it takes there: the latest last stage, its largest wait, its time and
+// its drain.
+static double width_end(const Balance *bl, const BalanceBatch *bb, int32_t lk, int64_t len, int dd, int64_t plain,
+                        const Front *f, ItemChoice *c, double *rd) {
+    // the kind by the plan's cost model; a widened ring (elastic) timed as crossing nodes
+    if (!width_choice(bb, dd <= plain ? lk : -1, len, dd, c, rd)) return INFINITY;
+    double td = dd > plain ? policy_kind_time(bl->wide, &len, 1, dd, *rd, c->a2a, c->ulysses) : c->t;
+    double wait = cost_fmax(pipeline_wait(bl, td, f->low), pipeline_wait(bl, td, f->high));
+    return f->latest + wait + td + pipeline_drain(bl, td);
+}
+
 // Selective offloading: Eq. 3's fewest ranks D_off(s) cut ring traffic, but a ring on few ranks
 // takes long. So a ring may use any D in [D_off(s), ceil(s/C)] (just D = ceil(s/C) without
 // offloading), offloading just enough for that D, and takes the D that finishes it earliest on
@@ -352,6 +378,10 @@ static int width_choice(const BalanceBatch *bb, int32_t k, int64_t len, int dd, 
 // ceil(s/C): every member holds fewer than C tokens); its widths are chosen where the ring's time
 // still falls with D, so past ceil(s/C) only the widest D of each run of members that are free at
 // the same time (and, pp > 1, at the same levels) can finish first, and only those are costed.
+// Costing a width is the work here, and most cannot win: ceil(s/C) is costed first, and a width up to
+// it whose latest member plus the ring's floor there (cost_item_floor, every term of an end >= 0)
+// already passes that end is not costed. The floor is scaled down by 1e-9 against the rounding of
+// either side, so the width chosen is the very one costing every width finds.
 // Pops d_hi ranks into members (least-loaded first); the caller takes the first *d and pushes the
 // rest back.
 static int place_ring(const Balance *bl, const BalanceBatch *bb, int32_t lk, RankTree *queue, int64_t len, int d_lo,
@@ -362,31 +392,34 @@ static int place_ring(const Balance *bl, const BalanceBatch *bb, int32_t lk, Ran
     *d_hi = top < queue->n ? (int)top : queue->n;
     if (d_lo > *d_hi) d_lo = *d_hi;
     for (int j = 0; j < *d_hi; j++) members[j] = ranktree_pop(queue);
-    // over the first dd members: the latest last stage, and the lowest and highest levels (the
-    // wait is V-shaped in the previous level, so its largest value is at one of them)
-    double latest = 0, low = INFINITY, high = 0;
-    for (int j = 0; j < d_lo - 1; j++) {
-        latest = cost_fmax(latest, bl->last_free[members[j]]);
-        low = cost_fmin(low, bl->last_t[members[j]]);
-        high = cost_fmax(high, bl->last_t[members[j]]);
+    // the first width costed, ceil(s/C) (or all there are): the end every other must beat
+    int probe = plain < *d_hi ? (int)plain : *d_hi;
+    double known = INFINITY, probe_end = INFINITY, probe_r = 0;
+    ItemChoice probe_c = {0, 0, 0};
+    if (bl->floors && probe >= d_lo) {
+        Front f = {0, INFINITY, 0};
+        for (int j = 0; j < probe; j++) front_add(bl, &f, members[j]);
+        known = probe_end = width_end(bl, bb, lk, len, probe, plain, &f, &probe_c, &probe_r);
     }
+    Front f = {0, INFINITY, 0};
+    for (int j = 0; j < d_lo - 1; j++) front_add(bl, &f, members[j]);
     double best = INFINITY;
     *d = -1;
     for (int dd = d_lo; dd <= *d_hi; dd++) {
-        latest = cost_fmax(latest, bl->last_free[members[dd - 1]]);
-        low = cost_fmin(low, bl->last_t[members[dd - 1]]);
-        high = cost_fmax(high, bl->last_t[members[dd - 1]]);
+        front_add(bl, &f, members[dd - 1]);
         if (dd > plain && dd < *d_hi) {  // a wider ring with the same start and wait is faster
             int32_t next = members[dd];
-            int same_wait = bl->lift == 0 || (bl->last_t[next] >= low && bl->last_t[next] <= high);
-            if (bl->last_free[next] <= latest && same_wait) continue;
+            int same_wait = bl->lift == 0 || (bl->last_t[next] >= f.low && bl->last_t[next] <= f.high);
+            if (bl->last_free[next] <= f.latest && same_wait) continue;
         }
-        double rd;
-        ItemChoice c;  // the kind by the plan's cost model; a widened ring (elastic) timed as crossing nodes
-        if (!width_choice(bb, dd <= plain ? lk : -1, len, dd, &c, &rd)) continue;
-        double td = dd > plain ? policy_kind_time(bl->wide, &len, 1, dd, rd, c.a2a, c.ulysses) : c.t;
-        double wait = cost_fmax(pipeline_wait(bl, td, low), pipeline_wait(bl, td, high));
-        double end = latest + wait + td + pipeline_drain(bl, td);
+        double rd, end;
+        ItemChoice c;
+        if (dd == probe && known < INFINITY) {
+            end = probe_end, c = probe_c, rd = probe_r;
+        } else {
+            if (dd <= plain && f.latest + cost_item_floor(cm, len, dd) * (1 - 1e-9) > known) continue;  // cannot win
+            end = width_end(bl, bb, lk, len, dd, plain, &f, &c, &rd);
+        }
         if (end < best) {
             best = end;
             *d = dd;
@@ -740,7 +773,7 @@ int balance_schedule(Plan *out, const BalanceBatch *bb, const BalanceWidths *w, 
                        w && w->d_max ? "given" : "missing");
     // the shorts that are packed: the batch's, less the promoted ones (the longest), which ring
     Balance bl = {.b = bb->b, .cfg = cfg, .cm = cm, .wide = w && w->wide ? w->wide : cm, .open_cost = bb->open_cost,
-                  .lift = pipeline ? cfg->pp - 1 : 0};
+                  .lift = pipeline ? cfg->pp - 1 : 0, .floors = cost_fields_nonneg(cm)};
     bl.n_short = bb->n_short - n_promoted;
     bl.sidx = bb->sidx + n_promoted;
     bl.slen = bb->slen + n_promoted;
@@ -797,6 +830,7 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
     const CostModel *cm = bb->cm;
     int64_t C = bb->cfg->capacity;
     int32_t R = bb->cfg->n_ranks, n = bb->n_long, n_heap = 0, n_took;
+    int floors = cost_fields_nonneg(cm);
     size_t nn = (size_t)(n > 0 ? n : 1);
     Ring *rings = bs_keep_alloc(nn * sizeof(Ring));
     RankGroup *heap = bs_keep_alloc((nn + 2) * sizeof(RankGroup)), *took = bs_keep_alloc((nn + 2) * sizeof(RankGroup));
@@ -819,15 +853,18 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
             took[n_took] = rank_groups_pop(heap, &n_heap);
             have += took[n_took++].n;
         }
-        double best = INFINITY, t = 0;
+        // place_ring's choice: the widest costed first, and a width whose floor cannot beat it not costed
+        double best = INFINITY, t = 0, known = INFINITY, rd;
+        ItemChoice c, widest = {INFINITY, 0, 0};
         int d = -1;
+        if (floors && width_choice(bb, rings[k].lk, len, d_hi, &widest, &rd)) known = took[n_took - 1].t + widest.t;
         int32_t g = 0;
         int64_t upto = took[0].n;  // ranks in groups 0 .. g
         for (int dd = d_lo; dd <= d_hi; dd++) {
             while (upto < dd) upto += took[++g].n;
-            double rd;
-            ItemChoice c;
-            if (!width_choice(bb, rings[k].lk, len, dd, &c, &rd)) continue;
+            if (dd == d_hi && known < INFINITY) c = widest;
+            else if (dd < d_hi && took[g].t + cost_item_floor(cm, len, dd) * (1 - 1e-9) > known) continue;
+            else if (!width_choice(bb, rings[k].lk, len, dd, &c, &rd)) continue;
             double td = c.t;
             if (took[g].t + td < best) {
                 best = took[g].t + td;

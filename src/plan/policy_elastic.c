@@ -471,17 +471,10 @@ static double predict(Model *m, double T) {
 // the exact ones, relative to the work; ELASTIC_ROUNDING is ten times that.
 #define ELASTIC_ROUNDING 1e-5
 
-// Every field of the cost model >= 0, as plan.c's floors_hold asks for the same reason.
-static int fields_nonneg(const CostModel *cm) {
-    for (int i = 0; i < cost_field_count(); i++)
-        if (!(cost_field_value(cm, i) >= 0)) return 0;  // also NaN
-    return cm->n_layers >= 1;
-}
-
 // 1: no target can predict a step ELASTIC_GAIN shorter than base (predict(m, m->hi)).
 static int work_sets_step(const Model *m, double base) {
     const CostModel *cm = m->cm;
-    if (!fields_nonneg(cm)) return 0;
+    if (!cost_fields_nonneg(cm)) return 0;
     double slot = cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const, least = m->work;
     for (int32_t i = 0; i < m->n_lng; i++) {
         const Seq *q = &m->lng[i];

@@ -374,29 +374,41 @@ int policy_plan_reserve(Plan *p, int64_t items, int64_t segs, int64_t refs) {
     return 0;
 }
 
+// The keys travel with their indices (a pass reads both in order and writes each into its byte's
+// bucket), so no pass looks a key up at random; the eight bytes' counts come from one pass first.
 int policy_order_by_time(const double *key, int32_t n, int32_t *order) {
     size_t nn = (size_t)(n > 0 ? n : 1);
-    uint64_t *bits = bs_keep_alloc(nn * sizeof(uint64_t));
+    uint64_t *bits = bs_keep_alloc(2 * nn * sizeof(uint64_t));
     int32_t *other = bs_keep_alloc(nn * sizeof(int32_t));
-    if (!bits || !other) {
+    int32_t(*count)[257] = bs_keep_calloc(8, sizeof *count);
+    if (!bits || !other || !count) {
         bs_keep_free(bits);
         bs_keep_free(other);
+        bs_keep_free(count);
         return bs_fail_ctx("ordering %d items by time", n);
     }
     for (int32_t i = 0; i < n; i++) {
         double k = key[i] + 0.0;  // -0 becomes +0
         memcpy(&bits[i], &k, sizeof k);
         order[i] = i;
+        for (int d = 0; d < 8; d++) count[d][((bits[i] >> (8 * d)) & 0xff) + 1]++;
     }
+    uint64_t *kf = bits, *kt = bits + nn;
     int32_t *from = order, *to = other;
-    for (int shift = 0; shift < 64; shift += 8) {
-        int32_t count[257] = {0};
-        for (int32_t i = 0; i < n; i++) count[((bits[from[i]] >> shift) & 0xff) + 1]++;
+    for (int d = 0; d < 8; d++) {
+        int32_t *c = count[d];
         int skip = 0;  // every key has this byte alike: nothing to move
-        for (int v = 1; v <= 256; v++) skip |= count[v] == n;
+        for (int v = 1; v <= 256; v++) skip |= c[v] == n;
         if (skip) continue;
-        for (int v = 0; v < 256; v++) count[v + 1] += count[v];
-        for (int32_t i = 0; i < n; i++) to[count[(bits[from[i]] >> shift) & 0xff]++] = from[i];  // stable
+        for (int v = 0; v < 256; v++) c[v + 1] += c[v];
+        for (int32_t i = 0; i < n; i++) {  // stable
+            int32_t at = c[(kf[i] >> (8 * d)) & 0xff]++;
+            kt[at] = kf[i];
+            to[at] = from[i];
+        }
+        uint64_t *tk = kf;
+        kf = kt;
+        kt = tk;
         int32_t *t = from;
         from = to;
         to = t;
@@ -404,6 +416,7 @@ int policy_order_by_time(const double *key, int32_t n, int32_t *order) {
     if (from != order) memcpy(order, from, nn * sizeof(int32_t));
     bs_keep_free(bits);
     bs_keep_free(other);
+    bs_keep_free(count);
     return 0;
 }
 

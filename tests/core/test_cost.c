@@ -388,6 +388,44 @@ static void test_ring_floor(void **state) {
     assert_true(cost_item_time(&no_floor, segs, 8, 256, 0) < pack);
 }
 
+// cost_item_floor is under every kind's time (ring, all-to-all group, each hybrid) at any offload
+// ratio, over random models with TP terms and head counts; and it is the time itself where nothing
+// but compute and the constants is left (one rank, no TP): a floor that can fail both ways.
+static void test_item_floor(void **state) {
+    (void)state;
+    static const int heads[] = {0, 4, 8, 16, 32, 64};
+    Rng g;
+    rng_seed(&g, 43);
+    for (int trial = 0; trial < 300; trial++) {
+        CostModel cm = random_model(&g);
+        cm.a2a_heads = heads[rng_below(&g, 6)];
+        cm.a2a_kv_heads = cm.a2a_heads > 0 ? cm.a2a_heads >> rng_below(&g, 3) : 0;
+        if (rng_below(&g, 2)) cm.tp = 2 << rng_below(&g, 3), cm.tp_token = uniform(&g, 1e3, 1e4), cm.tp_bw = 1e11,
+                              cm.tp_lat = 1e-5, cm.tp_hide_qkv = 0.1, cm.tp_hide_mlp = 0.2, cm.tp_head = 1;
+        assert_true(cost_fields_nonneg(&cm));
+        int64_t s = 1 + (int64_t)rng_below(&g, 3000000);
+        int D = 1 + (int)rng_below(&g, 600);
+        double r = rng_below(&g, 2) ? rng_uniform(&g) : 0, floor = cost_item_floor(&cm, s, D);
+        assert_true(floor > 0);
+        assert_true(floor <= cost_item_time(&cm, &s, 1, D, r) * (1 + 1e-12));
+        if (D >= 2) assert_true(floor <= cost_a2a_item_time(&cm, &s, 1, D, r) * (1 + 1e-12));
+        for (int u = 2; u < D; u++)
+            if (D % u == 0) assert_true(floor <= cost_hybrid_item_time(&cm, &s, 1, u, D / u, r) * (1 + 1e-12));
+    }
+    CostModel cm = random_model(&g);
+    cm.kv_token = 0;
+    int64_t s = 12345;
+    assert_close(cost_item_floor(&cm, s, 1), cost_item_time(&cm, &s, 1, 1, 0), 1e-12, 0);
+    // a negative or NaN field, or no layer, and the floor's premise is gone
+    CostModel bad = cm;
+    bad.ring_lat = -1e-6;
+    assert_false(cost_fields_nonneg(&bad));
+    bad = cm, bad.attn_step = NAN;
+    assert_false(cost_fields_nonneg(&bad));
+    bad = cm, bad.n_layers = 0;
+    assert_false(cost_fields_nonneg(&bad));
+}
+
 static void test_offload_copies_hidden_or_paid(void **state) {
     (void)state;
     Rng g;
@@ -923,6 +961,7 @@ int main(void) {
         cmocka_unit_test(test_load_errors_name_the_field),
         cmocka_unit_test(test_tp_allreduce_by_hand),
         cmocka_unit_test(test_tp_terms_of_derive_and_shard),
+        cmocka_unit_test(test_item_floor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
