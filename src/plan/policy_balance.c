@@ -152,11 +152,13 @@ static int record(Balance *bl, const MadeSeg *segs, int n_segs, const int32_t *r
 // equal micro-batches and errs high by up to about 12% otherwise (the pp - 1 micro-batches next to
 // a big one partly run inside its fill and drain); the plan's makespan is the exact replay
 // (plan_finalize), this is what the list scheduler balances. Both are 0 when pp = 1, where a
-// rank's key is exactly its free time.
+// rank's key is exactly its free time (then no division is made: a key plus 0 is that key, as plus
+// the product's +-0 was).
 static double pipeline_wait(const Balance *bl, double t, double last) {
+    if (bl->lift == 0) return 0;
     return t > last ? bl->lift * (t - last) / 3 : bl->lift * 2 * (last - t) / 3;
 }
-static double pipeline_drain(const Balance *bl, double t) { return bl->lift * 2 * t / 3; }
+static double pipeline_drain(const Balance *bl, double t) { return bl->lift == 0 ? 0 : bl->lift * 2 * t / 3; }
 
 // A rank's key in the queue: when it would be done if nothing more came (its last stage, then the drain).
 static double rank_key(const Balance *bl, int32_t r) { return bl->last_free[r] + pipeline_drain(bl, bl->last_t[r]); }

@@ -425,7 +425,23 @@ static int by_rank(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-void policy_sort_ranks(int32_t *ranks, int n) { qsort(ranks, (size_t)n, sizeof(int32_t), by_rank); }
+// The members come out of the rank queue least-loaded first, mostly runs of ranks freed together and
+// so already ascending: an insertion sort is then a pass over them, without qsort's call per compare.
+// A long list in no such order goes to qsort. (Distinct ranks: any correct sort gives this order.)
+void policy_sort_ranks(int32_t *ranks, int n) {
+    int64_t moves = 0;
+    for (int i = 1; i < n; i++) {
+        int32_t v = ranks[i];
+        int j = i;
+        for (; j > 0 && ranks[j - 1] > v; j--) ranks[j] = ranks[j - 1];
+        ranks[j] = v;
+        moves += i - j;
+        if (moves > 8 * (int64_t)n) {  // far from sorted: the rest by qsort
+            qsort(ranks, (size_t)n, sizeof(int32_t), by_rank);
+            return;
+        }
+    }
+}
 
 void ring_fill_clear(RingFill *f) {
     f->base = f->most = 0;
