@@ -584,6 +584,23 @@ static void table_short(const char *dir) {
     printf("\n");
 }
 
+// One plan of the scale table's 64K-tokens-per-rank batch, for a profiler (valgrind --tool=callgrind,
+// perf record): the batch is made first, so a profile of policy_plan is the planning alone.
+static void plan_once(const char *dist, const char *policy, int ranks) {
+    CostModel cm;
+    cost_for(&cm, ranks);
+    GlobalBatch b;
+    if (batch_generate(&b, dist, 1, (int64_t)ranks * (64 << 10), 2 << 20) != 0) bs_die_errmsg();
+    PlanConfig cfg = {.n_ranks = ranks, .capacity = CAPACITY, .context = 2 << 20, .pp = 1, .offload = 1};
+    Plan p;
+    double t0 = now_seconds();
+    if (policy_plan(&p, policy, &b, &cfg, &cm) != 0) bs_die_errmsg();
+    printf("%s %s, %d ranks, %lld sequences: %d items, makespan %.6g s, planned in %.1f ms\n", dist, policy, ranks,
+           (long long)b.n, p.n_items, p.makespan, (now_seconds() - t0) * 1e3);
+    plan_free(&p);
+    batch_free(&b);
+}
+
 int main(int argc, char **argv) {
     printf("# bench_plan: the HDP planners (bytescale plan)\n\n");
     if (argc > 1 && !strcmp(argv[1], "peers")) {
@@ -599,11 +616,15 @@ int main(int argc, char **argv) {
         table_scale(argc > 2 ? atoi(argv[2]) : 0);
         return 0;
     }
+    if (argc > 3 && !strcmp(argv[1], "once")) {
+        plan_once(argv[2], argv[3], argc > 4 ? atoi(argv[4]) : 16384);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "short")) {
         table_short(dir);
         return 0;
     }
-    if (argc > 1) bs_die("usage: bench_plan [files | scale [RANKS] | short | peers]");
+    if (argc > 1) bs_die("usage: bench_plan [files | scale [RANKS] | short | peers | once DIST POLICY [RANKS]]");
     table_speed();
     table_quality();
     table_scale(0);
