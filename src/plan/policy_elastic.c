@@ -115,6 +115,8 @@ typedef struct {
     Rigid *rigid;     // (n_lng + n_sht + 1,) predict's rings
     RankGroup *groups;    // (min(R, n_lng + n_sht_seqs + 1) + 1,) predict's heap of rank groups: no more
                           // groups than ranks, nor than rings placed + 1
+    int32_t *at_d;    // (n_lng + n_sht + 1,) work_at's width of each sequence slower than its target (the
+    double *at_t;     //   long ones, then the short runs) and its time there: predict places those rings
 } Model;
 
 // A sequence alone on D ranks, no offloading: a ring or, where faster and the heads allow, an
@@ -234,17 +236,20 @@ static int32_t run_seqs(const Model *m, int32_t nr) { return nr < m->n_sht ? m->
 
 // The batch's work when every sequence slower than T is brought to T (T >= floor_t). Short sequences
 // of one length share one answer, added once for each of them (the sum as it was per sequence).
+// Each one's width and time there are kept in at_d and at_t (long i at i, short run r at n_lng + r).
 static double work_at(const Model *m, double T) {
     int32_t nl = slower_than(m->lng, m->n_lng, T), nr = slower_than(m->sht, m->n_sht, T);
     double w = m->work;
     for (int32_t i = 0; i < nl; i++) {
-        int d = width_for(m, &m->lng[i], T);
-        w += d * ring_time(&m->wide, m->lng[i].len, d) - m->lng[i].w0;
+        int d = m->at_d[i] = width_for(m, &m->lng[i], T);
+        m->at_t[i] = ring_time(&m->wide, m->lng[i].len, d);
+        w += d * m->at_t[i] - m->lng[i].w0;
     }
     for (int32_t r = 0; r < nr; r++) {
         const Seq *q = &m->sht[r];
-        int d = width_for(m, q, T);
-        double extra = d * ring_time(&m->wide, q->len, d) - q->w0;
+        int d = m->at_d[m->n_lng + r] = width_for(m, q, T);
+        m->at_t[m->n_lng + r] = ring_time(&m->wide, q->len, d);
+        double extra = d * m->at_t[m->n_lng + r] - q->w0;
         for (int32_t j = 0; j < q->count; j++) w += extra;
     }
     return w;
@@ -263,6 +268,8 @@ static void model_free(Model *m) {
     bs_keep_free(m->sht);
     bs_keep_free(m->rigid);
     bs_keep_free(m->groups);
+    bs_keep_free(m->at_d);
+    bs_keep_free(m->at_t);
     memset(m, 0, sizeof *m);
 }
 
@@ -272,9 +279,13 @@ static int model_scratch(Model *m, int32_t n_short, int32_t runs) {
     int64_t rings = (int64_t)m->n_lng + n_short, n_groups = rings + 1 < m->R ? rings + 1 : m->R;
     bs_keep_free(m->rigid);
     bs_keep_free(m->groups);
+    bs_keep_free(m->at_d);
+    bs_keep_free(m->at_t);
     m->rigid = bs_keep_alloc(((size_t)m->n_lng + (m->flags & ELASTIC_RING_AT_A_TIME ? n_short : runs) + 1) * sizeof(Rigid));
     m->groups = bs_keep_alloc(((size_t)n_groups + 1) * sizeof(RankGroup));
-    return m->rigid && m->groups ? 0 : bs_fail_ctx("elastic: the width model");
+    m->at_d = bs_keep_alloc(((size_t)m->n_lng + runs + 1) * sizeof(int32_t));
+    m->at_t = bs_keep_alloc(((size_t)m->n_lng + runs + 1) * sizeof(double));
+    return m->rigid && m->groups && m->at_d && m->at_t ? 0 : bs_fail_ctx("elastic: the width model");
 }
 
 // Every long sequence, in t0 order, and the batch's work; no width searched yet (model_floor), so
@@ -420,10 +431,11 @@ static double rings_end(Model *m, int32_t k) {
 static double predict(Model *m, double T) {
     double even = work_at(m, T) / m->R, fill = cost_fmax(T, even) / ELASTIC_FILL;
     int32_t k = 0, i = 0;
+    // the sequences slower than T with work_at's widths, the rest on d0
     for (; i < m->n_lng && m->lng[i].t0 > fill; i++, k++) {
         const Seq *q = &m->lng[i];
-        int d = width_for(m, q, T);
-        m->rigid[k] = (Rigid){d == q->d0 ? q->t0 : ring_time(&m->wide, q->len, d), d, 1, k};
+        int d = q->t0 > T ? m->at_d[i] : q->d0;
+        m->rigid[k] = (Rigid){d == q->d0 ? q->t0 : m->at_t[i], d, 1, k};
     }
     // the fill is as long as its longest piece: the first long sequence left to it, the first short
     // one not made a ring (short ones in the prepared order, not only those in m->sht)
@@ -431,8 +443,8 @@ static double predict(Model *m, double T) {
     const BalanceBatch *bb = m->bb;
     int32_t r = 0;
     for (; r < m->n_sht && m->sht[r].t0 > T; r++) {  // short sequences made rings, a run at a time
-        int d = width_for(m, &m->sht[r], T);
-        Rigid g = {ring_time(&m->wide, m->sht[r].len, d), d, m->sht[r].count, k};
+        int d = m->at_d[m->n_lng + r];
+        Rigid g = {m->at_t[m->n_lng + r], d, m->sht[r].count, k};
         if (m->flags & ELASTIC_RING_AT_A_TIME)  // (tests) each a ring of its own, as before runs
             for (int32_t j = 0; j < g.n; j++, k++) m->rigid[k] = (Rigid){g.t, g.d, 1, k};
         else
