@@ -156,11 +156,10 @@ static void draw_layers(Layer *L, int64_t T, int64_t Q, int64_t KV, Rng *rng) {
     }
 }
 
-// On a member: attention of the whole item (all T rows, one process) as the reference, then this
-// member's n rows (map) of the inputs and of the reference copied out, its outputs poisoned (the
-// attention under test must overwrite out and lse entirely).
-static void reference_and_mine(Layer *L, Mine *M, const int64_t *map, int64_t n, int64_t T, int32_t *pos,
-                               int32_t *seg, AttnShape s) {
+// The reference: attention of the whole item (all T rows, one process), computed on rank 0 alone and
+// broadcast: every member computing the same T rows cost D times the reference on cores the D ranks
+// share, for the same numbers.
+static void reference_layers(Layer *L, int64_t T, int32_t *pos, int32_t *seg, AttnShape s) {
     int64_t Q = (int64_t)s.n_heads * s.head_dim, KV = (int64_t)s.n_kv_heads * s.head_dim, H = s.n_heads;
     AttnRows all = {.pos = pos, .seg = seg, .n = (int)T};
     float *delta = floats(T * H);
@@ -168,10 +167,26 @@ static void reference_and_mine(Layer *L, Mine *M, const int64_t *map, int64_t n,
         Layer *y = &L[l];
         y->out = floats(T * Q), y->lse = floats(T * H), y->dq = floats(T * Q);
         y->dk = floats(T * KV), y->dv = floats(T * KV);
-        attn_forward(y->out, y->lse, y->q, all, y->k, y->v, all, s);
-        attn_backward_delta(delta, y->dout, y->out, (int)T, s);
-        attn_backward(y->dq, y->dk, y->dv, y->dout, y->lse, delta, y->q, all, y->k, y->v, all, s);
+        if (mpi_comm->rank == 0) {
+            attn_forward(y->out, y->lse, y->q, all, y->k, y->v, all, s);
+            attn_backward_delta(delta, y->dout, y->out, (int)T, s);
+            attn_backward(y->dq, y->dk, y->dv, y->dout, y->lse, delta, y->q, all, y->k, y->v, all, s);
+        }
+        CHECK_OK(comm_bcast(mpi_comm, y->out, (size_t)(T * Q) * sizeof(float), 0));
+        CHECK_OK(comm_bcast(mpi_comm, y->lse, (size_t)(T * H) * sizeof(float), 0));
+        CHECK_OK(comm_bcast(mpi_comm, y->dq, (size_t)(T * Q) * sizeof(float), 0));
+        CHECK_OK(comm_bcast(mpi_comm, y->dk, (size_t)(T * KV) * sizeof(float), 0));
+        CHECK_OK(comm_bcast(mpi_comm, y->dv, (size_t)(T * KV) * sizeof(float), 0));
+    }
+    free(delta);
+}
 
+// On a member: its n rows (map) of the inputs and of the reference copied out, its outputs poisoned
+// (the attention under test must overwrite out and lse entirely).
+static void mine_rows(const Layer *L, Mine *M, const int64_t *map, int64_t n, AttnShape s) {
+    int64_t Q = (int64_t)s.n_heads * s.head_dim, KV = (int64_t)s.n_kv_heads * s.head_dim, H = s.n_heads;
+    for (int l = 0; l < N_LAYERS; l++) {
+        const Layer *y = &L[l];
         Mine *x = &M[l];
         x->q = floats(n * Q), x->dout = floats(n * Q), x->k = floats(n * KV), x->v = floats(n * KV);
         x->out = floats(n * Q), x->lse = floats(n * H), x->delta = floats(n * H), x->dq = floats(n * Q);
@@ -193,7 +208,6 @@ static void reference_and_mine(Layer *L, Mine *M, const int64_t *map, int64_t n,
         for (int64_t i = 0; i < n * Q; i++) x->out[i] = 1e30f;
         for (int64_t i = 0; i < n * H; i++) x->lse[i] = 1e30f;
     }
-    free(delta);
 }
 
 // The attention under test on member me's n rows, as a model runs it: forward 0, forward 1,
@@ -268,8 +282,9 @@ static void run_item(const AttnUnderTest *x_ops, const Plan *p, int32_t k, AttnS
     int64_t n = me >= 0 ? rows[me] : 0;
     Mine M[N_LAYERS];
     memset(M, 0, sizeof M);
+    reference_layers(L, T, pos, seg, s);  // collective
     if (me >= 0) {
-        reference_and_mine(L, M, map[me], n, T, pos, seg, s);
+        mine_rows(L, M, map[me], n, s);
         run_ops(x_ops, p, k, me, M, n, s);
     }
     check_layers(M, me, n, s, tag, k, it->n_ranks, T);
