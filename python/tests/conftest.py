@@ -14,6 +14,13 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
+# launch.spawn's workers fork from a server process that imports the worker's module once (launch.py),
+# where the server's sys.path finds it: that is the environment's PYTHONPATH (Python 3.11's forkserver
+# does not take pytest's sys.path), so this folder goes on it. Without it every spawned rank imports
+# its test module, and pytest with it, again: half a second a rank, ~170 ranks in the suite.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(pathlib.Path(__file__).resolve().parent), *filter(None, [os.environ.get("PYTHONPATH")])])
+
 
 def load_example(name):
     """examples/NAME.py as a module, for the tests that call its functions (its main() runs only when

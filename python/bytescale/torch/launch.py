@@ -104,20 +104,24 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = 
     """Run fn(rank, world, *args) in `nprocs` new processes (forked from the forkserver) with the
     default process group initialised; return their results, rank 0 first. fn must be importable by
     name (a module-level function) and its results picklable. This process holds the job's store
-    (host_store). preload: more modules the forkserver imports beside torch (transformers' models
-    take seconds a process to import); it takes them only where this process starts it, at its
-    first spawn."""
-    # the workers load libbytescale after they start, and its OpenBLAS (the system one; torch's pip
-    # wheel brings its own BLAS, on x86-64 MKL, which ignores the variable) reads OPENBLAS_CORETYPE when
-    # it loads: where it would fall back to kernels older than this CPU, they get the ones `bytescale
-    # train` picks for itself (docs/training.md, "BLAS kernels")
+    (host_store). preload: more modules the forkserver imports beside torch, this package and fn's
+    module (transformers' models take seconds a process to import); it takes them only where this
+    process starts it, at its first spawn."""
+    # the forkserver loads libbytescale when it starts (below, with this environment), and its OpenBLAS
+    # (the system one; torch's pip wheel brings its own BLAS, on x86-64 MKL, which ignores the variable)
+    # reads OPENBLAS_CORETYPE when it loads: where it would fall back to kernels older than this CPU, the
+    # workers get the ones `bytescale train` picks for itself (docs/training.md, "BLAS kernels")
     coretype = blas_coretype()
     if coretype and "OPENBLAS_CORETYPE" not in os.environ:
         os.environ["OPENBLAS_CORETYPE"] = coretype
     store = host_store(nprocs, timeout_s)
     # the server imports torch once (it starts at the first spawn and serves this process's later
-    # ones); the workers take this process's environment as it is now (_entry), not the server's
-    mp.set_forkserver_preload(["torch", "torch.distributed", *preload])
+    # ones); the workers take this process's environment as it is now (_entry), not the server's. It
+    # imports this package and fn's module too (where its sys.path, the environment's PYTHONPATH,
+    # finds it; an ImportError is left to the worker): else every worker imports them again when it
+    # unpickles fn (half a second a worker for a pytest module: pytest, numpy, bytescale.torch)
+    own = [fn.__module__] if fn.__module__ != "__main__" else []
+    mp.set_forkserver_preload(["torch", "torch.distributed", "bytescale.torch", *own, *preload])
     with tempfile.TemporaryDirectory(prefix="bytescale-torch-") as out_dir:
         mp.start_processes(_entry, nprocs=nprocs, join=True, start_method="forkserver",
                            args=(fn, nprocs, backend, store.port, timeout_s, out_dir, dict(os.environ), args))
