@@ -10,13 +10,20 @@ environment the tests run in (the project's .venv: PyTorch 2).
   the final TP checkpoint loaded into the one-process model (fp64).
 - examples/torch_hdp_train.py on 2 processes under torchrun, with rings, against --nproc 1 with the
   same flags: both ranks report, and the steps' losses agree.
+
+The one-process references and the resumed TP job run the script's main() as `python SCRIPT` and
+torchrun start it, in processes forked from launch.spawn's server (run_ranks): a fresh interpreter
+each would import torch again, 4 s a process.
 """
 
+import importlib
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
+import types
 
 import pytest
 
@@ -51,11 +58,57 @@ def check_run(cmd):
     return r
 
 
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def example_rank(rank, world, name, argv, port):
+    """A launch.spawn worker: one rank of examples/NAME.py's main() as `torchrun --nproc_per_node WORLD`
+    starts it (the rendezvous in its environment), or with port None as `python NAME.py` starts it (no
+    such variables). Returns what it wrote to stdout and stderr."""
+    launch.finish()  # the group spawn made: main() makes its own, as under torchrun
+    for k in TORCHRUN_ENV:
+        os.environ.pop(k, None)
+    if port is not None:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ["BS_QUIET"] = "1"  # as python_env()
+    sys.path.insert(0, str(EXAMPLES))  # imported by name: an example's own launch.spawn pickles its functions
+    sys.argv = [str(EXAMPLES / f"{name}.py"), *map(str, argv)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        # at the descriptors: what C code and the example's own processes write is caught too
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            importlib.import_module(name).main()
+            failed = None
+        except BaseException as e:  # SystemExit too: the message says which run, with its output
+            failed = e
+        sys.stdout.flush()
+        sys.stderr.flush()
+        out.seek(0), err.seek(0)
+        texts = out.read(), err.read()
+    if failed is not None:
+        raise RuntimeError(f"{name}.py {' '.join(sys.argv[1:])} (rank {rank}): {failed!r}\n{texts[0]}\n{texts[1]}")
+    return texts
+
+
+def run_ranks(nproc, name, *argv, torchrun=True, preload=()):
+    """examples/NAME.py ARGV run as `torchrun --nproc_per_node NPROC` runs it (torchrun=False: as `python
+    NAME.py`, one process), each rank's main() in a process forked from launch.spawn's server, which
+    imported torch (and `preload`) once: a fresh interpreter per rank, as torchrun starts, pays those
+    imports again (4 s for torch, 10 s with transformers' models). Returns the ranks' stdout and stderr
+    (rank 0's first), as check_run's result has them. launch_cmd runs the real torchrun."""
+    assert torchrun or nproc == 1
+    port = launch.free_port() if torchrun else None
+    outs = launch.spawn(example_rank, nproc, args=(name, list(argv), port), preload=preload)
+    return types.SimpleNamespace(stdout="".join(o for o, _ in outs), stderr="".join(e for _, e in outs))
+
+
 def test_user_loop_under_torchrun_matches_one_process(tmp_path):
     script = EXAMPLES / "torch_user_loop.py"
     common = ["--steps", "3", "--dtype", "float64", "--tokens", "2048"]
     two = check_run(launch_cmd(2, script, *common, "--capacity", "512", "--dump", tmp_path / "two.pt"))
-    check_run([sys.executable, str(script), *common, "--capacity", "1024", "--dump", tmp_path / "one.pt"])
+    run_ranks(1, "torch_user_loop", *common, "--capacity", "1024", "--dump", tmp_path / "one.pt", torchrun=False)
     for rank in (0, 1):
         assert re.search(rf"rank {rank}/2 done: \d+ micro-batches", two.stdout), two.stdout + two.stderr
     rings = [int(m) for m in re.findall(r"rings (\d+)", two.stdout)]
@@ -79,11 +132,12 @@ def test_user_loop_tp2_hdp2_with_checkpoints_matches_one_process(tmp_path):
     common = ["--tokens", "2048", "--dtype", "float64", "--ckpt-dir", tmp_path / "ck"]
     check_run(launch_cmd(4, script, "--tp", "2", "--steps", "3", "--ckpt-every", "3", *common,
                          "--dump", tmp_path / "a.pt"))
-    second = check_run(launch_cmd(4, script, "--tp", "2", "--steps", "5", "--ckpt-every", "5", *common,
-                                  "--resume", tmp_path / "ck" / "step-3", "--dump", tmp_path / "b.pt"))
+    # the second job as torchrun starts its ranks, in processes forked from spawn's server (run_ranks)
+    second = run_ranks(4, "torch_user_loop", "--tp", "2", "--steps", "5", "--ckpt-every", "5", *common,
+                       "--resume", tmp_path / "ck" / "step-3", "--dump", tmp_path / "b.pt")
     assert "ranks 4 (tp 2 x hdp 2)" in second.stdout
-    check_run([sys.executable, str(script), "--steps", "5", "--tokens", "2048", "--dtype", "float64",
-               "--dump", tmp_path / "one.pt"])
+    run_ranks(1, "torch_user_loop", "--steps", "5", "--tokens", "2048", "--dtype", "float64",
+              "--dump", tmp_path / "one.pt", torchrun=False)
     a, b, one = (torch.load(tmp_path / f"{n}.pt") for n in ("a", "b", "one"))
     losses = a["losses"] + b["losses"]
     loss_rel = max(abs(x - y) / abs(y) for x, y in zip(losses, one["losses"]))
@@ -102,8 +156,8 @@ def test_example_under_torchrun_matches_one_process(tmp_path):
               "--warmup", "1", "--capacity", "256"]
     check_run(launch_cmd(2, EXAMPLES / "torch_hdp_train.py", *common, "--metrics", tmp_path / "two.jsonl"))
     # the same flags on one process: it plans at the context, and says so
-    one_run = check_run([sys.executable, str(EXAMPLES / "torch_hdp_train.py"), *common, "--nproc", "1",
-                         "--metrics", tmp_path / "one.jsonl"])
+    one_run = run_ranks(1, "torch_hdp_train", *common, "--nproc", "1", "--metrics", tmp_path / "one.jsonl",
+                        torchrun=False)
     assert "one HDP rank: capacity 256 raised to the context 512" in one_run.stderr
     two = [json.loads(x) for x in (tmp_path / "two.jsonl").read_text().splitlines()]
     one = [json.loads(x) for x in (tmp_path / "one.jsonl").read_text().splitlines()]

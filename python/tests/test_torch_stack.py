@@ -1,7 +1,10 @@
 """The whole stack in one example (issue 39, docs/torch-hf.md "The whole stack"):
 examples/torch_hf_train.py, an HF Llama under HDP with HDPLoader, FSDP2 / ZeRO-1, bt.dcp checkpoints,
-bf16 autocast and torch.compile, each run under plain torchrun against the example's own --plain run
-(one process, transformers' sdpa, no HDP: the reference), fp32 unless said.
+bf16 autocast and torch.compile, each run against the example's own --plain run (one process,
+transformers' sdpa, no HDP: the reference), fp32 unless said. The first FSDP2 run is plain torchrun's
+(the documented command); the others run the example's main() as torchrun starts it (its environment
+per rank) in processes forked from launch.spawn's server (test_torch_run.run_ranks), which imported
+transformers once: a fresh interpreter per rank, as torchrun starts, spends 10 s importing it.
 
 - FSDP2 on 2 processes, a checkpoint every 3 steps: every step's loss within 1e-5 relative of
   --plain, the same batches (the loader's batch fingerprints and token counts), the eval losses (HDP
@@ -16,7 +19,7 @@ bf16 autocast and torch.compile, each run under plain torchrun against the examp
 - ZeRO-1's checkpoint resumed by --plain on one process (a plain AdamW), within 1e-6 of the ZeRO run.
 - what cannot combine (--fsdp with --zero, --plain with either) is refused by name.
 
-Each job pays transformers' import per process: the jobs are few and short (6 steps of 1024 tokens).
+The jobs are few and short (6 steps of 1024 tokens).
 """
 
 import ast
@@ -30,7 +33,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import ROOT, load_example  # noqa: E402
-from test_torch_run import check_run, launch_cmd, python_env  # noqa: E402
+from test_torch_hf import PRELOAD  # noqa: E402
+from test_torch_run import check_run, launch_cmd, run_ranks  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "torch_hf_train.py"
 STEPS = 6
@@ -58,11 +62,16 @@ def greedy(stdout):
 def plain(tmp_path_factory):
     """The reference: --plain on one process, with the eval and the greedy tokens."""
     out = tmp_path_factory.mktemp("plain") / "plain.jsonl"
-    r = check_run([sys.executable, str(SCRIPT), *map(str, COMMON + EVAL), "--plain", "--metrics", str(out)])
+    r = run_example(1, *COMMON, *EVAL, "--plain", "--metrics", out, torchrun=False)
     got = rows(out)
     assert [g["step"] for g in got] == list(range(1, STEPS + 1))
     assert got[0]["loss"] > 5.0  # about ln 256 at the start: a real loss
     return got, greedy(r.stdout)
+
+
+def run_example(nproc, *args, torchrun=True):
+    """examples/torch_hf_train.py ARGS on nproc ranks as torchrun starts them (run_ranks)."""
+    return run_ranks(nproc, "torch_hf_train", *args, torchrun=torchrun, preload=PRELOAD)
 
 
 def same_batches(a, b):
@@ -86,8 +95,7 @@ def test_fsdp_matches_plain_and_resumes_on_three_processes(plain, tmp_path):
     assert sorted(p.name for p in ck.iterdir()) == ["step-3", "step-6"]
     assert all(r["wait_s"] >= 0 and r["read_s"] > 0 for r in a)
 
-    three = check_run(launch_cmd(3, SCRIPT, *COMMON, *QUIET, "--fsdp", "--resume", ck / "step-3",
-                                 "--metrics", tmp_path / "three.jsonl"))
+    three = run_example(3, *COMMON, *QUIET, "--fsdp", "--resume", ck / "step-3", "--metrics", tmp_path / "three.jsonl")
     assert "resumed from" in three.stdout and "(saved by 2 processes) at step 4" in three.stdout, three.stdout
     b = rows(tmp_path / "three.jsonl")
     same_batches(b, a[3:])  # the loader went on from the checkpoint's position
@@ -104,8 +112,8 @@ def test_zero_matches_plain_and_resumes_in_one_process(plain, tmp_path):
     batches."""
     ref, ref_greedy = plain
     ck = tmp_path / "ck"
-    zero = check_run(launch_cmd(2, SCRIPT, *COMMON, *EVAL, "--zero", "--ckpt-dir", ck, "--ckpt-every", 3,
-                                "--metrics", tmp_path / "zero.jsonl"))
+    zero = run_example(2, *COMMON, *EVAL, "--zero", "--ckpt-dir", ck, "--ckpt-every", 3,
+                       "--metrics", tmp_path / "zero.jsonl")
     a = rows(tmp_path / "zero.jsonl")
     same_batches(a, ref)
     assert sum(r["rings"] for r in a) > 0, "no ring was planned"
@@ -116,8 +124,8 @@ def test_zero_matches_plain_and_resumes_in_one_process(plain, tmp_path):
     assert rel(last["eval"], ref[-1]["eval"]) <= 1e-5 and rel(last["eval_plain"], ref[-1]["eval"]) <= 1e-5, last
     assert greedy(zero.stdout) == ref_greedy
 
-    one = check_run([sys.executable, str(SCRIPT), *map(str, COMMON + QUIET), "--plain", "--resume", str(ck / "step-3"),
-                     "--metrics", str(tmp_path / "one.jsonl")])
+    one = run_example(1, *COMMON, *QUIET, "--plain", "--resume", ck / "step-3", "--metrics", tmp_path / "one.jsonl",
+                      torchrun=False)
     assert "(saved by 2 processes) at step 4" in one.stdout, one.stdout
     b = rows(tmp_path / "one.jsonl")
     same_batches(b, a[3:])
@@ -132,8 +140,8 @@ def test_bf16_and_compile_within_the_documented_bound(plain, tmp_path):
     would cost this test a minute per process; the example's default backend is inductor."""
     ref, _ = plain
     ref = ref[:3]  # 3 steps: the compile is most of this job
-    r = check_run(launch_cmd(2, SCRIPT, *COMMON, *QUIET, "--steps", 3, "--bf16", "--compile",
-                             "--compile-backend", "aot_eager", "--metrics", tmp_path / "bf16.jsonl"))
+    r = run_example(2, *COMMON, *QUIET, "--steps", 3, "--bf16", "--compile", "--compile-backend", "aot_eager",
+                    "--metrics", tmp_path / "bf16.jsonl")
     a = rows(tmp_path / "bf16.jsonl")
     same_batches(a, ref)
     diffs = [rel(x["loss"], y["loss"]) for x, y in zip(a, ref)]
