@@ -119,9 +119,11 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: str = 
     # ones); the workers take this process's environment as it is now (_entry), not the server's. It
     # imports this package and fn's module too (where its sys.path, the environment's PYTHONPATH,
     # finds it; an ImportError is left to the worker): else every worker imports them again when it
-    # unpickles fn (half a second a worker for a pytest module: pytest, numpy, bytescale.torch)
+    # unpickles fn (half a second a worker for a pytest module: pytest, numpy, bytescale.torch). And
+    # torch._dynamo: torch.optim's optimizers import it when the first one is made (2-3 s a process,
+    # compiling.py), which a worker that trains does
     own = [fn.__module__] if fn.__module__ != "__main__" else []
-    mp.set_forkserver_preload(["torch", "torch.distributed", "bytescale.torch", *own, *preload])
+    mp.set_forkserver_preload(["torch", "torch.distributed", "bytescale.torch", "torch._dynamo", *own, *preload])
     with tempfile.TemporaryDirectory(prefix="bytescale-torch-") as out_dir:
         mp.start_processes(_entry, nprocs=nprocs, join=True, start_method="forkserver",
                            args=(fn, nprocs, backend, store.port, timeout_s, out_dir, dict(os.environ), args))
