@@ -4,7 +4,10 @@ cause, on 2 processes.
 Each case runs bench/torch_failures.py's worker (the cases of that table) in processes this test
 starts itself, holding the job's store as torchrun's agent or spawn's parent does: not through
 torch.multiprocessing, whose join ends the other processes as soon as one fails, which is what this
-test must not hide. Every rank writes the exception it ended on; the test checks each rank's:
+test must not hide. Each is forked from multiprocessing's forkserver, which imported torch once, and
+runs the worker as the interpreter runs the script (bench_rank); a fresh interpreter per rank
+spends 4 s importing torch and dynamo. Every rank writes the exception it ended on; the test checks
+each rank's:
 
 - k one row short on rank 1 in a ring: rank 1 ShapeError, rank 0 PeerError naming rank 1 and the
   ShapeError (not gloo's "Connection closed by peer");
@@ -19,7 +22,10 @@ test must not hide. Every rank writes the exception it ended on; the test checks
 Times are not asserted (a loaded machine); the waits are hang guards.
 """
 
+import atexit
+import importlib.util
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -42,11 +48,44 @@ def env(**extra):
                 **extra)
 
 
-def start(args, nproc, store, **extra):
-    """nproc processes of `args` as ranks of a job whose store this process holds."""
-    return [subprocess.Popen([sys.executable, *map(str, args), "--store-port", str(store.port)],
-                             env=env(RANK=str(r), WORLD_SIZE=str(nproc), **extra), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for r in range(nproc)]
+def bench_rank(case, out, store_port, environ):
+    """One rank of `bench/torch_failures.py --worker CASE --out OUT --store-port PORT`, in a process
+    forked from the forkserver, run as the interpreter runs that script: an uncaught exception goes to
+    sys.excepthook (where bytescale.torch records it for the peers), then the exit handlers run
+    (bytescale.torch's among them), then the process exits, 1 after an exception. Its output goes to
+    OUT/logRANK.txt."""
+    os.environ.clear()  # the forkserver's environment is its own, from when it started
+    os.environ.update(environ)
+    log = open(os.path.join(out, f"log{environ['RANK']}.txt"), "w")
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    code = 0
+    try:
+        spec = importlib.util.spec_from_file_location("torch_failures", BENCH)
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        bench.worker(case, out, store_port)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def start(case, out, nproc, store, **extra):
+    """nproc ranks of `case` (bench_rank) in a job whose store this process holds, each forked from
+    the forkserver (torch and dynamo imported there once, and this module)."""
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "bytescale.torch", "torch._dynamo",
+                                            __name__])
+    ctx = multiprocessing.get_context("forkserver")
+    procs = [ctx.Process(target=bench_rank, args=(case, str(out), store.port,
+                                                  env(RANK=str(r), WORLD_SIZE=str(nproc), **extra)))
+             for r in range(nproc)]
+    for p in procs:
+        p.start()
+    return procs
 
 
 def run_case(case, tmp_path, nproc=2, timeout_s=60, stalled=()):
@@ -55,14 +94,15 @@ def run_case(case, tmp_path, nproc=2, timeout_s=60, stalled=()):
     store = launch.host_store(nproc, HANG_S)
     out = tmp_path / case
     out.mkdir()
-    procs = start([BENCH, "--worker", case, "--out", out], nproc, store, BYTESCALE_TIMEOUT=str(timeout_s))
-    logs = [""] * nproc
+    procs = start(case, out, nproc, store, BYTESCALE_TIMEOUT=str(timeout_s))
     for r, p in enumerate(procs):
         if r not in stalled:
-            logs[r] = p.communicate(timeout=HANG_S)[0]
+            p.join(HANG_S)
+            assert p.exitcode is not None, f"rank {r} of {case} still runs after {HANG_S} s"
     for r in stalled:
         procs[r].kill()
-        procs[r].communicate(timeout=HANG_S)
+        procs[r].join(HANG_S)
+    logs = [(out / f"log{r}.txt").read_text() if (out / f"log{r}.txt").exists() else "" for r in range(nproc)]
     ends = []
     for r in range(nproc):
         path = out / f"rank{r}.jsonl"
