@@ -188,7 +188,11 @@ def main():
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, args)
     else:
-        mp.spawn(train, args=(args.ranks, free_port(), args), nprocs=args.ranks, join=True)
+        # forkserver: the ranks fork from one process that imported torch once (a spawned rank is a
+        # fresh interpreter, seconds of torch's import each)
+        mp.set_forkserver_preload(["torch", "torch.distributed", "bytescale"])
+        mp.start_processes(train, args=(args.ranks, free_port(), args), nprocs=args.ranks, join=True,
+                           start_method="forkserver")
     return 0
 
 

@@ -1,16 +1,13 @@
 """The PyTorch example runs: 2 processes on gloo, 3 steps, and every token of every step's global
 batch trained exactly once across the ranks (the example checks it and fails otherwise)."""
 
-import subprocess
-import sys
-
-from conftest import ROOT
+import pytest
 
 
 def test_torch_hdp_sampler():
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "torch_hdp_sampler.py"), "--steps", "3"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    pytest.importorskip("torch")
+    from test_torch_run import run_ranks  # `python examples/torch_hdp_sampler.py`, forked (torch imported once)
+    r = run_ranks(1, "torch_hdp_sampler", "--steps", "3", torchrun=False)
     steps = [line for line in r.stdout.splitlines() if line.startswith("step ")]
     assert len(steps) == 3, r.stdout
     assert all(line.endswith("every token trained once") for line in steps), r.stdout

@@ -5,23 +5,21 @@ plans and a checkpoint passed between the two layouts; the errors for a wrong --
 `bytescale train` does not run."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import bytescale.torch as bt  # noqa: E402
-from conftest import ROOT, load_example  # noqa: E402
+from conftest import load_example  # noqa: E402
+from test_torch_run import run_ranks  # noqa: E402
 from test_torch_vs_c import corpus  # noqa: E402
 
 
 def run(*args):
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "torch_hdp_train.py"), *map(str, args)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r
+    """`python examples/torch_hdp_train.py ARGS`, its main() in a process forked from spawn's server
+    (run_ranks: torch imported once); it spawns its --nproc ranks itself. Fails on an error."""
+    return run_ranks(1, "torch_hdp_train", *args, torchrun=False)
 
 
 def test_example_trains_checkpoints_and_resumes(tmp_path):
