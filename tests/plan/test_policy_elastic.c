@@ -127,8 +127,9 @@ static void test_random_batches_never_longer_than_balance(void **state) {
         int tp = !strcmp(model, "tiny") ? 1 : (int)(1u << rng_below(&rng, 3));
         // work per rank log-uniform from C / 64 to 4 C: from ranks to spare to a full step
         double per_rank = exp(log(1.0 / 64) + rng_uniform(&rng) * log(256.0)) * (double)C;
-        // at most 50,000 tokens: the cap moves only batches with ranks to spare, where elastic widens
-        // (200,000 took 2x the test's time, most of it in uniform:1:40's 10,000 sequences at pp > 1)
+        // at most 50,000 tokens: 260 of the 5,000 batches still fill every rank (528 at 200,000, which
+        // took 2.5x the test's time, most of it in uniform:1:40's 10,000 sequences at pp > 1); the
+        // paper's full step is test_work_bound_batch_keeps_balance_plan's
         double budget = fmin(R * per_rank, 50000);
         int64_t ctx = C * (1 + (int64_t)rng_below(&rng, (uint64_t)(R < 128 ? R : 128)));
         const char *dist = DISTS[rng_below(&rng, N_DISTS)];
