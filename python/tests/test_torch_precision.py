@@ -243,6 +243,10 @@ def compile_worker(rank, world, capacity, steps, eager=True):
     graph for every micro-batch length): losses, the compile counters, the warm-up's seconds."""
     torch.set_num_threads(1)
     torch._dynamo.reset()
+    # inductor compiles in this process: with more than one core it would start a pool of compile
+    # workers first, fresh interpreters that import torch (5 CPU-s a job), for a few small kernels
+    from torch._inductor import config as inductor_config
+    inductor_config.compile_threads = 1
     eager = train_hdp(TinyLM(), "fp32", capacity, steps) if eager else None
     model = torch.compile(TinyLM(), dynamic=True)
     warm = warm_up(model)
