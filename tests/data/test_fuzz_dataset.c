@@ -30,7 +30,7 @@ static int parse_dataset(const char *path, void *ctx) {
     size_t n;
     if (file_read_all(path, &text, &n) != 0) return -1;
     if (t->calls++ % 2) repair_checksums((uint8_t *)text, n);
-    int rc = file_write_atomic(t->file, text, n);
+    int rc = fuzz_write(t->file, text, n);
     free(text);
     if (rc != 0) return -1;
     Dataset ds;

@@ -44,7 +44,7 @@ static int repaired(const char *path) {
     size_t n;
     if (file_read_all(path, &text, &n) != 0) return -1;
     repair_checksums((uint8_t *)text, n);
-    int rc = file_write_atomic(path, text, n);
+    int rc = fuzz_write(path, text, n);
     free(text);
     return rc;
 }
