@@ -165,7 +165,7 @@ static void test_killed_rank_ends_the_job(void **state) {
     const char *bin = getenv("BS_BINARY");
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
-             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 exec mpirun -np 2 --oversubscribe '%s' train " COMMON
+             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 exec " CLI_MPIRUN_OWN_PLACEMENT "mpirun -np 2 --oversubscribe '%s' train " COMMON
              " --steps 100000 --metrics " DIR "/k.jsonl >" DIR "/kout 2>" DIR "/kerr",
              bin);
     unlink(DIR "/k.jsonl");
