@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from bytescale.torch.data import Dataset
-from test_torch_run import run_ranks
+from test_torch_run import spawning_main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "tiktoken"
@@ -196,10 +196,10 @@ def test_torch_trains_from_cl100k_jsonl_zst(cli, tmp_path, texts):
     r = prepare(cli, "--input", tmp_path / "c.jsonl.zst", "--tokenizer", "cl100k", "--bpe-ranks",
                 DATA / "cl100k_base.tiktoken", "--out", tmp_path / "ds")
     assert r.returncode == 0, r.stderr
-    # `python examples/torch_hdp_train.py`, its main() forked from spawn's server (torch imported once)
-    run_ranks(1, "torch_hdp_train", "--data", tmp_path / "ds", "--model", "tiny", "--context", "256", "--capacity",
-              "256", "--tokens", "512", "--steps", "2", "--warmup", "1", "--nproc", "2", "--metrics",
-              tmp_path / "m.jsonl", torchrun=False)
+    # `python examples/torch_hdp_train.py`: its main() here, its ranks forked from this process's server
+    assert spawning_main("torch_hdp_train", "--data", tmp_path / "ds", "--model", "tiny", "--context", "256",
+                         "--capacity", "256", "--tokens", "512", "--steps", "2", "--warmup", "1", "--nproc", "2",
+                         "--metrics", tmp_path / "m.jsonl") == 0
     losses = [json.loads(x)["loss"] for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and abs(losses[0] - np.log(100277)) < 0.5, losses
     from bytescale.torch import LlamaConfig

@@ -12,14 +12,14 @@ torch = pytest.importorskip("torch")
 
 import bytescale.torch as bt  # noqa: E402
 from conftest import load_example  # noqa: E402
-from test_torch_run import run_ranks  # noqa: E402
+from test_torch_run import run_ranks, spawning_main  # noqa: E402
 from test_torch_vs_c import corpus  # noqa: E402
 
 
 def run(*args):
-    """`python examples/torch_hdp_train.py ARGS`, its main() in a process forked from spawn's server
-    (run_ranks: torch imported once); it spawns its --nproc ranks itself. Fails on an error."""
-    return run_ranks(1, "torch_hdp_train", *args, torchrun=False)
+    """`python examples/torch_hdp_train.py ARGS`: its main() in this process, its --nproc ranks spawned
+    from this process's server (spawning_main); an error fails the test."""
+    assert spawning_main("torch_hdp_train", *args) == 0
 
 
 def test_example_trains_checkpoints_and_resumes(tmp_path):
@@ -60,8 +60,9 @@ def test_example_tp_pp_checkpoints_and_errors(tmp_path, capsys):
     run(*common, "--steps", "2", "--ckpt-every", "1", "--nproc", "4", "--tp", "2", "--policy", "flexsp")
     first = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [len(x["ranks"]) for x in first] == [4, 4]
-    again = run(*common, "--steps", "2", "--nproc", "2", "--pp", "2", "--policy", "flexsp",
-                "--resume", tmp_path / "ck" / "ckpt-000001.bin")
+    # in a process of its own (run_ranks), whose output holds the ranks' (rank 0 names the layout)
+    again = run_ranks(1, "torch_hdp_train", *common, "--steps", "2", "--nproc", "2", "--pp", "2", "--policy",
+                      "flexsp", "--resume", tmp_path / "ck" / "ckpt-000001.bin", torchrun=False)
     assert "tp 1 x pp 2 x 1 HDP ranks" in again.stderr
     second = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [x["step"] for x in second] == [1, 2]

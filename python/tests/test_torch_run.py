@@ -104,6 +104,16 @@ def run_ranks(nproc, name, *argv, torchrun=True, preload=()):
     return types.SimpleNamespace(stdout="".join(o for o, _ in outs), stderr="".join(e for _, e in outs))
 
 
+def spawning_main(name, *argv):
+    """examples/NAME.py ARGV's main(argv) in this process, as `python NAME.py ARGV` runs it, for an
+    example that spawns its ranks itself (launch.spawn): they fork from this process's server, where
+    run_ranks would start a server of its own (7 s of imports). Its ranks' output goes where the
+    server's does (not to this process's capture): for runs whose output is not checked."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))  # imported by name: its ranks unpickle its functions
+    return importlib.import_module(name).main(list(map(str, argv)))
+
+
 def test_user_loop_under_torchrun_matches_one_process(tmp_path):
     script = EXAMPLES / "torch_user_loop.py"
     common = ["--steps", "3", "--dtype", "float64", "--tokens", "2048"]
