@@ -270,11 +270,18 @@ double cost_hybrid_kv_share(const CostModel *cm, int u);
 // Every field of the cost model >= 0 (none NaN) and at least one layer: then no term of an item's
 // time is negative, the premise of cost_item_floor and of the planners' bounds.
 int cost_fields_nonneg(const CostModel *cm);
+// One sequence's compute, forward and backward, with no ring and no per-micro-batch constant: every
+// layer's attention (attn_pair x its causal area) and linear layers (lin_token x s), and the head
+// (head_token x s).
+double cost_seq_work(const CostModel *cm, int64_t s);
+// What every (item, member) slot pays once whatever it holds: each layer's constant and one
+// attention call's floor (attn_step), and the head's constant.
+double cost_slot_const(const CostModel *cm);
 // A floor under the time of one sequence of s tokens on D ranks, whatever its kind (ring,
 // all-to-all group, hybrid) and offload ratio, when cost_fields_nonneg holds: every member does at
 // least 1/D of the sequence's compute (attention, linear layers, head) and pays each layer's
-// constant, one attention call's floor (attn_step) per layer and the head's constant. In exact
-// arithmetic; a caller comparing it with computed times leaves room for their rounding.
+// constant, one attention call's floor (attn_step) per layer and the head's constant:
+// cost_seq_work / D + cost_slot_const. In exact arithmetic; a caller comparing it with computed times leaves room for their rounding.
 double cost_item_floor(const CostModel *cm, int64_t s, int D);
 
 // Eq. 3 of the paper (docs/cost-model.md section 5): the fewest ranks D(s) that can hold a sequence of s

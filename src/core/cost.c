@@ -565,11 +565,16 @@ int cost_fields_nonneg(const CostModel *cm) {
 // r blocks of head share >= 1 / u over area / r^2. Every other term (transfers beyond the blocks
 // they overlap, TP all-reduces, offload copies) adds >= 0, and the head is head_token s / D +
 // head_const.
+double cost_seq_work(const CostModel *cm, int64_t s) {
+    return cm->n_layers * (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) +
+           cm->head_token * (double)s;
+}
+
+double cost_slot_const(const CostModel *cm) { return cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const; }
+
 double cost_item_floor(const CostModel *cm, int64_t s, int D) {
     if (D < 1) D = 1;
-    double work = cm->n_layers * (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) +
-                  cm->head_token * (double)s;
-    return work / D + cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const;
+    return cost_seq_work(cm, s) / D + cost_slot_const(cm);
 }
 
 // ---- Eq. 3: the fewest ranks for a long sequence ---------------------------------------------------

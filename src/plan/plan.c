@@ -432,18 +432,6 @@ void plan_chunk(int64_t len, int D, int j, int64_t *start, int64_t *n) {
     *start = (int64_t)j * base + (j < rem ? j : rem);
 }
 
-// Work of one sequence with no ring and no per-micro-batch constant: all layers and the head, fwd + bwd.
-static double seq_work(const CostModel *cm, int64_t s) {
-    return cm->n_layers * (cm->attn_pair * cost_causal_area(s) + cm->lin_token * (double)s) +
-           cm->head_token * (double)s;
-}
-
-// What every (item, member) slot pays once whatever it holds: each layer's constant and at least one
-// attention block's floor (a pack has one, a ring member D), and the head's constant.
-static double slot_const(const CostModel *cm) {
-    return cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const;
-}
-
 // One sequence alone on D ranks at its fastest kind, without offload copies: a ring, or, where the
 // head count of a TP shard is known, an all-to-all (Ulysses) group of D within it (cost_a2a_max) or
 // a hybrid of D / u groups of u, u dividing D and the heads: the kinds bytescale's policies choose
@@ -484,17 +472,17 @@ static double ring_floor(const CostModel *cm, int64_t s, int D) {
 // and *single, the longest sequence's fastest time on any ring it fits (docs/planner.md).
 static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, double *avg,
                         double *single) {
-    // 1. average work: every sequence's compute once, plus slot_const for every (item, member) slot;
+    // 1. average work: every sequence's compute once, plus cost_slot_const for every (item, member) slot;
     //    no slot holds more than cost_max_offload_tokens tokens
     double work = 0;
     int64_t longest = 0;
     for (int64_t i = 0; i < b->n; i++) {
-        work += seq_work(cm, b->seqs[i].len);
+        work += cost_seq_work(cm, b->seqs[i].len);
         if (b->seqs[i].len > longest) longest = b->seqs[i].len;
     }
     double slots = ceil((double)b->n_tokens / cost_max_offload_tokens(cm, capacity) - 1e-9);
     if (slots < 1) slots = 1;
-    *avg = (work + slots * slot_const(cm)) / n_ranks;
+    *avg = (work + slots * cost_slot_const(cm)) / n_ranks;
     // 2. the longest sequence (the costliest: the work of a whole sequence grows with its length
     //    at every ring size) must run as one item on some D ranks: at best the fastest ring size
     //    that can hold it, without offload copies
@@ -512,7 +500,7 @@ static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
             double t = cost_item_time(cm, &longest, 1, D, 0.0);  // rings only: see plan_fastest_item
             if (t < *single) *single = t;
         }
-        double share = seq_work(cm, longest) / n_ranks + slot_const(cm);
+        double share = cost_seq_work(cm, longest) / n_ranks + cost_slot_const(cm);
         if (d_hi < n_ranks && share < *single) *single = share;
     }
     // (a sequence that fits nowhere leaves only the first term: the policies report that error)
@@ -561,7 +549,7 @@ double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm_in, int32_t n_ra
     for (int64_t i = 0; i < b->n; i++) {
         int64_t s = b->seqs[i].len;
         if (s <= capacity) {  // a pack: its compute, and the per-layer constants counted below
-            work += seq_work(cm, s);
+            work += cost_seq_work(cm, s);
             short_tokens += s;
             if (s > longest_short) longest_short = s;
             continue;
@@ -585,7 +573,7 @@ double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm_in, int32_t n_ra
     if (short_tokens > 0) {
         // packs hold at most C tokens, and each pays l * layer_const; the longest short sequence
         // alone in a pack is its indivisible time
-        work += (double)((short_tokens + capacity - 1) / capacity) * slot_const(cm);
+        work += (double)((short_tokens + capacity - 1) / capacity) * cost_slot_const(cm);
         double t = cost_item_time(cm, &longest_short, 1, 1, 0.0);
         if (t > single) single = t;
     }

@@ -487,11 +487,10 @@ static double predict(Model *m, double T) {
 static int work_sets_step(const Model *m, double base) {
     const CostModel *cm = m->cm;
     if (!cost_fields_nonneg(cm)) return 0;
-    double slot = cm->n_layers * (cm->layer_const + cm->attn_step) + cm->head_const, least = m->work;
+    double slot = cost_slot_const(cm), least = m->work;
     for (int32_t i = 0; i < m->n_lng; i++) {
         const Seq *q = &m->lng[i];
-        double seq_work = cm->n_layers * (cm->attn_pair * cost_causal_area(q->len) + cm->lin_token * (double)q->len) +
-                          cm->head_token * (double)q->len;
+        double seq_work = cost_seq_work(cm, q->len);
         double extra = seq_work + (q->d0 + 1.0) * slot - q->w0;
         if (extra < 0) least += extra;
     }
