@@ -49,7 +49,8 @@ enum {
 // sum_i w[i] (sum_j X[i*k + j] coef[j] - y[i])^2. Exact: the optimum is the unconstrained solution on
 // some subset of the coefficients with the others at 0, so every subset is solved (2^k - 1, by
 // modified Gram-Schmidt on the weighted, column-scaled system) and the best one with no negative
-// coefficient wins. -1 + error when no subset has a solution (n < 1, or the columns are dependent).
+// coefficient wins; where none is without one, the optimum is every coefficient 0. -1 + error when
+// no subset has a solution (n < 1, or the columns are dependent).
 int profile_lstsq(const double *X, const double *y, const double *w, int n, int k, double *coef);
 
 // T(s) = attn_pair * s(s+1)/2 + lin_token * s + layer_const (cost_layer_time's form), weights 1/t^2 so

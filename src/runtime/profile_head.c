@@ -9,7 +9,8 @@
 // The embedding, head and loss: what the smaller model takes beyond its layers, head(s) =
 // model_t[0] - layers[0] x the per-layer time, fitted to head_token s + head_const (coefficients >= 0)
 // with weights relative to the whole model's time: the head is a small difference of large times
-// and may measure near zero at short lengths. Every length is used (it has two parameters).
+// and may measure near zero at short lengths (or below it at all of them: then it fits to 0, which
+// profile_lstsq returns as the optimum). Every length is used (it has two parameters).
 int profile_fit_head(Profile *p) {
     int n = p->n_pts;
     // zeroed past n: profile_lstsq reads only n points, but in its own file the compiler cannot see that

@@ -119,6 +119,22 @@ static void test_fit_keeps_coefficients_non_negative(void **state) {
     assert_close(c[0], 2, 1e-12, 1e-12);
     assert_close(c[1], 0, 0, 1e-12);
     assert_close(c[2], 0.5, 1e-12, 0);
+    // y below 0 everywhere (a head measured as a small difference of large times): no subset's
+    // solution is non-negative, the optimum is all zero, and no non-negative point near it is better
+    double Xh[8], yh[4] = {-1e-4, -3e-4, -2e-4, -5e-4}, ch[2] = {1, 1};
+    for (int i = 0; i < 4; i++) Xh[i * 2] = 256.0 * (i + 1), Xh[i * 2 + 1] = 1;
+    assert_int_equal(profile_lstsq(Xh, yh, w, 4, 2, ch), 0);
+    assert_true(ch[0] == 0 && ch[1] == 0);
+    double e0 = 0;
+    for (int i = 0; i < 4; i++) e0 += yh[i] * yh[i];
+    for (int d = 1; d < 4; d++) {
+        double a = d & 1 ? 1e-9 : 0, b = d & 2 ? 1e-6 : 0, e = 0;
+        for (int i = 0; i < 4; i++) e += pow(a * Xh[i * 2] + b - yh[i], 2);
+        assert_true(e > e0);
+    }
+    // columns of zeros solve no subset: an error, not zeros
+    double Xd[8] = {0}, yd[4] = {1, 2, 3, 4};
+    assert_int_not_equal(profile_lstsq(Xd, yd, w, 4, 2, ch), 0);
 }
 
 static void test_link_fit(void **state) {
