@@ -584,8 +584,41 @@ static void table_short(const char *dir) {
     printf("\n");
 }
 
+// FNV-1a over n bytes, continuing from h.
+static uint64_t fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *c = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+// A digest of everything a plan says, field by field (no struct padding): its items, segments, ring
+// members, schedule and bounds. Two builds that print the same digest made the same plan.
+static uint64_t plan_digest(const Plan *p) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < p->n_items; i++) {
+        const Item *it = &p->items[i];
+        int32_t v[6] = {it->seg_begin, it->n_segs, it->rank_begin, it->n_ranks, it->a2a, it->ulysses};
+        h = fnv(h, v, sizeof v);
+        h = fnv(h, &it->offload, sizeof it->offload);
+        h = fnv(h, &it->tokens, sizeof it->tokens);
+        h = fnv(h, &it->est_time, sizeof it->est_time);
+    }
+    for (int32_t i = 0; i < p->n_segs; i++) {
+        h = fnv(h, &p->segs[i].seq, sizeof p->segs[i].seq);
+        h = fnv(h, &p->segs[i].start, sizeof p->segs[i].start);
+        h = fnv(h, &p->segs[i].len, sizeof p->segs[i].len);
+    }
+    h = fnv(h, p->ranks, sizeof(int32_t) * (size_t)p->n_refs);
+    h = fnv(h, p->rank_begin, sizeof(int32_t) * ((size_t)p->n_ranks + 1));
+    h = fnv(h, p->rank_items, sizeof(int32_t) * (size_t)p->n_refs);
+    h = fnv(h, p->rank_busy, sizeof(double) * (size_t)p->n_ranks);
+    double d[3] = {p->makespan, p->lower_bound, p->hdp_bound};
+    return fnv(h, d, sizeof d);
+}
+
 // One plan of the scale table's 64K-tokens-per-rank batch, for a profiler (valgrind --tool=callgrind,
-// perf record): the batch is made first, so a profile of policy_plan is the planning alone.
+// perf record): the batch is made first, so a profile of policy_plan is the planning alone. Its
+// digest says whether a change to a planner kept its plans (plan_digest).
 static void plan_once(const char *dist, const char *policy, int ranks) {
     CostModel cm;
     cost_for(&cm, ranks);
@@ -595,8 +628,9 @@ static void plan_once(const char *dist, const char *policy, int ranks) {
     Plan p;
     double t0 = now_seconds();
     if (policy_plan(&p, policy, &b, &cfg, &cm) != 0) bs_die_errmsg();
-    printf("%s %s, %d ranks, %lld sequences: %d items, makespan %.6g s, planned in %.1f ms\n", dist, policy, ranks,
-           (long long)b.n, p.n_items, p.makespan, (now_seconds() - t0) * 1e3);
+    double ms = (now_seconds() - t0) * 1e3;
+    printf("%s %s, %d ranks, %lld sequences: %d items, makespan %.6g s, planned in %.1f ms, plan digest %016llx\n",
+           dist, policy, ranks, (long long)b.n, p.n_items, p.makespan, ms, (unsigned long long)plan_digest(&p));
     plan_free(&p);
     batch_free(&b);
 }

@@ -128,6 +128,56 @@ static void test_ranktree_matches_brute_force(void **state) {
     }
 }
 
+// The same on trees of up to 20,000 ranks (13 to 15 levels, leaves past n_ranks padding, as at the
+// planning table's 16,384): mostly replace_top as phase 3 does, with runs of pops and pushes as rings
+// take their members, keys of a few values (ties far apart in the tree) against a brute-force scan.
+static void test_ranktree_many_ranks(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 15);
+    enum { N_MAX = 20000 };
+    double *key = calloc(N_MAX, sizeof(double));
+    char *out = calloc(N_MAX, 1);
+    int32_t got[16];
+    assert_non_null(key);
+    assert_non_null(out);
+    for (int trial = 0; trial < 6; trial++) {
+        int32_t n = trial < 3 ? 4096 + (int32_t)rng_below(&rng, 16000) : 1 + (int32_t)rng_below(&rng, 600);
+        RankTree t;
+        assert_int_equal(ranktree_init(&t, n), 0);
+        memset(key, 0, sizeof(double) * N_MAX);
+        memset(out, 0, N_MAX);
+        for (int step = 0; step < 3000; step++) {
+            int d = rng_below(&rng, 4) == 0 ? 1 + (int)rng_below(&rng, 16) : 0;  // else replace the top
+            if (d > n) d = n;
+            for (int j = 0; j < (d ? d : 1); j++) {
+                int32_t want = 0;  // brute force: the least key not popped, ties lowest rank
+                while (out[want]) want++;
+                for (int32_t r = want + 1; r < n; r++)
+                    if (!out[r] && key[r] < key[want]) want = r;
+                if (d == 0) {
+                    assert_int_equal(ranktree_top(&t), want);
+                    key[want] += (double)rng_below(&rng, 3);
+                    ranktree_replace_top(&t, key[want]);
+                    break;
+                }
+                got[j] = ranktree_pop(&t);
+                assert_int_equal(got[j], want);
+                out[want] = 1;
+            }
+            for (int j = 0; j < d; j++) {
+                key[got[j]] += (double)rng_below(&rng, 3);
+                out[got[j]] = 0;
+                ranktree_push(&t, got[j], key[got[j]]);
+            }
+            assert_int_equal(t.n, n);
+        }
+        ranktree_free(&t);
+    }
+    free(key);
+    free(out);
+}
+
 // The radix order of planned starts (balance's global order) against a comparison sort by (time, index).
 static const double *order_keys;
 static int by_key_then_index(const void *a, const void *b) {
@@ -614,6 +664,7 @@ int main(void) {
         cmocka_unit_test(test_bestfit_matches_brute_force),
         cmocka_unit_test(test_rankheap_matches_brute_force),
         cmocka_unit_test(test_ranktree_matches_brute_force),
+        cmocka_unit_test(test_ranktree_many_ranks),
         cmocka_unit_test(test_order_by_time_matches_sort),
         cmocka_unit_test(test_random_batches_all_policies),
         cmocka_unit_test(test_balance_beats_naive),
