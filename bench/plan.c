@@ -619,18 +619,27 @@ static uint64_t plan_digest(const Plan *p) {
 // One plan of the scale table's 64K-tokens-per-rank batch, for a profiler (valgrind --tool=callgrind,
 // perf record): the batch is made first, so a profile of policy_plan is the planning alone. Its
 // digest says whether a change to a planner kept its plans (plan_digest).
-static void plan_once(const char *dist, const char *policy, int ranks) {
+// TIMES > 1 plans it that many times, each plan freed before the next as a trainer does, and prints the
+// median: a profile of that is of the planning a trainer repeats, its first plan's page faults diluted.
+static void plan_once(const char *dist, const char *policy, int ranks, int times) {
     CostModel cm;
     cost_for(&cm, ranks);
     GlobalBatch b;
     if (batch_generate(&b, dist, 1, (int64_t)ranks * (64 << 10), 2 << 20) != 0) bs_die_errmsg();
     PlanConfig cfg = {.n_ranks = ranks, .capacity = CAPACITY, .context = 2 << 20, .pp = 1, .offload = 1};
     Plan p;
-    double t0 = now_seconds();
-    if (policy_plan(&p, policy, &b, &cfg, &cm) != 0) bs_die_errmsg();
-    double ms = (now_seconds() - t0) * 1e3;
-    printf("%s %s, %d ranks, %lld sequences: %d items, makespan %.6g s, planned in %.1f ms, plan digest %016llx\n",
-           dist, policy, ranks, (long long)b.n, p.n_items, p.makespan, ms, (unsigned long long)plan_digest(&p));
+    double ms[64];
+    if (times < 1 || times > 64) bs_die("bench_plan once: TIMES %d (1 to 64)", times);
+    for (int k = 0; k < times; k++) {
+        double t0 = now_seconds();
+        if (policy_plan(&p, policy, &b, &cfg, &cm) != 0) bs_die_errmsg();
+        ms[k] = (now_seconds() - t0) * 1e3;
+        if (k + 1 < times) plan_free(&p);
+    }
+    printf("%s %s, %d ranks, %lld sequences: %d items, makespan %.6g s, planned in %.1f ms (median of %d), "
+           "plan digest %016llx\n",
+           dist, policy, ranks, (long long)b.n, p.n_items, p.makespan, bench_median(ms, times), times,
+           (unsigned long long)plan_digest(&p));
     plan_free(&p);
     batch_free(&b);
 }
@@ -651,14 +660,14 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc > 3 && !strcmp(argv[1], "once")) {
-        plan_once(argv[2], argv[3], argc > 4 ? atoi(argv[4]) : 16384);
+        plan_once(argv[2], argv[3], argc > 4 ? atoi(argv[4]) : 16384, argc > 5 ? atoi(argv[5]) : 1);
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "short")) {
         table_short(dir);
         return 0;
     }
-    if (argc > 1) bs_die("usage: bench_plan [files | scale [RANKS] | short | peers | once DIST POLICY [RANKS]]");
+    if (argc > 1) bs_die("usage: bench_plan [files | scale [RANKS] | short | peers | once DIST POLICY [RANKS [TIMES]]]");
     table_speed();
     table_quality();
     table_scale(0);
