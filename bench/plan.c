@@ -584,36 +584,29 @@ static void table_short(const char *dir) {
     printf("\n");
 }
 
-// FNV-1a over n bytes, continuing from h.
-static uint64_t fnv(uint64_t h, const void *data, size_t n) {
-    const unsigned char *c = data;
-    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
-    return h;
-}
-
-// A digest of everything a plan says, field by field (no struct padding): its items, segments, ring
+// A digest (CRC-32) of everything a plan says, field by field (no struct padding): its items, segments, ring
 // members, schedule and bounds. Two builds that print the same digest made the same plan.
-static uint64_t plan_digest(const Plan *p) {
-    uint64_t h = 1469598103934665603ull;
+static uint32_t plan_digest(const Plan *p) {
+    uint32_t h = 0;
     for (int32_t i = 0; i < p->n_items; i++) {
         const Item *it = &p->items[i];
         int32_t v[6] = {it->seg_begin, it->n_segs, it->rank_begin, it->n_ranks, it->a2a, it->ulysses};
-        h = fnv(h, v, sizeof v);
-        h = fnv(h, &it->offload, sizeof it->offload);
-        h = fnv(h, &it->tokens, sizeof it->tokens);
-        h = fnv(h, &it->est_time, sizeof it->est_time);
+        h = checksum_crc32(h, v, sizeof v);
+        h = checksum_crc32(h, &it->offload, sizeof it->offload);
+        h = checksum_crc32(h, &it->tokens, sizeof it->tokens);
+        h = checksum_crc32(h, &it->est_time, sizeof it->est_time);
     }
     for (int32_t i = 0; i < p->n_segs; i++) {
-        h = fnv(h, &p->segs[i].seq, sizeof p->segs[i].seq);
-        h = fnv(h, &p->segs[i].start, sizeof p->segs[i].start);
-        h = fnv(h, &p->segs[i].len, sizeof p->segs[i].len);
+        h = checksum_crc32(h, &p->segs[i].seq, sizeof p->segs[i].seq);
+        h = checksum_crc32(h, &p->segs[i].start, sizeof p->segs[i].start);
+        h = checksum_crc32(h, &p->segs[i].len, sizeof p->segs[i].len);
     }
-    h = fnv(h, p->ranks, sizeof(int32_t) * (size_t)p->n_refs);
-    h = fnv(h, p->rank_begin, sizeof(int32_t) * ((size_t)p->n_ranks + 1));
-    h = fnv(h, p->rank_items, sizeof(int32_t) * (size_t)p->n_refs);
-    h = fnv(h, p->rank_busy, sizeof(double) * (size_t)p->n_ranks);
+    h = checksum_crc32(h, p->ranks, sizeof(int32_t) * (size_t)p->n_refs);
+    h = checksum_crc32(h, p->rank_begin, sizeof(int32_t) * ((size_t)p->n_ranks + 1));
+    h = checksum_crc32(h, p->rank_items, sizeof(int32_t) * (size_t)p->n_refs);
+    h = checksum_crc32(h, p->rank_busy, sizeof(double) * (size_t)p->n_ranks);
     double d[3] = {p->makespan, p->lower_bound, p->hdp_bound};
-    return fnv(h, d, sizeof d);
+    return checksum_crc32(h, d, sizeof d);
 }
 
 // One plan of the scale table's 64K-tokens-per-rank batch, for a profiler (valgrind --tool=callgrind,
@@ -637,9 +630,9 @@ static void plan_once(const char *dist, const char *policy, int ranks, int times
         if (k + 1 < times) plan_free(&p);
     }
     printf("%s %s, %d ranks, %lld sequences: %d items, makespan %.6g s, planned in %.1f ms (median of %d), "
-           "plan digest %016llx\n",
+           "plan digest %08x\n",
            dist, policy, ranks, (long long)b.n, p.n_items, p.makespan, bench_median(ms, times), times,
-           (unsigned long long)plan_digest(&p));
+           (unsigned)plan_digest(&p));
     plan_free(&p);
     batch_free(&b);
 }
