@@ -374,50 +374,100 @@ int policy_plan_reserve(Plan *p, int64_t items, int64_t segs, int64_t refs) {
     return 0;
 }
 
-// The keys travel with their indices (a pass reads both in order and writes each into its byte's
-// bucket), so no pass looks a key up at random; the eight bytes' counts come from one pass first.
-int policy_order_by_time(const double *key, int32_t n, int32_t *order) {
+// An LSD radix sort of indices by a key of up to 12 bytes: hi's 8 (the significant part), then lo's 4
+// (NULL: none). The keys travel with their indices (a pass reads both in order and writes each into
+// its byte's bucket), so no pass looks a key up at random; every byte's counts come from one pass
+// first, and a byte alike in every key moves nothing. hi and lo are the caller's scratch: permuted.
+static int radix_order(uint64_t *hi, uint32_t *lo, int32_t n, int32_t *order, const char *what) {
     size_t nn = (size_t)(n > 0 ? n : 1);
-    uint64_t *bits = bs_keep_alloc(2 * nn * sizeof(uint64_t));
+    int bytes = lo ? 12 : 8;
+    uint64_t *hi_to = bs_keep_alloc(nn * sizeof(uint64_t));
+    uint32_t *lo_to = lo ? bs_keep_alloc(nn * sizeof(uint32_t)) : NULL;
     int32_t *other = bs_keep_alloc(nn * sizeof(int32_t));
-    int32_t(*count)[257] = bs_keep_calloc(8, sizeof *count);
-    if (!bits || !other || !count) {
-        bs_keep_free(bits);
-        bs_keep_free(other);
-        bs_keep_free(count);
-        return bs_fail_ctx("ordering %d items by time", n);
+    int32_t(*count)[257] = bs_keep_calloc(12, sizeof *count);
+    int rc = -1;
+    if (!hi_to || (lo && !lo_to) || !other || !count) {
+        bs_fail_ctx("ordering %d %s", n, what);
+        goto out;
     }
     for (int32_t i = 0; i < n; i++) {
-        double k = key[i] + 0.0;  // -0 becomes +0
-        memcpy(&bits[i], &k, sizeof k);
         order[i] = i;
-        for (int d = 0; d < 8; d++) count[d][((bits[i] >> (8 * d)) & 0xff) + 1]++;
+        for (int d = 0; d < 8; d++) count[d][((hi[i] >> (8 * d)) & 0xff) + 1]++;
+        if (lo)
+            for (int d = 0; d < 4; d++) count[8 + d][((lo[i] >> (8 * d)) & 0xff) + 1]++;
     }
-    uint64_t *kf = bits, *kt = bits + nn;
+    uint64_t *hf = hi, *ht = hi_to;
+    uint32_t *lf = lo, *lt = lo_to;
     int32_t *from = order, *to = other;
-    for (int d = 0; d < 8; d++) {
+    for (int pass = 0; pass < bytes; pass++) {
+        int d = lo ? (pass + 8) % 12 : pass;  // lo's bytes first: they matter least
         int32_t *c = count[d];
         int skip = 0;  // every key has this byte alike: nothing to move
         for (int v = 1; v <= 256; v++) skip |= c[v] == n;
         if (skip) continue;
         for (int v = 0; v < 256; v++) c[v + 1] += c[v];
         for (int32_t i = 0; i < n; i++) {  // stable
-            int32_t at = c[(kf[i] >> (8 * d)) & 0xff]++;
-            kt[at] = kf[i];
+            unsigned byte = d < 8 ? (unsigned)(hf[i] >> (8 * d)) & 0xff : (lf[i] >> (8 * (d - 8))) & 0xff;
+            int32_t at = c[byte]++;
+            ht[at] = hf[i];
+            if (lo) lt[at] = lf[i];
             to[at] = from[i];
         }
-        uint64_t *tk = kf;
-        kf = kt;
-        kt = tk;
+        uint64_t *th = hf;
+        hf = ht;
+        ht = th;
+        uint32_t *tl = lf;
+        lf = lt;
+        lt = tl;
         int32_t *t = from;
         from = to;
         to = t;
     }
     if (from != order) memcpy(order, from, nn * sizeof(int32_t));
-    bs_keep_free(bits);
+    rc = 0;
+out:
+    bs_keep_free(hi_to);
+    bs_keep_free(lo_to);
     bs_keep_free(other);
     bs_keep_free(count);
-    return 0;
+    return rc;
+}
+
+// A time's bits: non-negative doubles order as their bit patterns (-0 as +0); desc flips them, so
+// that the larger time sorts first.
+static uint64_t time_bits(double t, int desc) {
+    double k = t + 0.0;  // -0 becomes +0
+    uint64_t u;
+    memcpy(&u, &k, sizeof k);
+    return desc ? ~u : u;
+}
+
+int policy_order_by_time(const double *key, int32_t n, int32_t *order) {
+    uint64_t *bits = bs_keep_alloc((size_t)(n > 0 ? n : 1) * sizeof(uint64_t));
+    if (!bits) return bs_fail_ctx("ordering %d items by time", n);
+    for (int32_t i = 0; i < n; i++) bits[i] = time_bits(key[i], 0);
+    int rc = radix_order(bits, NULL, n, order, "items by time");
+    bs_keep_free(bits);
+    return rc;
+}
+
+int policy_order_by_time_desc(const double *key, const int32_t *tie, int32_t n, int32_t *order) {
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    uint64_t *bits = bs_keep_alloc(nn * sizeof(uint64_t));
+    uint32_t *ties = bs_keep_alloc(nn * sizeof(uint32_t));
+    if (!bits || !ties) {
+        bs_keep_free(bits);
+        bs_keep_free(ties);
+        return bs_fail_ctx("ordering %d items by time", n);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        bits[i] = time_bits(key[i], 1);
+        ties[i] = (uint32_t)tie[i];
+    }
+    int rc = radix_order(bits, ties, n, order, "items by time");
+    bs_keep_free(bits);
+    bs_keep_free(ties);
+    return rc;
 }
 
 static int by_rank(const void *a, const void *b) {

@@ -150,6 +150,11 @@ int policy_plan_reserve(Plan *p, int64_t items, int64_t segs, int64_t refs);
 // that differs. -1 + error when out of memory.
 int policy_order_by_time(const double *key, int32_t n, int32_t *order);
 
+// order[0 .. n) = 0 .. n-1 sorted by key, descending, ties by tie ascending (tie[i] >= 0, distinct:
+// a sequence's index), as a comparator on (key desc, tie asc) would; keys >= 0. -1 + error when out
+// of memory.
+int policy_order_by_time_desc(const double *key, const int32_t *tie, int32_t n, int32_t *order);
+
 // Sort ranks ascending (ring order of a freshly picked set of members).
 void policy_sort_ranks(int32_t *ranks, int n);
 

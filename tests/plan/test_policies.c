@@ -212,6 +212,53 @@ static void test_order_by_time_matches_sort(void **state) {
     }
 }
 
+// The descending order with ties by a second key (the rings' and elastic's long sequences: time
+// slowest first, then sequence index) against a comparison sort on (time desc, tie asc). The ties are
+// a random permutation, so index order alone would not give them, and in every other trial scaled
+// past 2^24, so that every byte of the second key moves.
+static const int32_t *order_ties;
+static int by_key_desc_then_tie(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (order_keys[x] != order_keys[y]) return order_keys[x] > order_keys[y] ? -1 : 1;
+    return (order_ties[x] > order_ties[y]) - (order_ties[x] < order_ties[y]);
+}
+
+static void test_order_by_time_desc_matches_sort(void **state) {
+    (void)state;
+    Rng rng;
+    rng_seed(&rng, 17);
+    for (int trial = 0; trial < test_trials(200); trial++) {
+        int32_t n = (int32_t)rng_below(&rng, 3000);
+        double *key = malloc((size_t)(n + 1) * sizeof(double));
+        int32_t *tie = malloc((size_t)(n + 1) * sizeof(int32_t));
+        int32_t *got = malloc((size_t)(n + 1) * sizeof(int32_t)), *want = malloc((size_t)(n + 1) * sizeof(int32_t));
+        for (int32_t i = 0; i < n; i++) {
+            double k = trial % 3 == 0 ? (double)rng_below(&rng, 8) : rng_uniform(&rng) * pow(10, (double)rng_below(&rng, 12) - 6);
+            key[i] = rng_below(&rng, 50) == 0 ? -0.0 : k;
+            tie[i] = i;
+            want[i] = i;
+        }
+        for (int32_t i = n - 1; i > 0; i--) {  // shuffle the ties (Fisher-Yates)
+            int32_t j = (int32_t)rng_below(&rng, (uint64_t)i + 1), t = tie[i];
+            tie[i] = tie[j];
+            tie[j] = t;
+        }
+        for (int32_t i = 0; i < n && trial % 2; i++) tie[i] *= 700001;  // still distinct, up to 2.1e9
+        order_keys = key;
+        order_ties = tie;
+        qsort(want, (size_t)n, sizeof(int32_t), by_key_desc_then_tie);
+        assert_int_equal(policy_order_by_time_desc(key, tie, n, got), 0);
+        for (int32_t i = 0; i < n; i++)
+            if (got[i] != want[i])
+                fail_msg("trial %d, position %d: %d (key %g, tie %d), expected %d (key %g, tie %d)", trial, i, got[i],
+                         key[got[i]], tie[got[i]], want[i], key[want[i]], tie[want[i]]);
+        free(key);
+        free(tie);
+        free(got);
+        free(want);
+    }
+}
+
 // ---- per-policy structure ------------------------------------------------------------------------------
 
 // Which item holds each sequence (every sequence sits whole in one item under these policies).
@@ -666,6 +713,7 @@ int main(void) {
         cmocka_unit_test(test_ranktree_matches_brute_force),
         cmocka_unit_test(test_ranktree_many_ranks),
         cmocka_unit_test(test_order_by_time_matches_sort),
+        cmocka_unit_test(test_order_by_time_desc_matches_sort),
         cmocka_unit_test(test_random_batches_all_policies),
         cmocka_unit_test(test_balance_beats_naive),
         cmocka_unit_test(test_balance_near_bound_at_paper_settings),
