@@ -199,12 +199,14 @@ typedef struct {
     double t;       // estimated time on ceil(s / C) ranks, or on D(s) (offloading) when there are fewer
                     // ranks, or on d_max ranks when it may be wider (elastic)
     double work;    // t x those ranks: the ring's part of the batch's total work
-    int64_t len;    // the sequence's tokens and
-    int32_t d_min;  // its fewest ranks (BalanceBatch.d_min), kept here: the rings are placed in time
-                    // order, and reading them from the batch by index there misses the cache every time
+    int64_t len;    // the sequence's tokens (kept here, as d_min and its row of the widths: the rings
+                    // are placed in time order, and reading the batch's arrays by index there misses
+                    // the cache every time)
+    int64_t w_at;   // where its widths start in BalanceBatch.widths (d_min first), and
+    int32_t w_n;    // how many there are; -1 and 0: no table (a promoted short, or none kept)
+    int32_t d_min;  // its fewest ranks (BalanceBatch.d_min)
     int32_t seq;
     int32_t d_max;  // the widest it may be: ceil(s / C), or more where elastic widens it
-    int32_t lk;     // its index among the long sequences (BalanceBatch.width_at), -1: a promoted short
 } Ring;
 
 // The rings slowest first, ties by sequence index: a radix order of their times and a gather, which
@@ -341,15 +343,13 @@ static int64_t width_top(const BalanceBatch *bb, int32_t k) {
     return plain < bb->cfg->n_ranks ? plain : bb->cfg->n_ranks;
 }
 
-// Long sequence k (len tokens) on dd ranks: 0 where it fits on no ring that wide, else 1 with its
-// kind and offload ratio; with the table kept (balance_keep_widths) costed the first time and read
-// from it after (k < 0, no table or a width outside it: costed here every time).
-static int width_choice(const BalanceBatch *bb, int32_t k, int64_t len, int dd, ItemChoice *c, double *r) {
+// Ring g on dd ranks: 0 where it fits on no ring that wide, else 1 with its kind and offload ratio;
+// with the table kept (balance_keep_widths) costed the first time and read from it after (no table,
+// a width outside it, or table = 0: costed here every time).
+static int width_choice(const BalanceBatch *bb, const Ring *g, int table, int dd, ItemChoice *c, double *r) {
     WidthChoice scratch = {0}, *w = &scratch;
-    if (bb->widths && k >= 0) {
-        int32_t d0 = bb->d_min[bb->long_seq[k]];
-        if (dd >= d0 && dd - d0 < bb->width_at[k + 1] - bb->width_at[k]) w = &bb->widths[bb->width_at[k] + dd - d0];
-    }
+    int64_t len = g->len;
+    if (table && g->w_at >= 0 && dd >= g->d_min && dd - g->d_min < g->w_n) w = &bb->widths[g->w_at + dd - g->d_min];
     if (w->state == 0) {
         w->state = policy_offload_for(bb->cm, len, bb->cfg->capacity, dd, &w->r) ? 1 : -1;
         if (w->state > 0) w->c = policy_item_choice(bb->cm, &len, 1, dd, w->r);
@@ -376,10 +376,11 @@ static void front_add(const Balance *bl, Front *f, int32_t rank) {
 // When a ring on the first dd members would end (INFINITY where it fits on no ring that wide), with
 // the kind and offload ratio it takes there: the latest last stage, its largest wait, its time and
 // its drain.
-static double width_end(const Balance *bl, const BalanceBatch *bb, int32_t lk, int64_t len, int dd, int64_t plain,
-                        const Front *f, ItemChoice *c, double *rd) {
+static double width_end(const Balance *bl, const BalanceBatch *bb, const Ring *g, int dd, int64_t plain, const Front *f,
+                        ItemChoice *c, double *rd) {
     // the kind by the plan's cost model; a widened ring (elastic) timed as crossing nodes
-    if (!width_choice(bb, dd <= plain ? lk : -1, len, dd, c, rd)) return INFINITY;
+    if (!width_choice(bb, g, dd <= plain, dd, c, rd)) return INFINITY;
+    int64_t len = g->len;
     double td = dd > plain ? policy_kind_time(bl->wide, &len, 1, dd, *rd, c->a2a, c->ulysses) : c->t;
     double wait = cost_fmax(pipeline_wait(bl, td, f->low), pipeline_wait(bl, td, f->high));
     return f->latest + wait + td + pipeline_drain(bl, td);
@@ -401,11 +402,12 @@ static double width_end(const Balance *bl, const BalanceBatch *bb, int32_t lk, i
 // either side, so the width chosen is the very one costing every width finds.
 // Pops d_hi ranks into members (least-loaded first); the caller takes the first *d and pushes the
 // rest back.
-static int place_ring(const Balance *bl, const BalanceBatch *bb, int32_t lk, RankTree *queue, int64_t len, int d_lo,
-                      int d_max, int32_t *members, int *d, int *d_hi, ItemChoice *t, double *r) {
+static int place_ring(const Balance *bl, const BalanceBatch *bb, const Ring *g, RankTree *queue, int32_t *members, int *d,
+                      int *d_hi, ItemChoice *t, double *r) {
     const CostModel *cm = bl->cm;
-    int64_t C = bl->cfg->capacity;
-    int64_t plain = len / C + (len % C != 0), top = plain > d_max ? plain : d_max;
+    int64_t C = bl->cfg->capacity, len = g->len;
+    int d_lo = g->d_min;
+    int64_t plain = len / C + (len % C != 0), top = plain > g->d_max ? plain : g->d_max;
     *d_hi = top < queue->n ? (int)top : queue->n;
     if (d_lo > *d_hi) d_lo = *d_hi;
     for (int j = 0; j < *d_hi; j++) members[j] = ranktree_pop(queue);
@@ -416,7 +418,7 @@ static int place_ring(const Balance *bl, const BalanceBatch *bb, int32_t lk, Ran
     if (bl->floors && probe >= d_lo) {
         Front f = {0, INFINITY, 0};
         for (int j = 0; j < probe; j++) front_add(bl, &f, members[j]);
-        known = probe_end = width_end(bl, bb, lk, len, probe, plain, &f, &probe_c, &probe_r);
+        known = probe_end = width_end(bl, bb, g, probe, plain, &f, &probe_c, &probe_r);
     }
     Front f = {0, INFINITY, 0};
     for (int j = 0; j < d_lo - 1; j++) front_add(bl, &f, members[j]);
@@ -435,7 +437,7 @@ static int place_ring(const Balance *bl, const BalanceBatch *bb, int32_t lk, Ran
             end = probe_end, c = probe_c, rd = probe_r;
         } else {
             if (dd <= plain && f.latest + cost_item_floor(cm, len, dd) * (1 - 1e-9) > known) continue;  // cannot win
-            end = width_end(bl, bb, lk, len, dd, plain, &f, &c, &rd);
+            end = width_end(bl, bb, g, dd, plain, &f, &c, &rd);
         }
         if (end < best) {
             best = end;
@@ -556,14 +558,17 @@ void balance_batch_free(BalanceBatch *bb) {
 static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i, int32_t lk) {
     int64_t s = bb->b->seqs[i].len, C = bb->cfg->capacity, plain = s / C + (s % C != 0);
     int32_t R = bb->cfg->n_ranks, dm = w && w->d_max ? w->d_max[i] : 0;
+    int64_t at = bb->widths && lk >= 0 ? bb->width_at[lk] : -1;  // its row of the widths table
+    int32_t n = at >= 0 ? (int32_t)(bb->width_at[lk + 1] - at) : 0;
     if (dm > R) dm = R;
     if (dm > plain) {
         double t = policy_item_choice(w->wide ? w->wide : bb->cm, &s, 1, dm, 0.0).t;
-        return (Ring){t, t * dm, s, bb->d_min[i], i, dm, lk};
+        return (Ring){.t = t, .work = t * dm, .len = s, .w_at = at, .w_n = n, .d_min = bb->d_min[i], .seq = i, .d_max = dm};
     }
     int d = plain < R ? (int)plain : bb->d_min[i];
     double t = policy_item_choice(bb->cm, &s, 1, d, d == bb->d_min[i] ? bb->r_min[i] : 0.0).t;
-    return (Ring){t, t * d, s, bb->d_min[i], i, (int32_t)(plain < R ? plain : R), lk};
+    return (Ring){.t = t, .work = t * d, .len = s, .w_at = at, .w_n = n, .d_min = bb->d_min[i], .seq = i,
+                  .d_max = (int32_t)(plain < R ? plain : R)};
 }
 
 // One run's ring phase: the rings longest first, and the holes they leave on members that wait.
@@ -670,12 +675,10 @@ static int place_rings(Balance *bl, RingPhase *rp, RankTree *queue, const Balanc
     int32_t *members = rp->members;
     for (int32_t k = 0; k < rp->n_rings; k++) {
         int32_t s = rp->rings[k].seq;
-        int64_t len = rp->rings[k].len;
         int d, d_hi;
         double rr = 0;
         ItemChoice kind = {0, 0, 0};
-        if (place_ring(bl, bb, rp->rings[k].lk, queue, len, rp->rings[k].d_min, rp->rings[k].d_max, members, &d, &d_hi,
-                       &kind, &rr) != 0)
+        if (place_ring(bl, bb, &rp->rings[k], queue, members, &d, &d_hi, &kind, &rr) != 0)
             return -1;
         double t = kind.t;
         // in step on every member: it starts when the last of their last stages is ready for it
@@ -874,14 +877,14 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
         double best = INFINITY, t = 0, known = INFINITY, rd;
         ItemChoice c, widest = {INFINITY, 0, 0};
         int d = -1;
-        if (floors && width_choice(bb, rings[k].lk, len, d_hi, &widest, &rd)) known = took[n_took - 1].t + widest.t;
+        if (floors && width_choice(bb, &rings[k], 1, d_hi, &widest, &rd)) known = took[n_took - 1].t + widest.t;
         int32_t g = 0;
         int64_t upto = took[0].n;  // ranks in groups 0 .. g
         for (int dd = d_lo; dd <= d_hi; dd++) {
             while (upto < dd) upto += took[++g].n;
             if (dd == d_hi && known < INFINITY) c = widest;
             else if (dd < d_hi && took[g].t + cost_item_floor(cm, len, dd) * (1 - 1e-9) > known) continue;
-            else if (!width_choice(bb, rings[k].lk, len, dd, &c, &rd)) continue;
+            else if (!width_choice(bb, &rings[k], 1, dd, &c, &rd)) continue;
             double td = c.t;
             if (took[g].t + td < best) {
                 best = took[g].t + td;
