@@ -339,7 +339,18 @@ int32_t ranktree_pop(RankTree *t) {
 void ranktree_push(RankTree *t, int32_t rank, double key) {
     t->key[rank] = key;
     t->n++;
-    tree_set(t, rank, tree_entry(key, rank));
+    // the leaf was out, so each node on the path changes only while the new entry wins there: the
+    // first node already holding the new minimum, and so every one above it, stays as it is
+    unsigned __int128 *node = t->node, v = tree_entry(key, rank);
+    size_t i = (size_t)t->size + (size_t)rank;
+    node[i] = v;
+    while (i > 1) {
+        unsigned __int128 s = node[i ^ 1];
+        v = s < v ? s : v;
+        i >>= 1;
+        if (node[i] == v) break;
+        node[i] = v;
+    }
 }
 
 void ranktree_replace_top(RankTree *t, double key) {

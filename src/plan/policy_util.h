@@ -109,7 +109,8 @@ void rankheap_free(RankHeap *h);
 
 // The same queue as a tournament tree (balance's scheduler, which replaces the top for every short
 // sequence it hands out): a leaf per rank and in every inner node the least (key, rank) below it, so
-// changing a rank's key replays the one path from its leaf to the root. The path is known before any
+// changing a rank's key replays the one path from its leaf to the root (a push, up to the first node
+// that already holds the new least). The path is known before any
 // comparison is made (its loads overlap) and every step is a branch-free minimum, where a heap's
 // sift-down branches on which child is least at every level. Ranks never popped are the idle range
 // next_idle .. n_ranks - 1 as in RankHeap (a pop of one is O(1)); out of the tree a leaf holds
