@@ -43,6 +43,7 @@
 // lengths of short sequences made rings (a run of one length is placed as a whole: rings_end), a
 // width search for each of those, and O(1) per short sequence made a ring (the work's sum).
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -257,29 +258,6 @@ static double work_at(const Model *m, double T) {
 
 // ---- the model -------------------------------------------------------------------------------------------
 
-// The long sequences slowest first, ties by index: a radix order of their t0 and a gather, since a
-// comparison sort moves 200-byte Seqs (a tenth of elastic's time on 1G tokens).
-static int order_by_t0_desc(Model *m) {
-    size_t n = (size_t)(m->n_lng > 0 ? m->n_lng : 1);
-    double *t0 = bs_keep_alloc(n * sizeof(double));
-    int32_t *seq = bs_keep_alloc(n * sizeof(int32_t)), *order = bs_keep_alloc(n * sizeof(int32_t));
-    Seq *sorted = bs_keep_alloc(n * sizeof(Seq));
-    int rc = t0 && seq && order && sorted ? 0 : bs_fail_ctx("elastic: ordering %d long sequences", m->n_lng);
-    for (int32_t k = 0; rc == 0 && k < m->n_lng; k++) t0[k] = m->lng[k].t0, seq[k] = m->lng[k].seq;
-    if (rc == 0) rc = policy_order_by_time_desc(t0, seq, m->n_lng, order);
-    for (int32_t k = 0; rc == 0 && k < m->n_lng; k++) sorted[k] = m->lng[order[k]];
-    if (rc == 0) {
-        bs_keep_free(m->lng);
-        m->lng = sorted;
-        sorted = NULL;
-    }
-    bs_keep_free(t0);
-    bs_keep_free(seq);
-    bs_keep_free(order);
-    bs_keep_free(sorted);
-    return rc;
-}
-
 static void model_free(Model *m) {
     bs_keep_free(m->lng);
     bs_keep_free(m->sht);
@@ -338,7 +316,9 @@ static int model_init(Model *m, const BalanceBatch *bb, int flags) {
         m->lng[m->n_lng++] = (Seq){i, 0, 1, s, d, (int32_t)(top > d ? top : d), t, t * d, 0, 0, {0}, {0}};
         m->work += t * d;
     }
-    if (order_by_t0_desc(m) != 0) {
+    // slowest first, ties by index: a radix order, not a comparison sort moving 200-byte Seqs (a
+    // tenth of elastic's time on 1G tokens)
+    if (policy_sort_by_time_desc(m->lng, m->n_lng, sizeof(Seq), offsetof(Seq, t0), offsetof(Seq, seq)) != 0) {
         model_free(m);
         return -1;
     }

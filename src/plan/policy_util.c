@@ -306,8 +306,10 @@ int ranktree_init(RankTree *t, int32_t n_ranks) {
     return 0;
 }
 
-// Set rank r's leaf and replay its path to the root.
-static void tree_set(RankTree *t, int32_t r, unsigned __int128 v) {
+// Set rank r's leaf and replay its path to the root. A push (the leaf was out) changes a node only
+// while the new entry wins there: from the first node already holding the new minimum up, every one
+// stays as it is. A pop or a replaced top always reaches the root (the top's entry was every node's).
+static void tree_set(RankTree *t, int32_t r, unsigned __int128 v, int push) {
     unsigned __int128 *node = t->node;
     size_t i = (size_t)t->size + (size_t)r;  // unsigned and pointer-wide: no sign extension at every level
     node[i] = v;
@@ -315,6 +317,7 @@ static void tree_set(RankTree *t, int32_t r, unsigned __int128 v) {
         unsigned __int128 s = node[i ^ 1];
         v = s < v ? s : v;
         i >>= 1;
+        if (push && node[i] == v) break;
         node[i] = v;
     }
 }
@@ -332,31 +335,20 @@ int32_t ranktree_pop(RankTree *t) {
     t->n--;
     if (tree_idle_first(t)) return t->next_idle++;
     int32_t r = (int32_t)(uint32_t)t->node[1];
-    tree_set(t, r, RANKTREE_OUT);
+    tree_set(t, r, RANKTREE_OUT, 0);
     return r;
 }
 
 void ranktree_push(RankTree *t, int32_t rank, double key) {
     t->key[rank] = key;
     t->n++;
-    // the leaf was out, so each node on the path changes only while the new entry wins there: the
-    // first node already holding the new minimum, and so every one above it, stays as it is
-    unsigned __int128 *node = t->node, v = tree_entry(key, rank);
-    size_t i = (size_t)t->size + (size_t)rank;
-    node[i] = v;
-    while (i > 1) {
-        unsigned __int128 s = node[i ^ 1];
-        v = s < v ? s : v;
-        i >>= 1;
-        if (node[i] == v) break;
-        node[i] = v;
-    }
+    tree_set(t, rank, tree_entry(key, rank), 1);
 }
 
 void ranktree_replace_top(RankTree *t, double key) {
     int32_t r = tree_idle_first(t) ? t->next_idle++ : (int32_t)(uint32_t)t->node[1];
     t->key[r] = key;
-    tree_set(t, r, tree_entry(key, r));
+    tree_set(t, r, tree_entry(key, r), 0);
 }
 
 void ranktree_free(RankTree *t) {
@@ -459,6 +451,28 @@ int policy_order_by_time(const double *key, int32_t n, int32_t *order) {
     for (int32_t i = 0; i < n; i++) bits[i] = time_bits(key[i], 0);
     int rc = radix_order(bits, NULL, n, order, "items by time");
     bs_keep_free(bits);
+    return rc;
+}
+
+int policy_sort_by_time_desc(void *items, int32_t n, size_t size, size_t time_at, size_t tie_at) {
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    char *base = items, *was = bs_keep_alloc(nn * size);
+    double *t = bs_keep_alloc(nn * sizeof(double));
+    int32_t *tie = bs_keep_alloc(nn * sizeof(int32_t)), *order = bs_keep_alloc(nn * sizeof(int32_t));
+    int rc = was && t && tie && order ? 0 : bs_fail_ctx("ordering %d items by time", n);
+    for (int32_t k = 0; rc == 0 && k < n; k++) {
+        memcpy(&t[k], base + (size_t)k * size + time_at, sizeof(double));
+        memcpy(&tie[k], base + (size_t)k * size + tie_at, sizeof(int32_t));
+    }
+    if (rc == 0) {
+        memcpy(was, base, (size_t)n * size);
+        rc = policy_order_by_time_desc(t, tie, n, order);
+    }
+    for (int32_t k = 0; rc == 0 && k < n; k++) memcpy(base + (size_t)k * size, was + (size_t)order[k] * size, size);
+    bs_keep_free(was);
+    bs_keep_free(t);
+    bs_keep_free(tie);
+    bs_keep_free(order);
     return rc;
 }
 

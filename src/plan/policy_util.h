@@ -2,6 +2,7 @@
 #ifndef BYTESCALE_POLICY_UTIL_H
 #define BYTESCALE_POLICY_UTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "bytescale/policy.h"
@@ -155,6 +156,11 @@ int policy_order_by_time(const double *key, int32_t n, int32_t *order);
 // a sequence's index), as a comparator on (key desc, tie asc) would; keys >= 0. -1 + error when out
 // of memory.
 int policy_order_by_time_desc(const double *key, const int32_t *tie, int32_t n, int32_t *order);
+
+// Sort n items of `size` bytes in place by the double at byte time_at, descending, ties by the
+// int32_t at tie_at, ascending (distinct): policy_order_by_time_desc and a gather, for structs a
+// comparison sort would move whole at every step. -1 + error when out of memory.
+int policy_sort_by_time_desc(void *items, int32_t n, size_t size, size_t time_at, size_t tie_at);
 
 // Sort ranks ascending (ring order of a freshly picked set of members).
 void policy_sort_ranks(int32_t *ranks, int n);
