@@ -147,6 +147,10 @@ double plan_lower_bound_pp(const GlobalBatch *b, const CostModel *cm, int32_t n_
 // ring and per-layer overheads included) and the indivisible time is the slowest sequence at its
 // fastest admissible ring size. Never below plan_lower_bound_pp; the 5% target applies to it.
 double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp);
+// Both in one pass over the batch, each sequence's work computed once for both: *lower =
+// plan_lower_bound_pp and *hdp = plan_hdp_bound, bit for bit (either may be NULL).
+void plan_bounds(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp,
+                 double *lower, double *hdp);
 // One sequence of s tokens alone on D ranks at its fastest kind without offloading: a ring, or where
 // the head count of a TP shard is known (cm->a2a_heads) an all-to-all group (D <= the heads) or a
 // hybrid of D / u groups of u (u dividing D and the heads). Both bounds time the longest by it.

@@ -342,8 +342,7 @@ static int finalize_bounds(Plan *p, const CostModel *cm) {
             b.n_tokens += p->batch.seqs[i].len;
         }
     }
-    p->lower_bound = plan_lower_bound_pp(&b, cm, p->n_ranks, p->capacity, p->pp);
-    p->hdp_bound = plan_hdp_bound(&b, cm, p->n_ranks, p->capacity, p->pp);
+    plan_bounds(&b, cm, p->n_ranks, p->capacity, p->pp, &p->lower_bound, &p->hdp_bound);
     if (p->n_delayed > 0) bs_keep_free(b.seqs);
     return 0;
 }
@@ -468,21 +467,68 @@ static double ring_floor(const CostModel *cm, int64_t s, int D) {
     return cm->n_layers * cost_fmax(xfer, D * cm->attn_step) * (1 - 1e-9);
 }
 
+// What one pass over the batch sums for both bounds (the same cost model, so each sequence's work
+// is computed once for both): every sequence's work and the longest one (plan_lower_bound_pp), and
+// with hdp set HDP's terms (plan_hdp_bound): the short sequences' work, tokens and longest, and each
+// long one's work at its cheapest ring size and its time at its fastest (docs/planner.md).
+typedef struct {
+    double work;  // every sequence's compute once
+    int64_t longest;
+    double hdp_work, hdp_single;  // the short ones' compute and the long ones' cheapest D x time; the slowest fastest
+    int64_t short_tokens, longest_short;
+} BoundSums;
+
+// A sequence of s > C tokens under HDP's rule: a ring of its own on D in [D_off(s), min(ceil(s/C), R)]
+// ranks (Eq. 3's fewest with offloading up to the ranks it needs). Offload copies only add time, so
+// r = 0. Its work (D x its time on each of D ranks, ring steps and per-layer constants included) at
+// the cheapest D into *w, its indivisible time (the fastest D) into *t; 0 where it fits nowhere (the
+// policies report it).
+static int hdp_long(const CostModel *cm, int64_t s, int32_t n_ranks, int64_t capacity, double *w, double *t) {
+    int64_t need = s / capacity + (s % capacity != 0);
+    int d_hi = need < n_ranks ? (int)need : n_ranks;
+    double r;
+    int d_lo = cost_min_ranks(cm, s, capacity, 1, d_hi, &r);
+    if (d_lo < 1) return 0;
+    *w = *t = INFINITY;
+    for (int D = d_lo; D <= d_hi; D++) {
+        double td = plan_fastest_item(cm, s, D);
+        if (td < *t) *t = td;
+        if (D * td < *w) *w = D * td;
+    }
+    return 1;
+}
+
+static BoundSums bound_sums(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int hdp) {
+    BoundSums u = {0};
+    for (int64_t i = 0; i < b->n; i++) {
+        int64_t s = b->seqs[i].len;
+        double work = cost_seq_work(cm, s);
+        u.work += work;
+        if (s > u.longest) u.longest = s;
+        if (!hdp) continue;
+        double w, t;
+        if (s <= capacity) {  // a pack: its compute, and the per-layer constants counted by the caller
+            u.hdp_work += work;
+            u.short_tokens += s;
+            if (s > u.longest_short) u.longest_short = s;
+        } else if (hdp_long(cm, s, n_ranks, capacity, &w, &t)) {
+            u.hdp_work += w;
+            if (t > u.hdp_single) u.hdp_single = t;
+        }
+    }
+    return u;
+}
+
 // The two parts of the policy-independent bound for one stage: *avg, the average work per rank,
 // and *single, the longest sequence's fastest time on any ring it fits (docs/planner.md).
-static void bound_parts(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, double *avg,
-                        double *single) {
+static void bound_parts(const BoundSums *u, const CostModel *cm, int64_t n_tokens, int32_t n_ranks, int64_t capacity,
+                        double *avg, double *single) {
     // 1. average work: every sequence's compute once, plus cost_slot_const for every (item, member) slot;
     //    no slot holds more than cost_max_offload_tokens tokens
-    double work = 0;
-    int64_t longest = 0;
-    for (int64_t i = 0; i < b->n; i++) {
-        work += cost_seq_work(cm, b->seqs[i].len);
-        if (b->seqs[i].len > longest) longest = b->seqs[i].len;
-    }
-    double slots = ceil((double)b->n_tokens / cost_max_offload_tokens(cm, capacity) - 1e-9);
+    int64_t longest = u->longest;
+    double slots = ceil((double)n_tokens / cost_max_offload_tokens(cm, capacity) - 1e-9);
     if (slots < 1) slots = 1;
-    *avg = (work + slots * cost_slot_const(cm)) / n_ranks;
+    *avg = (u->work + slots * cost_slot_const(cm)) / n_ranks;
     // 2. the longest sequence (the costliest: the work of a whole sequence grows with its length
     //    at every ring size) must run as one item on some D ranks: at best the fastest ring size
     //    that can hold it, without offload copies
@@ -530,52 +576,40 @@ double plan_lower_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ran
 }
 
 double plan_lower_bound_pp(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp) {
-    if (b->n <= 0 || n_ranks < 1) return 0;
-    CostModel c = without_head(cm, pp);
-    double avg, single;
-    bound_parts(b, &c, n_ranks, capacity, &avg, &single);
-    return with_pipeline(&c, avg, single, pp < 1 ? 1 : pp);
+    double lower;
+    plan_bounds(b, cm, n_ranks, capacity, pp, &lower, NULL);
+    return lower;
 }
 
-double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm_in, int32_t n_ranks, int64_t capacity, int32_t pp) {
-    if (b->n <= 0 || n_ranks < 1) return 0;
+double plan_hdp_bound(const GlobalBatch *b, const CostModel *cm, int32_t n_ranks, int64_t capacity, int32_t pp) {
+    double hdp;
+    plan_bounds(b, cm, n_ranks, capacity, pp, NULL, &hdp);
+    return hdp;
+}
+
+void plan_bounds(const GlobalBatch *b, const CostModel *cm_in, int32_t n_ranks, int64_t capacity, int32_t pp,
+                 double *lower, double *hdp) {
+    if (lower) *lower = 0;
+    if (hdp) *hdp = 0;
+    if (b->n <= 0 || n_ranks < 1) return;
     CostModel c = without_head(cm_in, pp);
     const CostModel *cm = &c;
+    if (pp < 1) pp = 1;
+    BoundSums u = bound_sums(b, cm, n_ranks, capacity, hdp != NULL);
+    if (lower) {
+        double avg, single;
+        bound_parts(&u, cm, b->n_tokens, n_ranks, capacity, &avg, &single);
+        *lower = with_pipeline(cm, avg, single, pp);
+    }
+    if (!hdp) return;
     // Under HDP's rule a sequence of s <= C tokens is packed whole on one rank, and a longer one is
-    // a ring of its own on D in [D_off(s), min(ceil(s/C), R)] ranks (Eq. 3's fewest with offloading
-    // up to the ranks it needs). Offload copies only add time, so r = 0 below.
-    double work = 0, single = 0;
-    int64_t short_tokens = 0, longest_short = 0;
-    for (int64_t i = 0; i < b->n; i++) {
-        int64_t s = b->seqs[i].len;
-        if (s <= capacity) {  // a pack: its compute, and the per-layer constants counted below
-            work += cost_seq_work(cm, s);
-            short_tokens += s;
-            if (s > longest_short) longest_short = s;
-            continue;
-        }
-        int64_t need = s / capacity + (s % capacity != 0);
-        int d_hi = need < n_ranks ? (int)need : n_ranks;
-        double r;
-        int d_lo = cost_min_ranks(cm, s, capacity, 1, d_hi, &r);
-        if (d_lo < 1) continue;  // fits nowhere: the policies report it
-        // its work: D x its time on each of D ranks (ring steps and per-layer constants included)
-        // at the cheapest D; its indivisible time: the fastest D
-        double w = INFINITY, t = INFINITY;
-        for (int D = d_lo; D <= d_hi; D++) {
-            double td = plan_fastest_item(cm, s, D);
-            if (td < t) t = td;
-            if (D * td < w) w = D * td;
-        }
-        work += w;
+    // a ring of its own (hdp_long). Packs hold at most C tokens, and each pays l * layer_const; the
+    // longest short sequence alone in a pack is its indivisible time.
+    double work = u.hdp_work, single = u.hdp_single;
+    if (u.short_tokens > 0) {
+        work += (double)((u.short_tokens + capacity - 1) / capacity) * cost_slot_const(cm);
+        double t = cost_item_time(cm, &u.longest_short, 1, 1, 0.0);
         if (t > single) single = t;
     }
-    if (short_tokens > 0) {
-        // packs hold at most C tokens, and each pays l * layer_const; the longest short sequence
-        // alone in a pack is its indivisible time
-        work += (double)((short_tokens + capacity - 1) / capacity) * cost_slot_const(cm);
-        double t = cost_item_time(cm, &longest_short, 1, 1, 0.0);
-        if (t > single) single = t;
-    }
-    return with_pipeline(cm, work / n_ranks, single, pp < 1 ? 1 : pp);
+    *hdp = with_pipeline(cm, work / n_ranks, single, pp);
 }

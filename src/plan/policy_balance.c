@@ -444,25 +444,19 @@ static int place_ring(const Balance *bl, const BalanceBatch *bb, const Ring *g, 
 
 // ---- the prepared batch ----------------------------------------------------------------------------------
 
-// The n_short short sequences longest first, ties by index, into sidx with their lengths (slen): a
-// counting sort by length straight from the batch (stable, so ties stay in index order) when the
-// capacity is small next to the batch, else a comparison sort.
-static int sort_shorts(BalanceBatch *bb) {
+// The n_short short sequences longest first, ties by index, into sidx with their lengths (slen). With
+// `start` (split_batch's counts by length) a counting sort straight from the batch (stable, so ties
+// stay in index order); without, split_batch listed them in sidx and a comparison sort orders them.
+static void sort_shorts(BalanceBatch *bb, int32_t *start) {
     const GlobalBatch *b = bb->b;
     int64_t C = bb->cfg->capacity;
     int32_t n = bb->n_short;
-    if (C > (1 << 16) && C > n) {
-        for (int64_t i = 0, k = 0; i < b->n; i++)
-            if (b->seqs[i].len <= C) bb->sidx[k++] = (int32_t)i;
+    if (!start) {
         qsort_r(bb->sidx, (size_t)n, sizeof(int32_t), by_len_desc, (void *)b);
         for (int32_t i = 0; i < n; i++) bb->slen[i] = b->seqs[bb->sidx[i]].len;
-        return 0;
+        return;
     }
-    int32_t *start = bs_keep_calloc((size_t)C + 2, sizeof(int32_t));
-    if (!start) return bs_fail_ctx("balance: sorting %d short sequences", n);
     // bucket C - len holds the sequences of length len, so the buckets in order are longest first
-    for (int64_t i = 0; i < b->n; i++)
-        if (b->seqs[i].len <= C) start[C - b->seqs[i].len + 1]++;
     for (int64_t v = 0; v <= C; v++) start[v + 1] += start[v];
     for (int64_t i = 0; i < b->n; i++) {
         int64_t len = b->seqs[i].len;
@@ -471,7 +465,26 @@ static int sort_shorts(BalanceBatch *bb) {
         bb->sidx[at] = (int32_t)i;
         bb->slen[at] = len;
     }
-    bs_keep_free(start);
+}
+
+// One pass over the batch: each long sequence with its sharding (Eq. 3), and the short ones counted
+// by length into start[C - len + 1] for sort_shorts, or listed in sidx where start is NULL. 0, or
+// -1 + error for a sequence that fits on no ring (policy_shard's).
+static int split_batch(BalanceBatch *bb, int32_t *start) {
+    const GlobalBatch *b = bb->b;
+    int64_t C = bb->cfg->capacity;
+    for (int64_t i = 0; i < b->n; i++) {
+        int64_t len = b->seqs[i].len;
+        if (len <= C) {
+            if (start) start[C - len + 1]++;
+            else bb->sidx[bb->n_short] = (int32_t)i;
+            bb->n_short++;
+            continue;
+        }
+        int32_t k = bb->n_long++;
+        bb->long_seq[k] = (int32_t)i;
+        if (policy_shard_one(b, i, bb->cfg, bb->cm, &bb->d_min[k], &bb->r_min[k]) != 0) return -1;
+    }
     return 0;
 }
 
@@ -488,23 +501,22 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     bb->sidx = bs_keep_alloc(nn * sizeof(int32_t));
     bb->slen = bs_keep_alloc(nn * sizeof(int64_t));
     bb->scost = bs_keep_alloc(nn * sizeof(double));
-    if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->sidx || !bb->slen || !bb->scost) {
+    // counting by length when the capacity is small next to the batch (either sort gives this order)
+    int64_t C = cfg->capacity;
+    int32_t *start = C <= (1 << 16) || C <= b->n ? bs_keep_calloc((size_t)C + 2, sizeof(int32_t)) : NULL;
+    if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->sidx || !bb->slen || !bb->scost ||
+        (!start && (C <= (1 << 16) || C <= b->n))) {
+        bs_keep_free(start);
         balance_batch_free(bb);
         return bs_fail_ctx("balance: a batch of %lld sequences", (long long)b->n);
     }
-    if (policy_shard(b, cfg, cm, bb->d_min, bb->r_min) != 0) {
+    int rc = split_batch(bb, start);
+    if (rc == 0) sort_shorts(bb, start);
+    bs_keep_free(start);
+    if (rc != 0) {
         balance_batch_free(bb);
         return -1;
     }
-    for (int64_t i = 0; i < b->n; i++) {
-        if (b->seqs[i].len > cfg->capacity) bb->long_seq[bb->n_long++] = (int32_t)i;
-        else bb->n_short++;
-    }
-    if (sort_shorts(bb) != 0) {
-        balance_batch_free(bb);
-        return -1;
-    }
-
     for (int32_t i = 0; i < bb->n_short; i++) {  // a pack's time is additive; one length, one cost
         int64_t s = bb->slen[i];
         bb->scost[i] = i > 0 && s == bb->slen[i - 1] ? bb->scost[i - 1] : cost_item_time(cm, &s, 1, 1, 0.0) - bb->open_cost;
@@ -517,7 +529,7 @@ int balance_keep_widths(BalanceBatch *bb) {
     if (!bb->width_at) return bs_fail_ctx("balance: %d long sequences", bb->n_long);
     bb->width_at[0] = 0;
     for (int32_t k = 0; k < bb->n_long; k++) {
-        int64_t n = width_top(bb, k) - bb->d_min[bb->long_seq[k]] + 1;
+        int64_t n = width_top(bb, k) - bb->d_min[k] + 1;
         bb->width_at[k + 1] = bb->width_at[k] + (n > 0 ? n : 0);
     }
     int64_t n = bb->width_at[bb->n_long];
@@ -546,16 +558,18 @@ void balance_batch_free(BalanceBatch *bb) {
 static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i, int32_t lk) {
     int64_t s = bb->b->seqs[i].len, C = bb->cfg->capacity, plain = s / C + (s % C != 0);
     int32_t R = bb->cfg->n_ranks, dm = w && w->d_max ? w->d_max[i] : 0;
+    int32_t d_min = lk >= 0 ? bb->d_min[lk] : 1;  // a promoted short one: a pack's 1 rank, no offload
+    double r_min = lk >= 0 ? bb->r_min[lk] : 0.0;
     int64_t at = bb->widths && lk >= 0 ? bb->width_at[lk] : -1;  // its row of the widths table
     int32_t n = at >= 0 ? (int32_t)(bb->width_at[lk + 1] - at) : 0;
     if (dm > R) dm = R;
     if (dm > plain) {
         double t = policy_item_choice(w->wide ? w->wide : bb->cm, &s, 1, dm, 0.0).t;
-        return (Ring){.t = t, .work = t * dm, .len = s, .w_at = at, .w_n = n, .d_min = bb->d_min[i], .seq = i, .d_max = dm};
+        return (Ring){.t = t, .work = t * dm, .len = s, .w_at = at, .w_n = n, .d_min = d_min, .seq = i, .d_max = dm};
     }
-    int d = plain < R ? (int)plain : bb->d_min[i];
-    double t = policy_item_choice(bb->cm, &s, 1, d, d == bb->d_min[i] ? bb->r_min[i] : 0.0).t;
-    return (Ring){.t = t, .work = t * d, .len = s, .w_at = at, .w_n = n, .d_min = bb->d_min[i], .seq = i,
+    int d = plain < R ? (int)plain : d_min;
+    double t = policy_item_choice(bb->cm, &s, 1, d, d == d_min ? r_min : 0.0).t;
+    return (Ring){.t = t, .work = t * d, .len = s, .w_at = at, .w_n = n, .d_min = d_min, .seq = i,
                   .d_max = (int32_t)(plain < R ? plain : R)};
 }
 

@@ -15,10 +15,10 @@ typedef struct {
     const PlanConfig *cfg;
     const CostModel *cm;
     double open_cost;   // what opening a micro-batch adds: one layer_const and attention floor per layer
-    int32_t *d_min;     // (n,) Eq. 3's fewest ranks for each sequence (policy_shard; 1 when s <= C)
-    double *r_min;      // (n,) the offload ratio at d_min
     int32_t n_long;     // sequences longer than C: each one a ring of its own
     int32_t *long_seq;  // (n_long,) their indices, in batch order
+    int32_t *d_min;     // (n_long,) Eq. 3's fewest ranks for long sequence k (policy_shard_one)
+    double *r_min;      // (n_long,) the offload ratio at d_min
     int32_t n_short;    // sequences of at most C tokens, longest first (ties: lower index first)
     int32_t *sidx;      // (n_short,) sequence index
     int64_t *slen;      // (n_short,) length, non-increasing

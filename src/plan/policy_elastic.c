@@ -303,22 +303,35 @@ static int model_init(Model *m, const BalanceBatch *bb, int flags) {
         for (int u = 2; u <= cm->a2a_heads && m->n_fam < ELASTIC_FAMILIES; u++)
             if (cm->a2a_heads % u == 0) m->fam[m->n_fam++] = (Family){u, 0};
     }
-    m->lng = bs_keep_alloc((size_t)(bb->n_long > 0 ? bb->n_long : 1) * sizeof(Seq));
-    if (!m->lng) return bs_fail_ctx("elastic: %d long sequences", bb->n_long);
-    for (int32_t k = 0; k < bb->n_long; k++) {
+    // each long sequence's width and time first, then the Seqs written once, slowest first (ties by
+    // index: a radix order of the times), not made in batch order and then permuted (200 bytes each)
+    size_t nl = (size_t)(bb->n_long > 0 ? bb->n_long : 1);
+    m->lng = bs_keep_alloc(nl * sizeof(Seq));
+    double *t0 = bs_keep_alloc(nl * sizeof(double));
+    int32_t *d0 = bs_keep_alloc(nl * sizeof(int32_t)), *order = bs_keep_alloc(nl * sizeof(int32_t));
+    int rc = m->lng && t0 && d0 && order ? 0 : bs_fail_ctx("elastic: %d long sequences", bb->n_long);
+    for (int32_t k = 0; rc == 0 && k < bb->n_long; k++) {
         int32_t i = bb->long_seq[k];
-        int64_t s = b->seqs[i].len, plain = s / C + (s % C != 0), top = s / 2 < m->R ? s / 2 : m->R;
+        int64_t s = b->seqs[i].len, plain = s / C + (s % C != 0);
         // with fewer ranks than ceil(s/C) it runs on all of them, offloading (or else on Eq. 3's fewest)
         int d = plain < m->R ? (int)plain : m->R;
         double r = 0;
-        if (d < plain && !policy_offload_for(cm, s, C, d, &r)) d = bb->d_min[i], r = bb->r_min[i];
-        double t = policy_item_choice(cm, &s, 1, d, r).t;
-        m->lng[m->n_lng++] = (Seq){i, 0, 1, s, d, (int32_t)(top > d ? top : d), t, t * d, 0, 0, {0}, {0}};
-        m->work += t * d;
+        if (d < plain && !policy_offload_for(cm, s, C, d, &r)) d = bb->d_min[k], r = bb->r_min[k];
+        t0[k] = policy_item_choice(cm, &s, 1, d, r).t;
+        d0[k] = d;
+        m->work += t0[k] * d;
     }
-    // slowest first, ties by index: a radix order, not a comparison sort moving 200-byte Seqs (a
-    // tenth of elastic's time on 1G tokens)
-    if (policy_sort_by_time_desc(m->lng, m->n_lng, sizeof(Seq), offsetof(Seq, t0), offsetof(Seq, seq)) != 0) {
+    if (rc == 0) rc = policy_order_by_time_desc(t0, bb->long_seq, bb->n_long, order);
+    for (int32_t j = 0; rc == 0 && j < bb->n_long; j++) {
+        int32_t k = order[j], i = bb->long_seq[k], d = d0[k];
+        int64_t s = b->seqs[i].len, top = s / 2 < m->R ? s / 2 : m->R;
+        m->lng[j] = (Seq){i, 0, 1, s, d, (int32_t)(top > d ? top : d), t0[k], t0[k] * d, 0, 0, {0}, {0}};
+    }
+    m->n_lng = rc == 0 ? bb->n_long : 0;
+    bs_keep_free(t0);
+    bs_keep_free(d0);
+    bs_keep_free(order);
+    if (rc != 0) {
         model_free(m);
         return -1;
     }
@@ -663,10 +676,13 @@ int policy_elastic(Plan *out, const GlobalBatch *b, const PlanConfig *cfg, const
     policy_bounds(b, cfg, cm, bounds);
     bb.bounds = bounds;
     int rc = -1;
-    // the rings are replayed and scheduled more than once here: each width of each costed once
-    if (balance_keep_widths(&bb) != 0 || model_init(&m, &bb, 0) != 0) goto out;
+    if (model_init(&m, &bb, 0) != 0) goto out;
     if (cfg->pp > 1) {  // the targets by replay (search_replayed)
-        if (model_floor(&m) != 0) goto out;
+        // the rings are replayed and scheduled many times here: each width of each costed once.
+        // Not with pp = 1, where the ring phase runs two or three times: a table row read at
+        // random (a cache miss) costs about what costing the width again does (1G tokens: the
+        // same plans, 0.9x the time on byted without it)
+        if (balance_keep_widths(&bb) != 0 || model_floor(&m) != 0) goto out;
         d_max = bs_keep_alloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(int32_t));
         rc = d_max ? elastic_pipelined(out, &bb, &m, d_max) : bs_fail_ctx("elastic");
         goto out;

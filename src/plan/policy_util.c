@@ -8,30 +8,34 @@
 #include "bytescale/error.h"
 #include "bytescale/keep.h"
 
-int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int32_t *D, double *r) {
-    int64_t C = cfg->capacity;
-    for (int64_t i = 0; i < b->n; i++) {
-        int64_t s = b->seqs[i].len;
-        D[i] = 1;
-        r[i] = 0;
-        if (s <= C) continue;
-        int d = cost_min_ranks(cm, s, C, cfg->offload, cfg->n_ranks, &r[i]);
-        if (d < 1) {
-            // say how many it would need: without offloading ceil(s / C), with it Eq. 3's minimum
-            int64_t plain = s / C + (s % C != 0), need = plain;
-            double rr;
-            if (cfg->offload && plain <= INT32_MAX) {
-                int dd = cost_min_ranks(cm, s, C, 1, (int)plain, &rr);
-                if (dd >= 1) need = dd;
-            }
-            return bs_fail("sequence %lld (id %lld): a sequence of %lld tokens needs %lld ranks of capacity %lld%s; "
-                           "only %d given",
-                           (long long)i, (long long)b->seqs[i].id, (long long)s, (long long)need, (long long)C,
-                           cfg->offload ? " (with offloading)" : "", cfg->n_ranks);
+int policy_shard_one(const GlobalBatch *b, int64_t i, const PlanConfig *cfg, const CostModel *cm, int32_t *D,
+                     double *r) {
+    int64_t C = cfg->capacity, s = b->seqs[i].len;
+    *D = 1;
+    *r = 0;
+    if (s <= C) return 0;
+    int d = cost_min_ranks(cm, s, C, cfg->offload, cfg->n_ranks, r);
+    if (d < 1) {
+        // say how many it would need: without offloading ceil(s / C), with it Eq. 3's minimum
+        int64_t plain = s / C + (s % C != 0), need = plain;
+        double rr;
+        if (cfg->offload && plain <= INT32_MAX) {
+            int dd = cost_min_ranks(cm, s, C, 1, (int)plain, &rr);
+            if (dd >= 1) need = dd;
         }
-        D[i] = d;
-        r[i] = policy_offload_ratio(r[i]);
+        return bs_fail("sequence %lld (id %lld): a sequence of %lld tokens needs %lld ranks of capacity %lld%s; "
+                       "only %d given",
+                       (long long)i, (long long)b->seqs[i].id, (long long)s, (long long)need, (long long)C,
+                       cfg->offload ? " (with offloading)" : "", cfg->n_ranks);
     }
+    *D = d;
+    *r = policy_offload_ratio(*r);
+    return 0;
+}
+
+int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int32_t *D, double *r) {
+    for (int64_t i = 0; i < b->n; i++)
+        if (policy_shard_one(b, i, cfg, cm, &D[i], &r[i]) != 0) return -1;
     return 0;
 }
 
@@ -78,8 +82,7 @@ double policy_offload_ratio(double r) {
 }
 
 void policy_bounds(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, double bounds[2]) {
-    bounds[0] = plan_lower_bound_pp(b, cm, cfg->n_ranks, cfg->capacity, cfg->pp);
-    bounds[1] = plan_hdp_bound(b, cm, cfg->n_ranks, cfg->capacity, cfg->pp);
+    plan_bounds(b, cm, cfg->n_ranks, cfg->capacity, cfg->pp, &bounds[0], &bounds[1]);
 }
 
 // ---- best fit -----------------------------------------------------------------------------------
@@ -335,19 +338,19 @@ int32_t ranktree_pop(RankTree *t) {
     t->n--;
     if (tree_idle_first(t)) return t->next_idle++;
     int32_t r = (int32_t)(uint32_t)t->node[1];
+    uint64_t bits = (uint64_t)(t->node[1] >> 32);
+    memcpy(&t->key[r], &bits, sizeof bits);  // the key it leaves with: the leaf's (key + 0.0)
     tree_set(t, r, RANKTREE_OUT, 0);
     return r;
 }
 
 void ranktree_push(RankTree *t, int32_t rank, double key) {
-    t->key[rank] = key;
     t->n++;
     tree_set(t, rank, tree_entry(key, rank), 1);
 }
 
 void ranktree_replace_top(RankTree *t, double key) {
     int32_t r = tree_idle_first(t) ? t->next_idle++ : (int32_t)(uint32_t)t->node[1];
-    t->key[r] = key;
     tree_set(t, r, tree_entry(key, r), 0);
 }
 

@@ -31,6 +31,9 @@ int policy_mesh(const GlobalBatch *b, const PlanConfig *cfg, int64_t *d_cp, int3
 // r = 0 (a pack). s > C: with offloading, Eq. 3 (cost_min_ranks); without, ceil(s / C) and r = 0.
 // -1 + error naming the sequence that fits nowhere and how many ranks it needs.
 int policy_shard(const GlobalBatch *b, const PlanConfig *cfg, const CostModel *cm, int32_t *D, double *r);
+// The same for sequence i alone (a caller that makes its own pass over the batch).
+int policy_shard_one(const GlobalBatch *b, int64_t i, const PlanConfig *cfg, const CostModel *cm, int32_t *D,
+                     double *r);
 
 // Can D ranks hold a sequence of s tokens with capacity C, offloading? cost_offload_ratio, with *r
 // rounded as the plan stores it (policy_offload_ratio). 1 and *r when it can, else 0.
@@ -117,7 +120,8 @@ void rankheap_free(RankHeap *h);
 // next_idle .. n_ranks - 1 as in RankHeap (a pop of one is O(1)); out of the tree a leaf holds
 // RANKTREE_OUT, above every key. Pops are the same as RankHeap's: (key, rank) is a total order.
 typedef struct {
-    double *key;           // (n_ranks,) key of each rank
+    double *key;           // (n_ranks,) a rank's key when it was last popped (0 before): while it is in the
+                           // tree its key is in its leaf only, so a replaced top writes one array less
     unsigned __int128 *node;  // (2 size,) node[size + r]: rank r's leaf; node[i]: the least of node[2i], node[2i+1]
     int32_t size;          // leaves: n_ranks rounded up to a power of two
     int32_t next_idle;     // ranks next_idle .. n_ranks - 1 have never been popped
