@@ -117,6 +117,7 @@ static void test_ranktree_matches_brute_force(void **state) {
                     if (!taken && (want < 0 || key[r] < key[want])) want = r;
                 }
                 assert_int_equal(got[j], want);
+                assert_true(t.key[got[j]] == key[got[j]]);  // the key it was popped with
             }
             for (int j = 0; j < d; j++) {
                 key[got[j]] = rng_below(&rng, 7) == 0 ? -0.0 : key[got[j]] + (double)rng_below(&rng, 4);
