@@ -207,6 +207,7 @@ typedef struct {
     int32_t w_n;    // how many there are; -1 and 0: no table (a promoted short, or none kept)
     int32_t d_min;  // its fewest ranks (BalanceBatch.d_min)
     int32_t seq;
+    int32_t lk;     // its index among the long sequences (BalanceBatch.long_seq); -1: a promoted short
     int32_t d_max;  // the widest it may be: ceil(s / C), or more where elastic widens it
 } Ring;
 
@@ -336,7 +337,12 @@ static int64_t width_top(const BalanceBatch *bb, int32_t k) {
 // a width outside it, or table = 0: costed here every time).
 static int width_choice(const BalanceBatch *bb, const Ring *g, int table, int dd, ItemChoice *c, double *r) {
     WidthChoice scratch = {0}, *w = &scratch;
-    int64_t len = g->len;
+    int64_t len = g->len, C = bb->cfg->capacity;
+    if (g->lk >= 0 && dd == len / C + (len % C != 0)) {  // ceil(s/C): fits without offloading, costed once
+        *c = bb->plain[g->lk];
+        *r = 0.0;
+        return 1;
+    }
     if (table && g->w_at >= 0 && dd >= g->d_min && dd - g->d_min < g->w_n) w = &bb->widths[g->w_at + dd - g->d_min];
     if (w->state == 0) {
         w->state = policy_offload_for(bb->cm, len, bb->cfg->capacity, dd, &w->r) ? 1 : -1;
@@ -484,6 +490,9 @@ static int split_batch(BalanceBatch *bb, int32_t *start) {
         int32_t k = bb->n_long++;
         bb->long_seq[k] = (int32_t)i;
         if (policy_shard_one(b, i, bb->cfg, bb->cm, &bb->d_min[k], &bb->r_min[k]) != 0) return -1;
+        int64_t plain = len / C + (len % C != 0);
+        bb->plain[k] = plain <= bb->cfg->n_ranks ? policy_item_choice(bb->cm, &len, 1, (int)plain, 0.0)
+                                                 : (ItemChoice){-1, 0, 0};
     }
     return 0;
 }
@@ -501,10 +510,11 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     bb->sidx = bs_keep_alloc(nn * sizeof(int32_t));
     bb->slen = bs_keep_alloc(nn * sizeof(int64_t));
     bb->scost = bs_keep_alloc(nn * sizeof(double));
+    bb->plain = bs_keep_alloc(nn * sizeof(ItemChoice));
     // counting by length when the capacity is small next to the batch (either sort gives this order)
     int64_t C = cfg->capacity;
     int32_t *start = C <= (1 << 16) || C <= b->n ? bs_keep_calloc((size_t)C + 2, sizeof(int32_t)) : NULL;
-    if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->sidx || !bb->slen || !bb->scost ||
+    if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->sidx || !bb->slen || !bb->scost || !bb->plain ||
         (!start && (C <= (1 << 16) || C <= b->n))) {
         bs_keep_free(start);
         balance_batch_free(bb);
@@ -541,6 +551,7 @@ int balance_keep_widths(BalanceBatch *bb) {
 void balance_batch_free(BalanceBatch *bb) {
     bs_keep_free(bb->d_min);
     bs_keep_free(bb->r_min);
+    bs_keep_free(bb->plain);
     bs_keep_free(bb->long_seq);
     bs_keep_free(bb->sidx);
     bs_keep_free(bb->slen);
@@ -565,11 +576,13 @@ static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i, 
     if (dm > R) dm = R;
     if (dm > plain) {
         double t = policy_item_choice(w->wide ? w->wide : bb->cm, &s, 1, dm, 0.0).t;
-        return (Ring){.t = t, .work = t * dm, .len = s, .w_at = at, .w_n = n, .d_min = d_min, .seq = i, .d_max = dm};
+        return (Ring){.t = t, .work = t * dm, .len = s, .w_at = at, .w_n = n, .d_min = d_min, .seq = i, .lk = lk,
+                      .d_max = dm};
     }
     int d = plain < R ? (int)plain : d_min;
-    double t = policy_item_choice(bb->cm, &s, 1, d, d == d_min ? r_min : 0.0).t;
-    return (Ring){.t = t, .work = t * d, .len = s, .w_at = at, .w_n = n, .d_min = d_min, .seq = i,
+    double r = d == d_min ? r_min : 0.0;
+    double t = lk >= 0 && d == plain && r == 0.0 ? bb->plain[lk].t : policy_item_choice(bb->cm, &s, 1, d, r).t;
+    return (Ring){.t = t, .work = t * d, .len = s, .w_at = at, .w_n = n, .d_min = d_min, .seq = i, .lk = lk,
                   .d_max = (int32_t)(plain < R ? plain : R)};
 }
 

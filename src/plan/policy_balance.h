@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "bytescale/policy.h"
+#include "plan/policy_util.h"
 
 typedef struct {
     const GlobalBatch *b;
@@ -19,6 +20,9 @@ typedef struct {
     int32_t *long_seq;  // (n_long,) their indices, in batch order
     int32_t *d_min;     // (n_long,) Eq. 3's fewest ranks for long sequence k (policy_shard_one)
     double *r_min;      // (n_long,) the offload ratio at d_min
+    ItemChoice *plain;  // (n_long,) its kind and time on ceil(s/C) ranks, where it fits without offloading:
+                        // where every ring's choice starts (ring_key, the first width place_ring costs,
+                        // elastic's model), costed once here; t < 0 where there are fewer ranks
     int32_t n_short;    // sequences of at most C tokens, longest first (ties: lower index first)
     int32_t *sidx;      // (n_short,) sequence index
     int64_t *slen;      // (n_short,) length, non-increasing

@@ -317,7 +317,7 @@ static int model_init(Model *m, const BalanceBatch *bb, int flags) {
         int d = plain < m->R ? (int)plain : m->R;
         double r = 0;
         if (d < plain && !policy_offload_for(cm, s, C, d, &r)) d = bb->d_min[k], r = bb->r_min[k];
-        t0[k] = policy_item_choice(cm, &s, 1, d, r).t;
+        t0[k] = d == plain ? bb->plain[k].t : policy_item_choice(cm, &s, 1, d, r).t;
         d0[k] = d;
         m->work += t0[k] * d;
     }
