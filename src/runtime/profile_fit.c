@@ -178,7 +178,9 @@ int profile_fit_link(const double *bytes, const double *t, int n, double *lat, d
     if (rc == 0) rc = profile_lstsq(X, t, w, n, 2, c);
     free(X), free(w);
     if (rc != 0) return bs_fail_ctx("fitting lat + bytes / bw to %d message sizes", n);
-    if (!(c[1] > 0)) return bs_fail("fitting the link: the time does not grow with the message size (bw infinite)");
+    if (!(c[1] > 0))
+        return bs_fail("fitting the link: the time does not grow with the message size (bw infinite): the measurements "
+                       "are too noisy; raise --p2p-reps");
     *lat = c[0];
     *bw = 1.0 / c[1];
     return 0;

@@ -14,31 +14,45 @@
 
 #define DIR "test-tmp/cli_profile"
 // a few short lengths, one run each: seconds, not minutes
-#define FAST "profile --model tiny --lengths 256,384,512,768,1K --reps 3 --warmup 1 --capacity 512 " \
-             "--tier-bytes 4M --tier-reps 1 --p2p-reps 2"
+// (--reps and --p2p-reps: run_profile adds them, 3 and 2, more on a retry)
+#define FAST "profile --model tiny --lengths 256,384,512,768,1K --warmup 1 --capacity 512 " \
+             "--tier-bytes 4M --tier-reps 1"
 
 // the fastest settings that measure at all, for the bad flags that must be refused before measuring
 #define QUICK "--model tiny --lengths 256,384,512 --holdout 0 --reps 1 --warmup 0 --tier-bytes 4K --tier-reps 1 "
 
-// Run a profile command line (cli_run's way, or the whole shell command `cmd` when given) up to 3
-// times: so few short runs on a machine ctest shares can be too noisy to fit (exit 1, "too noisy"),
-// which is the command doing its job, not a failure of what these tests check.
-static int run_profile(const char *args, const char *cmd) {
+// Run `bytescale ARGS --reps R --p2p-reps P` (cli_run's way, or under `mpirun MPIRUN` when that is
+// given) up to 3 times, R = 3, 9, 27 and P = 2, 6, 18: so few short runs on a machine ctest shares can
+// be too noisy to fit (exit 1, "too noisy"), which is the command doing its job, not a failure of
+// what these tests check; more runs a length or a message size make each median steadier. The R and
+// P that ran are in profile_reps and profile_p2p.
+static int profile_reps, profile_p2p;
+
+static int run_profile(const char *mpirun, const char *args) {
     int rc = -1;
-    for (int attempt = 1; attempt <= 3; attempt++) {
+    const char *bin = getenv("BS_BINARY");
+    if (mpirun && !bin) fail_msg("BS_BINARY is not set (run through ctest)");
+    profile_reps = 3, profile_p2p = 2;
+    for (int attempt = 1; attempt <= 3; attempt++, profile_reps *= 3, profile_p2p *= 3) {
         // every attempt starts where the first did: the --plot directory a refused attempt made would
         // otherwise be there already, and the retry would (rightly) not say it made it
         if (system("rm -rf " DIR "/fig") != 0) fail_msg("could not remove %s/fig", DIR);
-        if (cmd) {
-            int st = system(cmd);
+        char line[4096];
+        if (mpirun) {
+            snprintf(line, sizeof line,
+                     "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun %s '%s' %s --reps %d --p2p-reps %d >" DIR
+                     "/stdout 2>" DIR "/stderr",
+                     mpirun, bin, args, profile_reps, profile_p2p);
+            int st = system(line);
             cli_slurp(DIR "/stdout", cli_out, sizeof cli_out);
             cli_slurp(DIR "/stderr", cli_err, sizeof cli_err);
             rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
         } else {
-            rc = cli_run(DIR, "", args);
+            snprintf(line, sizeof line, "%s --reps %d --p2p-reps %d", args, profile_reps, profile_p2p);
+            rc = cli_run(DIR, "", line);
         }
         if (rc != 1 || !strstr(cli_err, "too noisy")) break;
-        printf("attempt %d: %s", attempt, cli_err);
+        printf("attempt %d (--reps %d --p2p-reps %d): %s", attempt, profile_reps, profile_p2p, cli_err);
     }
     return rc;
 }
@@ -61,7 +75,7 @@ static cJSON *read_json(const char *path) {
 static void test_one_process_file_plan_simulate_plot(void **state) {
     (void)state;
     test_tmpdir("cli_profile");
-    int rc = run_profile(FAST " --out " DIR "/one.json --plot " DIR "/fig/one", NULL);
+    int rc = run_profile(NULL, FAST " --out " DIR "/one.json --plot " DIR "/fig/one");
     if (rc != 0) fail_msg("profile: exit %d: %s", rc, cli_err);
     // the table, the fit, the links it did not measure
     const char *says[] = {"held out", "T(s) = a1 s^2 + b1 s + c", "attn_pair = 2 a1", "links: not measured",
@@ -114,13 +128,9 @@ static void test_one_process_file_plan_simulate_plot(void **state) {
 // `mpirun MPIRUN bytescale ARGS --out DIR/OUT` through run_profile, its output in cli_out / cli_err.
 static void mpirun_profile(const char *mpirun, const char *args, const char *out) {
     test_tmpdir("cli_profile");
-    const char *bin = getenv("BS_BINARY");
-    if (!bin) fail_msg("BS_BINARY is not set (run through ctest)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "BS_QUIET=1 OPENBLAS_NUM_THREADS=1 mpirun %s '%s' %s --out " DIR "/%s >" DIR "/stdout 2>" DIR "/stderr",
-             mpirun, bin, args, out);
-    if (run_profile(NULL, cmd) != 0) fail_msg("mpirun %s profile: %s\n%s", mpirun, cli_out, cli_err);
+    char line[2048];
+    snprintf(line, sizeof line, "%s --out " DIR "/%s", args, out);
+    if (run_profile(mpirun, line) != 0) fail_msg("mpirun %s profile: %s\n%s", mpirun, cli_out, cli_err);
 }
 
 // Under mpirun the links are measured: the file's ring fields are the ping-pong's fit and say so.
@@ -139,12 +149,12 @@ static void test_two_ranks_measure_links(void **state) {
         snprintf(path, sizeof path, "profile.fields.%s.measured", ring[i]);
         assert_true(cJSON_IsTrue(member(root, path)));
     }
-    // the fit's figures are the file's, and the samples are there (2 per size)
+    // the fit's figures are the file's, and the samples are there (--p2p-reps per size)
     assert_true(cm.ring_bw > 0 && cm.ring_bw == cm.ring_bw_intra);
     assert_close(cm.ring_bw, member(root, "profile.links.bw")->valuedouble, 1e-12, 0);
     const cJSON *pts = member(root, "profile.links.points");
     assert_true(cJSON_GetArraySize(pts) >= 5);
-    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(pts, 0), "samples")), 2);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(pts, 0), "samples")), profile_p2p);
     assert_int_equal((int)member(root, "profile.machine.ranks")->valuedouble, 2);
     // 3D: the all-reduce and the stage messages at micro-batch sizes (rows x d_model floats, C/64 .. 2C
     // rows: 8 sizes at C = 512), fitted, and the fields are those fits in the cost model's forms
@@ -169,17 +179,19 @@ static void test_two_ranks_measure_links(void **state) {
     double row = model_find("tiny")->d_model * 4.0;
     assert_close(cJSON_GetObjectItem(cJSON_GetArrayItem(tpp, 0), "bytes")->valuedouble, 8 * row, 0, 0);
     assert_close(cJSON_GetObjectItem(cJSON_GetArrayItem(tpp, 7), "bytes")->valuedouble, 1024 * row, 0, 0);
-    // every rank's runs are in the compute samples: 3 runs x 2 ranks
+    // every rank's runs are in the compute samples: --reps runs x 2 ranks
     const cJSON *p0 = cJSON_GetArrayItem(member(root, "profile.compute.points"), 0);
-    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(p0, "samples")), 6);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(p0, "samples")), 2 * profile_reps);
     cJSON_Delete(root);
 }
 
 // `mpirun -np 1` starts MPI for one rank: the profile finalizes it and exits 0 (it left MPI
-// unfinalized once, and mpirun failed the job although the file had been written).
+// unfinalized once, and mpirun failed the job although the file had been written). FAST's five
+// lengths, not QUICK's three: three points fit three coefficients exactly, noise and all, and a
+// loaded machine then fits lin_token <= 0 at any --reps.
 static void test_one_rank_under_mpirun_exits_cleanly(void **state) {
     (void)state;
-    mpirun_profile("-np 1", "profile " QUICK, "one-mpi.json");
+    mpirun_profile("-np 1", FAST, "one-mpi.json");
     assert_non_null(strstr(cli_out, "wrote " DIR "/one-mpi.json"));
     CostModel cm;
     if (cost_load(&cm, DIR "/one-mpi.json") != 0) fail_msg("%s", bs_errmsg());
