@@ -1,5 +1,8 @@
 // panel_kernel.h: the one register-blocked product the engine's own kernels share (internal to
-// src/nn; AVX2 + FMA builds only): rows of a times one packed panel of 16 columns.
+// src/nn; AVX2 + FMA builds only): rows of a times one packed panel of 16 columns. With AVX-512 a
+// panel row is one register: 12 rows a block, twice the FMA width (a core with full-width AVX-512
+// runs the 256-bit kernel at half its peak). Every lane does the same FMAs in the same order in
+// either kernel, so the results are the same bit for bit.
 //
 //   c (rows, 16) = (acc ? c x scale : 0) + a (rows, n) @ panel (n, 16)
 //
@@ -41,6 +44,46 @@ static inline __attribute__((always_inline)) void panel_micro(float *c, int64_t 
     }
 }
 
+#if defined(__AVX512F__)
+// nr (<= 12) rows x 16 columns in nr accumulators, each a value broadcast against the whole panel row.
+static inline __attribute__((always_inline)) void panel_micro512(float *c, int64_t ldc, const float *a, int64_t lda,
+                                                                 const float *panel, int n, int acc,
+                                                                 const float *scale, int nr) {
+    __m512 v[12];
+    for (int r = 0; r < nr; r++) {
+        v[r] = acc ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
+        if (acc && scale) v[r] = _mm512_mul_ps(v[r], _mm512_set1_ps(scale[r]));
+    }
+    for (int k = 0; k < n; k++) {
+        __m512 b = _mm512_loadu_ps(panel + k * 16);
+        for (int r = 0; r < nr; r++) v[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), b, v[r]);
+    }
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(c + r * ldc, v[r]);
+}
+
+// Every row of c against the panel: blocks of 12, then one of 6 where that many are left, then the
+// rest at its own constant nr.
+static inline void panel_rows(float *c, int64_t ldc, const float *a, int64_t lda, int rows, const float *panel, int n,
+                              int acc, const float *scale) {
+    int r = 0;
+    for (; r + 12 <= rows; r += 12)
+        panel_micro512(c + r * ldc, ldc, a + r * lda, lda, panel, n, acc, scale ? scale + r : NULL, 12);
+    if (r + 6 <= rows) {
+        panel_micro512(c + r * ldc, ldc, a + r * lda, lda, panel, n, acc, scale ? scale + r : NULL, 6);
+        r += 6;
+    }
+    float *cr = c + r * ldc;
+    const float *ar = a + r * lda, *sr = scale ? scale + r : NULL;
+    switch (rows - r) {
+    case 5: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 5); break;
+    case 4: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 4); break;
+    case 3: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 3); break;
+    case 2: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 2); break;
+    case 1: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 1); break;
+    default: break;
+    }
+}
+#else
 // Every row of c against the panel: blocks of 6, then the rest at its own constant nr.
 static inline void panel_rows(float *c, int64_t ldc, const float *a, int64_t lda, int rows, const float *panel, int n,
                               int acc, const float *scale) {
@@ -58,5 +101,6 @@ static inline void panel_rows(float *c, int64_t ldc, const float *a, int64_t lda
     default: break;
     }
 }
+#endif
 
 #endif
