@@ -61,46 +61,34 @@ static inline __attribute__((always_inline)) void panel_micro512(float *c, int64
     for (int r = 0; r < nr; r++) _mm512_storeu_ps(c + r * ldc, v[r]);
 }
 
-// Every row of c against the panel: blocks of 12, then one of 6 where that many are left, then the
-// rest at its own constant nr.
+#define PANEL_MICRO panel_micro512
+#define PANEL_BLOCK 12
+#else
+#define PANEL_MICRO panel_micro
+#define PANEL_BLOCK 6
+#endif
+
+// Every row of c against the panel: blocks of PANEL_BLOCK, then one of 6 where that many are left,
+// then the rest at its own constant nr.
 static inline void panel_rows(float *c, int64_t ldc, const float *a, int64_t lda, int rows, const float *panel, int n,
                               int acc, const float *scale) {
     int r = 0;
-    for (; r + 12 <= rows; r += 12)
-        panel_micro512(c + r * ldc, ldc, a + r * lda, lda, panel, n, acc, scale ? scale + r : NULL, 12);
-    if (r + 6 <= rows) {
-        panel_micro512(c + r * ldc, ldc, a + r * lda, lda, panel, n, acc, scale ? scale + r : NULL, 6);
+    for (; r + PANEL_BLOCK <= rows; r += PANEL_BLOCK)
+        PANEL_MICRO(c + r * ldc, ldc, a + r * lda, lda, panel, n, acc, scale ? scale + r : NULL, PANEL_BLOCK);
+    if (PANEL_BLOCK > 6 && r + 6 <= rows) {
+        PANEL_MICRO(c + r * ldc, ldc, a + r * lda, lda, panel, n, acc, scale ? scale + r : NULL, 6);
         r += 6;
     }
     float *cr = c + r * ldc;
     const float *ar = a + r * lda, *sr = scale ? scale + r : NULL;
     switch (rows - r) {
-    case 5: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 5); break;
-    case 4: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 4); break;
-    case 3: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 3); break;
-    case 2: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 2); break;
-    case 1: panel_micro512(cr, ldc, ar, lda, panel, n, acc, sr, 1); break;
+    case 5: PANEL_MICRO(cr, ldc, ar, lda, panel, n, acc, sr, 5); break;
+    case 4: PANEL_MICRO(cr, ldc, ar, lda, panel, n, acc, sr, 4); break;
+    case 3: PANEL_MICRO(cr, ldc, ar, lda, panel, n, acc, sr, 3); break;
+    case 2: PANEL_MICRO(cr, ldc, ar, lda, panel, n, acc, sr, 2); break;
+    case 1: PANEL_MICRO(cr, ldc, ar, lda, panel, n, acc, sr, 1); break;
     default: break;
     }
 }
-#else
-// Every row of c against the panel: blocks of 6, then the rest at its own constant nr.
-static inline void panel_rows(float *c, int64_t ldc, const float *a, int64_t lda, int rows, const float *panel, int n,
-                              int acc, const float *scale) {
-    int r = 0;
-    for (; r + 6 <= rows; r += 6)
-        panel_micro(c + r * ldc, ldc, a + r * lda, lda, panel, n, acc, scale ? scale + r : NULL, 6);
-    float *cr = c + r * ldc;
-    const float *ar = a + r * lda, *sr = scale ? scale + r : NULL;
-    switch (rows - r) {
-    case 5: panel_micro(cr, ldc, ar, lda, panel, n, acc, sr, 5); break;
-    case 4: panel_micro(cr, ldc, ar, lda, panel, n, acc, sr, 4); break;
-    case 3: panel_micro(cr, ldc, ar, lda, panel, n, acc, sr, 3); break;
-    case 2: panel_micro(cr, ldc, ar, lda, panel, n, acc, sr, 2); break;
-    case 1: panel_micro(cr, ldc, ar, lda, panel, n, acc, sr, 1); break;
-    default: break;
-    }
-}
-#endif
 
 #endif
