@@ -513,9 +513,10 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     bb->plain = bs_keep_alloc(nn * sizeof(ItemChoice));
     // counting by length when the capacity is small next to the batch (either sort gives this order)
     int64_t C = cfg->capacity;
-    int32_t *start = C <= (1 << 16) || C <= b->n ? bs_keep_calloc((size_t)C + 2, sizeof(int32_t)) : NULL;
+    int counting = C <= (1 << 16) || C <= b->n;
+    int32_t *start = counting ? bs_keep_calloc((size_t)C + 2, sizeof(int32_t)) : NULL;
     if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->sidx || !bb->slen || !bb->scost || !bb->plain ||
-        (!start && (C <= (1 << 16) || C <= b->n))) {
+        (counting && !start)) {
         bs_keep_free(start);
         balance_batch_free(bb);
         return bs_fail_ctx("balance: a batch of %lld sequences", (long long)b->n);
