@@ -266,6 +266,13 @@ double cost_hybrid_item_time(const CostModel *cm, const int64_t *segs, int n_seg
 // ceil(a2a_kv_heads / u) / a2a_kv_heads (one replicated head, 1 / a2a_kv_heads, when u exceeds them),
 // 1 / u when the head count is not known (0), 1 for u = 1.
 double cost_hybrid_kv_share(const CostModel *cm, int u);
+// The hybrids a D-member item may be: group sizes u with 2 <= u < D that divide D and `heads` (the
+// query heads of a TP shard, so every member of a group gets the same heads), increasing. Those are
+// the divisors below D of g = cost_gcd(D, heads); cost_hybrid_next(u, g, D) is the first after u
+// (start from u = 1), 0 after the last. (Testing D and the heads at every u up to the heads cost two
+// integer divisions per u, most of the time of costing a sequence at every width.)
+int cost_gcd(int a, int b);  // a, b >= 1
+int cost_hybrid_next(int u, int g, int D);
 
 // Every field of the cost model >= 0 (none NaN) and at least one layer: then no term of an item's
 // time is negative, the premise of cost_item_floor and of the planners' bounds.

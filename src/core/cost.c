@@ -53,13 +53,17 @@ double cost_causal_area(int64_t s) {
 }
 
 // Tokens and visible (query, key) pairs of a pack of causal segments (lengths <= 0 are skipped).
+// The sums run in locals: through the two pointers (which might alias) every step was a store and a
+// reload, a chain of store forwards on every item the planners time.
 static void pack_size(const int64_t *segs, int n_segs, double *tokens, double *area) {
-    *tokens = *area = 0;
+    double t = 0, a = 0;
     for (int i = 0; i < n_segs; i++) {
         if (segs[i] <= 0) continue;
-        *tokens += (double)segs[i];
-        *area += cost_causal_area(segs[i]);
+        t += (double)segs[i];
+        a += cost_causal_area(segs[i]);
     }
+    *tokens = t;
+    *area = a;
 }
 
 double cost_train_flops(const ModelConfig *m, const int64_t *segs, int n_segs) {
@@ -536,6 +540,21 @@ static void hybrid_layer_compute(const CostModel *cm, double tokens, double area
     double x_bwd = transfer_time(2.0 * kv_bytes, bw, lat);
     *fwd += (r - 1) * cost_fmax(blk_fwd, x_fwd);
     *bwd += (r - 1) * cost_fmax(blk_bwd, x_bwd) + x_fwd;  // the summed dK/dV travel home once more
+}
+
+int cost_gcd(int a, int b) {
+    while (b > 0) {
+        int r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+int cost_hybrid_next(int u, int g, int D) {
+    for (u++; u <= g && u < D; u++)
+        if (u >= 2 && g % u == 0) return u;
+    return 0;
 }
 
 double cost_hybrid_terms_time(const CostModel *cm, const ItemTerms *t, int u, double off) {

@@ -446,8 +446,8 @@ double plan_fastest_item(const CostModel *cm, int64_t s, int D) {
     int heads = cm->a2a_heads;
     if (D < 2 || heads <= 0) return t;
     if (D <= heads) t = cost_fmin(t, cost_a2a_terms_time(cm, &terms, 0.0));
-    for (int u = 2; u <= heads && u < D; u++)
-        if (D % u == 0 && heads % u == 0) t = cost_fmin(t, cost_hybrid_terms_time(cm, &terms, u, 0.0));
+    for (int g = cost_gcd(D, heads), u = cost_hybrid_next(1, g, D); u > 0; u = cost_hybrid_next(u, g, D))
+        t = cost_fmin(t, cost_hybrid_terms_time(cm, &terms, u, 0.0));
     return t;
 }
 

@@ -50,11 +50,11 @@ typedef struct {
 } Hole;
 
 // A segment as the scheduler keeps it: every segment is a whole sequence, so its index and length
-// say all; the length of a short one (<= C, which fits an int32) is kept beside the index so that
-// emitting the plan reads no sequence back from the batch at random, a ring's (0 here) is.
+// say all; the length of a short one (<= C, which fits an int32) is kept beside the index and a
+// ring's is its item's tokens, so that emitting the plan reads no sequence back from the batch at random.
 typedef struct {
     int32_t seq;
-    int32_t len;  // tokens; 0: a ring's sequence, read from the batch
+    int32_t len;  // tokens; 0: a ring's sequence, the whole of its item (Made.tokens)
 } MadeSeg;
 
 // An item as the scheduler makes it: its segments and ranks in Balance's made_* arrays; a micro-batch
@@ -88,6 +88,8 @@ typedef struct {
     Placed *placed;      // (n_short,) phase 3's shorts in the order handed out (assign_rest)
     int32_t n_placed;
     int32_t *pack_made;  // (n_short,) per micro-batch of phase 3, by OpenPack.id: its index in made
+                         // (emit_plan turns it into where its next segment goes)
+    int32_t n_packs;     // phase 3's micro-batches
     int32_t *made_ranks; // (cap_made_ranks,), grown when rings take more than counted
     int64_t n_made_ranks, cap_made_ranks;
     double open_cost;  // what opening a micro-batch adds: one layer_const and attention floor per layer
@@ -126,11 +128,10 @@ static int record_item(Balance *bl, int32_t seg_begin, int n_segs, int64_t token
     return 0;
 }
 
-// record_item with the segments given (a ring's, len 0: its whole sequence).
-static int record(Balance *bl, const MadeSeg *segs, int n_segs, const int32_t *ranks, int n_ranks, double offload,
-                  double start) {
-    int64_t tokens = 0;
-    for (int j = 0; j < n_segs; j++) tokens += segs[j].len > 0 ? segs[j].len : bl->b->seqs[segs[j].seq].len;
+// record_item with the segments given (a ring's, len 0: its whole sequence) and their tokens in all
+// (the caller's count: a ring's length read back from the batch here missed the cache every time).
+static int record(Balance *bl, const MadeSeg *segs, int n_segs, int64_t tokens, const int32_t *ranks, int n_ranks,
+                  double offload, double start) {
     if (record_item(bl, bl->n_made_segs, n_segs, tokens, ranks, n_ranks, offload, start) != 0) return -1;
     memcpy(bl->made_seg + bl->n_made_segs, segs, (size_t)n_segs * sizeof(MadeSeg));
     bl->n_made_segs += n_segs;
@@ -209,6 +210,9 @@ typedef struct {
     int32_t seq;
     int32_t lk;     // its index among the long sequences (BalanceBatch.long_seq); -1: a promoted short
     int32_t d_max;  // the widest it may be: ceil(s / C), or more where elastic widens it
+    int64_t plain;  // ceil(s / C), the width every ring's choice starts from
+    ItemChoice pc;  // its kind and time there (BalanceBatch.plain's, kept here: the rings are met in
+                    // time order, and a read of that array by long index missed the cache every time)
 } Ring;
 
 // The rings slowest first, ties by sequence index (a radix order: a third of qsort's time on 1G tokens).
@@ -239,7 +243,7 @@ static int fill_hole(Balance *bl, const Hole *h) {
         if (i < 0) {  // a new micro-batch: pays open_cost first
             int32_t j = next_unused(bl, first_fitting(bl, bl->cfg->capacity, left - bl->open_cost));
             if (j >= bl->n_short) break;
-            if (n_segs > 0 && record(bl, bl->pack, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
+            if (n_segs > 0 && record(bl, bl->pack, n_segs, tokens, &h->rank, 1, 0.0, pack_start) != 0) return -1;
             n_segs = 0;
             tokens = 0;
             pack_start = at;
@@ -251,7 +255,7 @@ static int fill_hole(Balance *bl, const Hole *h) {
         tokens += bl->slen[i];
         at += bl->scost[i];
     }
-    if (n_segs > 0 && record(bl, bl->pack, n_segs, &h->rank, 1, 0.0, pack_start) != 0) return -1;
+    if (n_segs > 0 && record(bl, bl->pack, n_segs, tokens, &h->rank, 1, 0.0, pack_start) != 0) return -1;
     return 0;
 }
 
@@ -309,6 +313,7 @@ static int assign_rest(Balance *bl, RankTree *queue) {
     }
     for (int32_t r = 0; r < R; r++)
         if (close_pack(bl, &open[r], r) != 0) goto fail;
+    bl->n_packs = n_packs;
     bs_keep_free(open);
     return 0;
 fail:
@@ -328,7 +333,7 @@ typedef struct WidthChoice {
 
 // The last width of long sequence k in the table: ceil(s/C), or every rank when there are fewer.
 static int64_t width_top(const BalanceBatch *bb, int32_t k) {
-    int64_t s = bb->b->seqs[bb->long_seq[k]].len, C = bb->cfg->capacity, plain = s / C + (s % C != 0);
+    int64_t s = bb->long_len[k], C = bb->cfg->capacity, plain = s / C + (s % C != 0);
     return plain < bb->cfg->n_ranks ? plain : bb->cfg->n_ranks;
 }
 
@@ -337,9 +342,9 @@ static int64_t width_top(const BalanceBatch *bb, int32_t k) {
 // a width outside it, or table = 0: costed here every time).
 static int width_choice(const BalanceBatch *bb, const Ring *g, int table, int dd, ItemChoice *c, double *r) {
     WidthChoice scratch = {0}, *w = &scratch;
-    int64_t len = g->len, C = bb->cfg->capacity;
-    if (g->lk >= 0 && dd == len / C + (len % C != 0)) {  // ceil(s/C): fits without offloading, costed once
-        *c = bb->plain[g->lk];
+    int64_t len = g->len;
+    if (g->lk >= 0 && dd == g->plain) {  // ceil(s/C): fits without offloading, costed once
+        *c = g->pc;
         *r = 0.0;
         return 1;
     }
@@ -401,7 +406,7 @@ static int place_ring(const Balance *bl, const BalanceBatch *bb, const Ring *g, 
     const CostModel *cm = bl->cm;
     int64_t C = bl->cfg->capacity, len = g->len;
     int d_lo = g->d_min;
-    int64_t plain = len / C + (len % C != 0), top = plain > g->d_max ? plain : g->d_max;
+    int64_t plain = g->plain, top = plain > g->d_max ? plain : g->d_max;
     *d_hi = top < queue->n ? (int)top : queue->n;
     if (d_lo > *d_hi) d_lo = *d_hi;
     for (int j = 0; j < *d_hi; j++) members[j] = ranktree_pop(queue);
@@ -489,6 +494,7 @@ static int split_batch(BalanceBatch *bb, int32_t *start) {
         }
         int32_t k = bb->n_long++;
         bb->long_seq[k] = (int32_t)i;
+        bb->long_len[k] = len;
         if (policy_shard_one(b, i, bb->cfg, bb->cm, &bb->d_min[k], &bb->r_min[k]) != 0) return -1;
         int64_t plain = len / C + (len % C != 0);
         bb->plain[k] = plain <= bb->cfg->n_ranks ? policy_item_choice(bb->cm, &len, 1, (int)plain, 0.0)
@@ -507,6 +513,7 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     bb->d_min = bs_keep_alloc(nn * sizeof(int32_t));
     bb->r_min = bs_keep_alloc(nn * sizeof(double));
     bb->long_seq = bs_keep_alloc(nn * sizeof(int32_t));
+    bb->long_len = bs_keep_alloc(nn * sizeof(int64_t));
     bb->sidx = bs_keep_alloc(nn * sizeof(int32_t));
     bb->slen = bs_keep_alloc(nn * sizeof(int64_t));
     bb->scost = bs_keep_alloc(nn * sizeof(double));
@@ -515,7 +522,7 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     int64_t C = cfg->capacity;
     int counting = C <= (1 << 16) || C <= b->n;
     int32_t *start = counting ? bs_keep_calloc((size_t)C + 2, sizeof(int32_t)) : NULL;
-    if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->sidx || !bb->slen || !bb->scost || !bb->plain ||
+    if (!bb->d_min || !bb->r_min || !bb->long_seq || !bb->long_len || !bb->sidx || !bb->slen || !bb->scost || !bb->plain ||
         (counting && !start)) {
         bs_keep_free(start);
         balance_batch_free(bb);
@@ -554,6 +561,7 @@ void balance_batch_free(BalanceBatch *bb) {
     bs_keep_free(bb->r_min);
     bs_keep_free(bb->plain);
     bs_keep_free(bb->long_seq);
+    bs_keep_free(bb->long_len);
     bs_keep_free(bb->sidx);
     bs_keep_free(bb->slen);
     bs_keep_free(bb->scost);
@@ -567,24 +575,25 @@ void balance_batch_free(BalanceBatch *bb) {
 // A ring's place in the longest-first order: its time on ceil(s / C) ranks (no offload), where
 // every ring's choice starts, or on Eq. 3's fewest when there are fewer ranks than that; a ring
 // that may be wider (elastic) is timed on its widest.
-static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i, int32_t lk) {
-    int64_t s = bb->b->seqs[i].len, C = bb->cfg->capacity, plain = s / C + (s % C != 0);
+static Ring ring_key(const BalanceBatch *bb, const BalanceWidths *w, int32_t i, int32_t lk, int64_t s) {
+    int64_t C = bb->cfg->capacity, plain = s / C + (s % C != 0);
     int32_t R = bb->cfg->n_ranks, dm = w && w->d_max ? w->d_max[i] : 0;
     int32_t d_min = lk >= 0 ? bb->d_min[lk] : 1;  // a promoted short one: a pack's 1 rank, no offload
     double r_min = lk >= 0 ? bb->r_min[lk] : 0.0;
     int64_t at = bb->widths && lk >= 0 ? bb->width_at[lk] : -1;  // its row of the widths table
     int32_t n = at >= 0 ? (int32_t)(bb->width_at[lk + 1] - at) : 0;
+    ItemChoice pc = lk >= 0 ? bb->plain[lk] : (ItemChoice){0, 0, 0};  // a promoted one's is not read
     if (dm > R) dm = R;
     if (dm > plain) {
         double t = policy_item_choice(w->wide ? w->wide : bb->cm, &s, 1, dm, 0.0).t;
         return (Ring){.t = t, .work = t * dm, .len = s, .w_at = at, .w_n = n, .d_min = d_min, .seq = i, .lk = lk,
-                      .d_max = dm};
+                      .d_max = dm, .plain = plain, .pc = pc};
     }
     int d = plain < R ? (int)plain : d_min;
     double r = d == d_min ? r_min : 0.0;
-    double t = lk >= 0 && d == plain && r == 0.0 ? bb->plain[lk].t : policy_item_choice(bb->cm, &s, 1, d, r).t;
+    double t = lk >= 0 && d == plain && r == 0.0 ? pc.t : policy_item_choice(bb->cm, &s, 1, d, r).t;
     return (Ring){.t = t, .work = t * d, .len = s, .w_at = at, .w_n = n, .d_min = d_min, .seq = i, .lk = lk,
-                  .d_max = (int32_t)(plain < R ? plain : R)};
+                  .d_max = (int32_t)(plain < R ? plain : R), .plain = plain, .pc = pc};
 }
 
 // One run's ring phase: the rings longest first, and the holes they leave on members that wait.
@@ -630,12 +639,12 @@ static int key_rings(Balance *bl, RingPhase *rp, const BalanceBatch *bb, const B
     int64_t refs = bl->n_short;  // at most: a rank for every short sequence, the widest allowed for every ring
                                  // (room for that up front, within reason: more grows)
     for (int32_t k = 0; k < bb->n_long; k++) {
-        rp->rings[k] = ring_key(bb, w, bb->long_seq[k], k);
+        rp->rings[k] = ring_key(bb, w, bb->long_seq[k], k, bb->long_len[k]);
         total += rp->rings[k].work;
         refs += rp->rings[k].d_max;
     }
     for (int32_t k = 0; k < n_promoted; k++) {
-        rp->rings[bb->n_long + k] = ring_key(bb, w, bb->sidx[k], -1);
+        rp->rings[bb->n_long + k] = ring_key(bb, w, bb->sidx[k], -1, bb->slen[k]);
         total += rp->rings[bb->n_long + k].work;
         refs += rp->rings[bb->n_long + k].d_max;
     }
@@ -711,7 +720,7 @@ static int place_rings(Balance *bl, RingPhase *rp, RankTree *queue, const Balanc
         }
         for (int32_t j = d; j < d_hi; j++) ranktree_push(queue, members[j], queue->key[members[j]]);  // not taken
         policy_sort_ranks(members, d);
-        if (record(bl, &(MadeSeg){s, 0}, 1, members, d, rr, start) != 0) return -1;
+        if (record(bl, &(MadeSeg){s, 0}, 1, rp->rings[k].len, members, d, rr, start) != 0) return -1;
         bl->made[bl->n_made - 1].a2a = kind.a2a;
         bl->made[bl->n_made - 1].ulysses = kind.ulysses;
     }
@@ -761,13 +770,15 @@ static int emit_plan(Plan *out, Balance *bl, const char *name) {
         const Made *it = &bl->made[i];
         for (int32_t j = 0; it->seg_begin >= 0 && j < it->n_segs; j++) {
             MadeSeg q = bl->made_seg[it->seg_begin + j];
-            out->segs[seg_at[i] + j] = (Segment){q.seq, 0, q.len > 0 ? q.len : b->seqs[q.seq].len};
+            out->segs[seg_at[i] + j] = (Segment){q.seq, 0, q.len > 0 ? q.len : it->tokens};  // len 0: a ring, all of it
         }
     }
-    for (int32_t k = 0; k < bl->n_placed; k++) {  // phase 3's shorts, each micro-batch's in order
+    // phase 3's shorts, each micro-batch's in order: where each micro-batch's segments go first (one
+    // random read per short less in the loop that follows)
+    for (int32_t j = 0; j < bl->n_packs; j++) bl->pack_made[j] = seg_at[bl->pack_made[j]];
+    for (int32_t k = 0; k < bl->n_placed; k++) {
         Placed q = bl->placed[k];
-        int32_t *at = &seg_at[bl->pack_made[q.pack]];
-        out->segs[(*at)++] = (Segment){bl->sidx[q.short_i], 0, bl->slen[q.short_i]};
+        out->segs[bl->pack_made[q.pack]++] = (Segment){bl->sidx[q.short_i], 0, bl->slen[q.short_i]};
     }
     out->n_items = m;
     out->n_segs = n_segs;
@@ -876,7 +887,7 @@ int balance_rings_end(const BalanceBatch *bb, double *end) {
         bs_fail_ctx("balance: replaying the rings");
         goto out;
     }
-    for (int32_t k = 0; k < n; k++) rings[k] = ring_key(bb, NULL, bb->long_seq[k], k);
+    for (int32_t k = 0; k < n; k++) rings[k] = ring_key(bb, NULL, bb->long_seq[k], k, bb->long_len[k]);
     if (sort_rings(rings, n) != 0) goto out;
     rank_groups_push(heap, &n_heap, (RankGroup){0, R});
     for (int32_t k = 0; k < n; k++) {

@@ -18,6 +18,7 @@ typedef struct {
     double open_cost;   // what opening a micro-batch adds: one layer_const and attention floor per layer
     int32_t n_long;     // sequences longer than C: each one a ring of its own
     int32_t *long_seq;  // (n_long,) their indices, in batch order
+    int64_t *long_len;  // (n_long,) their lengths (the batch's, read in order once)
     int32_t *d_min;     // (n_long,) Eq. 3's fewest ranks for long sequence k (policy_shard_one)
     double *r_min;      // (n_long,) the offload ratio at d_min
     ItemChoice *plain;  // (n_long,) its kind and time on ceil(s/C) ranks, where it fits without offloading:

@@ -289,7 +289,6 @@ static int model_init(Model *m, const BalanceBatch *bb, int flags) {
     memset(m, 0, sizeof *m);
     m->flags = flags;
     const CostModel *cm = bb->cm;
-    const GlobalBatch *b = bb->b;
     int64_t C = bb->cfg->capacity;
     m->bb = bb;
     m->cm = cm;
@@ -311,8 +310,7 @@ static int model_init(Model *m, const BalanceBatch *bb, int flags) {
     int32_t *d0 = bs_keep_alloc(nl * sizeof(int32_t)), *order = bs_keep_alloc(nl * sizeof(int32_t));
     int rc = m->lng && t0 && d0 && order ? 0 : bs_fail_ctx("elastic: %d long sequences", bb->n_long);
     for (int32_t k = 0; rc == 0 && k < bb->n_long; k++) {
-        int32_t i = bb->long_seq[k];
-        int64_t s = b->seqs[i].len, plain = s / C + (s % C != 0);
+        int64_t s = bb->long_len[k], plain = s / C + (s % C != 0);
         // with fewer ranks than ceil(s/C) it runs on all of them, offloading (or else on Eq. 3's fewest)
         int d = plain < m->R ? (int)plain : m->R;
         double r = 0;
@@ -324,7 +322,7 @@ static int model_init(Model *m, const BalanceBatch *bb, int flags) {
     if (rc == 0) rc = policy_order_by_time_desc(t0, bb->long_seq, bb->n_long, order);
     for (int32_t j = 0; rc == 0 && j < bb->n_long; j++) {
         int32_t k = order[j], i = bb->long_seq[k], d = d0[k];
-        int64_t s = b->seqs[i].len, top = s / 2 < m->R ? s / 2 : m->R;
+        int64_t s = bb->long_len[k], top = s / 2 < m->R ? s / 2 : m->R;
         m->lng[j] = (Seq){i, 0, 1, s, d, (int32_t)(top > d ? top : d), t0[k], t0[k] * d, 0, 0, {0}, {0}};
     }
     m->n_lng = rc == 0 ? bb->n_long : 0;

@@ -45,10 +45,6 @@ int policy_offload_for(const CostModel *cm, int64_t s, int64_t C, int D, double 
     return 1;
 }
 
-// A hybrid's Ulysses group size u: 2 <= u < D, u divides D (r = D / u groups) and the query heads of
-// a TP shard (every member of a group gets the same heads), so u runs over the divisors of the heads.
-static int hybrid_u_ok(int u, int D, int heads) { return u < D && D % u == 0 && heads % u == 0; }
-
 ItemChoice policy_item_choice(const CostModel *cm, const int64_t *segs, int n_segs, int D, double r) {
     ItemTerms terms;  // what every kind shares, computed once
     cost_item_terms(cm, segs, n_segs, D, &terms);
@@ -59,8 +55,8 @@ ItemChoice policy_item_choice(const CostModel *cm, const int64_t *segs, int n_se
         double t = cost_a2a_terms_time(cm, &terms, r);
         if (t < c.t) c = (ItemChoice){t, 1, 0};
     }
-    for (int u = 2; u <= heads && u < D; u++) {
-        if (!hybrid_u_ok(u, D, heads)) continue;
+    // a hybrid's Ulysses group size u (r = D / u groups): cost_hybrid_next
+    for (int g = cost_gcd(D, heads), u = cost_hybrid_next(1, g, D); u > 0; u = cost_hybrid_next(u, g, D)) {
         double t = cost_hybrid_terms_time(cm, &terms, u, r);
         if (t < c.t) c = (ItemChoice){t, 0, u};
     }

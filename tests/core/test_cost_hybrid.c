@@ -172,8 +172,27 @@ static void test_free_links_give_pure_compute(void **state) {
     }
 }
 
+// The group sizes cost_hybrid_next walks are exactly those of the definition, 2 <= u < D dividing D
+// and the heads, in increasing order: checked against testing every u for every D and head count.
+static void test_hybrid_sizes_match_every_u(void **state) {
+    (void)state;
+    for (int D = 1; D <= 300; D++) {
+        for (int heads = 1; heads <= 160; heads++) {
+            int g = cost_gcd(D, heads), u = cost_hybrid_next(1, g, D);
+            assert_true(D % g == 0 && heads % g == 0);
+            for (int want = 2; want < D && want <= heads; want++) {
+                if (D % want != 0 || heads % want != 0) continue;
+                assert_int_equal(u, want);
+                u = cost_hybrid_next(u, g, D);
+            }
+            assert_int_equal(u, 0);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hybrid_sizes_match_every_u),
         cmocka_unit_test(test_hand_computation),
         cmocka_unit_test(test_hand_offload),
         cmocka_unit_test(test_ends_are_ring_and_a2a),
