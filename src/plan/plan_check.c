@@ -25,6 +25,12 @@ static int check_header(const Plan *p) {
     if (p->pp < 1) return bs_fail("pp must be >= 1 (got %d)", p->pp);
     if (p->batch.n < 0 || p->batch.n > INT32_MAX)
         return bs_fail("%lld sequences is out of range", (long long)p->batch.n);
+    return 0;
+}
+
+// The batch: every length >= 1 and their sum its token count. The lengths go into len32 on the way
+// (-1 where one does not fit an int32; see Seen), the one pass over the batch's 24-byte sequences.
+static int check_batch(const Plan *p, int32_t *len32) {
     int64_t sum = 0;
     for (int64_t i = 0; i < p->batch.n; i++) {
         const Sequence *s = &p->batch.seqs[i];
@@ -35,6 +41,7 @@ static int check_header(const Plan *p) {
             return bs_fail("the sequences hold more than %lld tokens (at sequence %lld)", (long long)INT64_MAX,
                            (long long)i);
         sum += s->len;
+        len32[i] = s->len <= INT32_MAX ? (int32_t)s->len : -1;
     }
     if (sum != p->batch.n_tokens)
         return bs_fail("the batch says %lld tokens but its sequences hold %lld", (long long)p->batch.n_tokens,
@@ -129,11 +136,11 @@ static int check_item_lists(const Plan *p, int32_t k, const Item *it, int64_t se
 }
 
 // What check_items learns of the sequences on its way: which ones a segment holds, and how many
-// segments are a whole sequence seen for the first time. The lengths are packed 4 bytes apart (read
-// once in order, -1 where one does not fit): the segments look them up at random, and a small array
+// segments are a whole sequence seen for the first time. The lengths are packed 4 bytes apart
+// (check_batch's, -1 where one does not fit): the segments look them up at random, and a small array
 // keeps those lookups in the cache and the TLB (the batch's sequences are 24 bytes each).
 typedef struct {
-    int32_t *len32;  // (n,)
+    const int32_t *len32;  // (n,)
     uint8_t *hit;    // (n,)
     int64_t n_whole;
 } Seen;
@@ -174,21 +181,17 @@ static int check_segments(const Plan *p, int32_t k, const Item *it, Seen *sn) {
 
 // *whole: 1 when every sequence is exactly one segment of its full length, the plans balance and
 // elastic make (then check_coverage has nothing left to find); 0 when that is not shown here.
-static int check_items(const Plan *p, const CostModel *cm, int *whole) {
+static int check_items(const Plan *p, const CostModel *cm, const int32_t *len32, int *whole) {
     int32_t *stamp = bs_keep_calloc((size_t)p->n_ranks, sizeof(int32_t));  // item index + 1 that last used a rank
     int64_t *diff = bs_keep_alloc(((size_t)p->n_ranks + 1) * sizeof(int64_t));  // fullest_member's, any ring fits
     size_t nn = (size_t)(p->batch.n > 0 ? p->batch.n : 1);
-    Seen sn = {bs_keep_alloc(nn * sizeof(int32_t)), bs_keep_calloc(nn, 1), 0};
+    Seen sn = {len32, bs_keep_calloc(nn, 1), 0};
     int rc = -1;
     int64_t seg_at = 0, ref_at = 0;
     *whole = 0;
-    if (!stamp || !diff || !sn.len32 || !sn.hit) {
+    if (!stamp || !diff || !sn.hit) {
         bs_fail_ctx("plan_validate");
         goto out;
-    }
-    for (int64_t i = 0; i < p->batch.n; i++) {
-        int64_t len = p->batch.seqs[i].len;  // >= 1 (check_header)
-        sn.len32[i] = len <= INT32_MAX ? (int32_t)len : -1;
     }
     for (int32_t k = 0; k < p->n_items; k++) {
         const Item *it = &p->items[k];
@@ -264,7 +267,6 @@ static int check_items(const Plan *p, const CostModel *cm, int *whole) {
 out:
     bs_keep_free(stamp);
     bs_keep_free(diff);
-    bs_keep_free(sn.len32);
     bs_keep_free(sn.hit);
     return rc;
 }
@@ -456,9 +458,14 @@ static int check_peer_fields(const Plan *p) {
 }
 
 int plan_validate(const Plan *p, const CostModel *cm) {
+    if (check_header(p) != 0) return -1;
+    int32_t *len32 = bs_keep_alloc((size_t)(p->batch.n > 0 ? p->batch.n : 1) * sizeof(int32_t));  // check_batch's
+    if (!len32) return bs_fail_ctx("plan_validate");
     int whole = 0;  // every sequence one whole segment (check_items): coverage is then shown
-    if (check_header(p) != 0 || check_peer_fields(p) != 0 || check_items(p, cm, &whole) != 0 ||
+    int rc = 0;
+    if (check_batch(p, len32) != 0 || check_peer_fields(p) != 0 || check_items(p, cm, len32, &whole) != 0 ||
         (!whole && check_coverage(p) != 0) || check_schedule(p) != 0)
-        return -1;
-    return 0;
+        rc = -1;
+    bs_keep_free(len32);
+    return rc;
 }

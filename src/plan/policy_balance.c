@@ -455,26 +455,41 @@ static int place_ring(const Balance *bl, const BalanceBatch *bb, const Ring *g, 
 
 // ---- the prepared batch ----------------------------------------------------------------------------------
 
-// The n_short short sequences longest first, ties by index, into sidx with their lengths (slen). With
-// `start` (split_batch's counts by length) a counting sort straight from the batch (stable, so ties
-// stay in index order); without, split_batch listed them in sidx and a comparison sort orders them.
+// What a short sequence of s tokens adds to a micro-batch: its item time less open_cost (a pack's
+// time is additive).
+static double short_cost(const BalanceBatch *bb, int64_t s) {
+    return cost_item_time(bb->cm, &s, 1, 1, 0.0) - bb->open_cost;
+}
+
+// The n_short short sequences longest first, ties by index, into sidx with their lengths (slen) and
+// costs (scost), one cost per length. With `start` (split_batch's counts by length) a counting sort
+// straight from the batch (stable, so ties stay in index order), where every length's run of slen
+// and scost is known from the counts and written in order, and only sidx is scattered; without,
+// split_batch listed them in sidx and a comparison sort orders them.
 static void sort_shorts(BalanceBatch *bb, int32_t *start) {
     const GlobalBatch *b = bb->b;
     int64_t C = bb->cfg->capacity;
     int32_t n = bb->n_short;
     if (!start) {
         qsort_r(bb->sidx, (size_t)n, sizeof(int32_t), by_len_desc, (void *)b);
-        for (int32_t i = 0; i < n; i++) bb->slen[i] = b->seqs[bb->sidx[i]].len;
+        for (int32_t i = 0; i < n; i++) {
+            int64_t len = b->seqs[bb->sidx[i]].len;
+            bb->slen[i] = len;
+            bb->scost[i] = i > 0 && len == bb->slen[i - 1] ? bb->scost[i - 1] : short_cost(bb, len);
+        }
         return;
     }
     // bucket C - len holds the sequences of length len, so the buckets in order are longest first
     for (int64_t v = 0; v <= C; v++) start[v + 1] += start[v];
+    for (int64_t v = 0; v < C; v++) {
+        if (start[v + 1] == start[v]) continue;
+        int64_t len = C - v;
+        double cost = short_cost(bb, len);
+        for (int32_t i = start[v]; i < start[v + 1]; i++) bb->slen[i] = len, bb->scost[i] = cost;
+    }
     for (int64_t i = 0; i < b->n; i++) {
         int64_t len = b->seqs[i].len;
-        if (len > C) continue;
-        int32_t at = start[C - len]++;
-        bb->sidx[at] = (int32_t)i;
-        bb->slen[at] = len;
+        if (len <= C) bb->sidx[start[C - len]++] = (int32_t)i;
     }
 }
 
@@ -534,10 +549,6 @@ int balance_prepare(BalanceBatch *bb, const GlobalBatch *b, const PlanConfig *cf
     if (rc != 0) {
         balance_batch_free(bb);
         return -1;
-    }
-    for (int32_t i = 0; i < bb->n_short; i++) {  // a pack's time is additive; one length, one cost
-        int64_t s = bb->slen[i];
-        bb->scost[i] = i > 0 && s == bb->slen[i - 1] ? bb->scost[i - 1] : cost_item_time(cm, &s, 1, 1, 0.0) - bb->open_cost;
     }
     return 0;
 }
